@@ -1,0 +1,40 @@
+# `make run` and `make test` work from a fresh clone: each creates .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP_RUN := $(VENV)/.installed-run
+STAMP_TEST := $(VENV)/.installed-test
+
+.PHONY: run test typecheck bench demo clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP_RUN): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(STAMP_TEST): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@ $(STAMP_RUN)
+
+run: $(STAMP_RUN)
+	$(BIN)/compaction-proxy --config config.yaml
+
+test: $(STAMP_TEST)
+	$(BIN)/python -m pytest
+
+typecheck: $(STAMP_TEST)
+	$(BIN)/python -m mypy
+
+demo: $(STAMP_RUN)
+	$(BIN)/compaction-proxy demo
+
+bench: $(STAMP_TEST)
+	$(BIN)/python -m bench.decision
+	$(BIN)/python -m bench.passthrough
+	$(BIN)/python -m bench.replay
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache

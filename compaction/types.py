@@ -1,0 +1,177 @@
+"""The values and protocols shared across the compaction library.
+
+Messages stay plain dicts exactly as the caller sent them (unknown fields included); everything
+the library derives from them is a frozen dataclass that points back into the list by index.
+Whatever needs I/O (the summarizing LLM, the token counter) is a Protocol passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Message = dict[str, Any]
+"""One chat message as the caller sent it. Never copied, never edited in place."""
+
+Purpose = Literal["summary", "memory"]
+"""Why the library calls the LLM; the proxy turns it into `X-Compaction-Purpose`."""
+
+MemoryType = Literal["decision", "fact", "preference", "todo"]
+
+Path = Literal["llm", "extractive", "dropped", "unchanged"]
+"""How a compaction produced its result: the LLM summary, the extractive fallback built by code,
+dropping the oldest blocks, or nothing changed (not needed, not possible, or a failed check)."""
+
+
+class ChatLLM(Protocol):
+    """The one thing the library needs from an LLM: a non-streaming chat completion's text.
+
+    Implementations raise any exception on failure; the library treats every exception (and
+    empty or nonsensical text) as a failed call and falls back.
+    """
+
+    async def complete(
+        self, messages: list[Message], *, purpose: Purpose, max_tokens: int
+    ) -> str: ...
+
+
+class TokenEstimator(Protocol):
+    """Counts tokens the way the upstream will. An exact tokenizer can be plugged in later."""
+
+    def count_text(self, text: str) -> int: ...
+
+    def count_message(self, message: Any) -> int:
+        """One message including its per-message overhead; must accept malformed items."""
+        ...
+
+    def count_tools(self, tools: Any) -> int:
+        """The request's `tools` definitions (None or malformed counts as their JSON size)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Block:
+    """Messages [start, end) that are kept or folded together.
+
+    kind "tool": an assistant message with `tool_calls` and every tool message answering it.
+    kind "message": any other single message (malformed ones included, kept in place).
+    """
+
+    start: int
+    end: int
+    kind: Literal["tool", "message"]
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Round:
+    """A user message (at `start`) and everything after it up to the next user message.
+
+    The preamble round (messages between the head and the first real user message, such as an
+    earlier summary or an assistant greeting) has `has_user=False`.
+    """
+
+    start: int
+    end: int
+    blocks: tuple[Block, ...]
+    has_user: bool
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Segments:
+    """A message list cut into head (leading system/developer messages) and rounds."""
+
+    head_end: int
+    rounds: tuple[Round, ...]
+    head_tokens: int
+    tools_tokens: int
+    total_tokens: int
+    summary_index: int | None
+    """Index of the earliest summary this library inserted (recognised by is_summary_message)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to fold. The compacted list is
+
+        messages[:head_end] + [summary] + [messages[i] for i in pinned] + messages[keep_from:]
+
+    and every index in [head_end, keep_from) not in `pinned` is folded into the summary.
+    `pinned` holds the user message of a round that is cut inside (a huge single round).
+    """
+
+    head_end: int
+    keep_from: int
+    pinned: tuple[int, ...]
+    previous_summary: int | None
+    """Index of an earlier summary inside the folded span: ask for an updated summary."""
+    tokens_before: int
+    target_tokens: int
+    kept_tokens: int
+    """Estimated tokens of head + tools + pinned + kept messages (the summary comes on top)."""
+    summary_budget_tokens: int
+    fits: bool
+    """False when even the kept part alone cannot reach the target (a single giant block)."""
+    note: str = ""
+
+    @property
+    def folded(self) -> tuple[int, ...]:
+        skip = set(self.pinned)
+        return tuple(i for i in range(self.head_end, self.keep_from) if i not in skip)
+
+
+@dataclass(frozen=True)
+class MemoryItem:
+    type: MemoryType
+    content: str
+
+
+@dataclass(frozen=True)
+class Verification:
+    quality: Literal["good", "acceptable", "poor"]
+    missing_key_info: tuple[str, ...]
+    key_decisions_preserved: int
+    key_decisions_total: int
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    """The outcome of one compaction.
+
+    `messages[:prefix_len]` replaces `input[:keep_from]`; `messages[prefix_len:]` is
+    `input[keep_from:]` itself (the same dict objects). With path "unchanged", `messages` is the
+    input and `reason` says why.
+    """
+
+    messages: list[Message]
+    path: Path
+    reason: str
+    keep_from: int
+    prefix_len: int
+    summary_text: str
+    summary_message: Message | None
+    memory_items: tuple[MemoryItem, ...]
+    verification: Verification | None
+    tokens_before: int
+    tokens_after: int
+    fits: bool
+    compaction_id: str
+    duration_s: float
+    folded_count: int = 0
+    errors: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.tokens_after / self.tokens_before if self.tokens_before else 1.0
+
+
+def is_message(item: object) -> bool:
+    """True for a dict with a string role: the only shape the library looks inside."""
+    return isinstance(item, dict) and isinstance(item.get("role"), str)
+
+
+def roles(messages: Sequence[Any]) -> list[str | None]:
+    """The role of each item, None where the item is not a well-formed message."""
+    return [m["role"] if is_message(m) else None for m in messages]

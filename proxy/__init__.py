@@ -1,0 +1,1 @@
+"""proxy: the HTTP layer of compaction-proxy (routing, sessions, forwarding, streaming, metrics)."""
