@@ -1,0 +1,186 @@
+"""Checkpoints: remembering a compaction so the same history is never summarized twice.
+
+Agents resend their whole history on every call. A checkpoint records how the prefix
+`messages[:cut]` of one conversation was compacted, under a digest of exactly that prefix (chained
+from a seed that carries the caller's credential and session, so tenants never share). The next
+request of the conversation finds its longest remembered prefix, substitutes the same summary
+message (byte-stable, so upstream prompt caches keep hitting) and, only if still too large, extends
+it: the summary then sits inside the folded span and the library writes an updated summary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+from cachetools import TTLCache
+
+from compaction.types import CompactionResult, Message
+
+_DIGEST_SIZE = 16
+
+
+def conversation_seed(*parts: str) -> bytes:
+    """The chain's starting digest: the caller's credential, session, anything that scopes reuse."""
+    hasher = hashlib.blake2b(digest_size=_DIGEST_SIZE)
+    for part in parts:
+        hasher.update(part.encode("utf-8", "surrogatepass"))
+        hasher.update(b"\x00")
+    return hasher.digest()
+
+
+def prefix_digests(messages: Sequence[Any], seed: bytes) -> list[bytes]:
+    """digests[i] identifies messages[:i + 1] under `seed` (key order inside a message ignored)."""
+    digests: list[bytes] = []
+    current = seed
+    for message in messages:
+        body = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+        current = hashlib.blake2b(current + body, digest_size=_DIGEST_SIZE).digest()
+        digests.append(current)
+    return digests
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """`messages[:cut]` of a conversation becomes head + summary + pinned messages.
+
+    Only the summary message is stored; head and pinned messages are taken from each request
+    (their content is the same by the digest), so the agent's own bytes go upstream.
+    """
+
+    key: bytes
+    cut: int
+    head_end: int
+    pinned: tuple[int, ...]
+    summary_message: Message
+    compaction_id: str
+    path: str
+    created_at: float
+
+    def apply(self, messages: Sequence[Any]) -> list[Any]:
+        """The compacted view of a request whose first `cut` messages match this checkpoint."""
+        return [
+            *messages[: self.head_end],
+            self.summary_message,
+            *(messages[i] for i in self.pinned),
+            *messages[self.cut :],
+        ]
+
+    @property
+    def prefix_len(self) -> int:
+        """Length of what replaces messages[:cut] in the view."""
+        return self.head_end + 1 + len(self.pinned)
+
+
+class CheckpointStore(Protocol):
+    """Where checkpoints live: in memory here; a shared store can implement the same two calls."""
+
+    def get(self, key: bytes) -> Checkpoint | None: ...
+
+    def put(self, checkpoint: Checkpoint) -> None: ...
+
+
+class MemoryCheckpointStore:
+    """A bounded in-process store: least recently used entries go first, each lives `ttl_s`."""
+
+    def __init__(
+        self,
+        max_entries: int = 10_000,
+        ttl_s: float = 6 * 3600,
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._cache: TTLCache[bytes, Checkpoint] = TTLCache(max_entries, ttl_s, timer=timer)
+
+    def get(self, key: bytes) -> Checkpoint | None:
+        return self._cache.get(key)
+
+    def put(self, checkpoint: Checkpoint) -> None:
+        self._cache[checkpoint.key] = checkpoint
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+def find_longest(store: CheckpointStore, digests: Sequence[bytes]) -> Checkpoint | None:
+    """The checkpoint of the longest remembered prefix, None when no prefix is remembered.
+
+    The last message is never part of a checkpoint (it is the new turn), so the search starts one
+    before it.
+    """
+    for cut in range(len(digests) - 1, 0, -1):
+        found = store.get(digests[cut - 1])
+        if found is not None and found.cut == cut:
+            return found
+    return None
+
+
+@dataclass(frozen=True)
+class View:
+    """A request's messages as they go upstream: the original, or a checkpoint applied to it."""
+
+    messages: list[Any]
+    base: Checkpoint | None
+
+    @classmethod
+    def of(cls, original: list[Any], base: Checkpoint | None) -> View:
+        return cls(base.apply(original) if base else original, base)
+
+    def original_index(self, index: int) -> int | None:
+        """Where view message `index` sits in the original list; None for the summary message."""
+        if self.base is None:
+            return index
+        base = self.base
+        if index < base.head_end:
+            return index
+        if index == base.head_end:
+            return None
+        if index < base.prefix_len:
+            return base.pinned[index - base.head_end - 1]
+        return base.cut + index - base.prefix_len
+
+
+def checkpoint_after(
+    view: View,
+    result: CompactionResult,
+    digests: Sequence[bytes],
+    *,
+    clock: Callable[[], float] = time.time,
+) -> Checkpoint | None:
+    """The checkpoint recording `result`, a compaction of `view`; None if it cannot be recorded.
+
+    `digests` are the prefix digests of the original list the view was built from.
+    """
+    if result.summary_message is None or result.path == "unchanged":
+        return None
+    cut = view.original_index(result.keep_from)
+    if cut is None or cut <= 0 or cut > len(digests):
+        return None
+    if view.base is not None and result.keep_from < view.base.prefix_len:
+        return None
+    by_identity = {id(message): i for i, message in enumerate(view.messages)}
+    prefix = result.messages[: result.prefix_len]
+    positions = [i for i, message in enumerate(prefix) if message is result.summary_message]
+    if len(positions) != 1:
+        return None
+    head_end = positions[0]
+    pinned: list[int] = []
+    for message in prefix[head_end + 1 :]:
+        view_index = by_identity.get(id(message))
+        original = view.original_index(view_index) if view_index is not None else None
+        if original is None:
+            return None
+        pinned.append(original)
+    return Checkpoint(
+        key=digests[cut - 1],
+        cut=cut,
+        head_end=head_end,
+        pinned=tuple(pinned),
+        summary_message=result.summary_message,
+        compaction_id=result.compaction_id,
+        path=result.path,
+        created_at=clock(),
+    )
