@@ -1,0 +1,49 @@
+"""Background work: every task the proxy starts on its own goes through here.
+
+The set keeps a strong reference to each running task (asyncio keeps only weak ones) and
+`close()` cancels what is left at shutdown, so nothing runs after the app is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+
+class BackgroundTasks:
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
+        if self._closed:
+            coro.close()
+            raise RuntimeError("background tasks are closed")
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning(
+                "background task failed",
+                extra={"task": task.get_name(), "error": repr(task.exception())},
+            )
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
