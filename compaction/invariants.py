@@ -1,0 +1,93 @@
+"""The rules a compacted message list must keep, checked in code after every compaction.
+
+A tool message answers a call of the nearest preceding assistant message, with only tool messages
+in between; every call is answered before the next non-tool message. A compaction keeps the head,
+the pinned messages and the kept tail as the very same objects, inserts exactly one summary, and
+introduces no pairing problem the original did not already have.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from compaction.marker import is_summary_message
+from compaction.segment import answered_id, call_ids, is_tool_message
+from compaction.types import Plan
+
+
+class PairingProblem(NamedTuple):
+    kind: str  # "orphan result" | "unanswered call"
+    call_id: str | None
+    at: int
+
+    def describe(self) -> str:
+        return f"message {self.at}: {self.kind} {self.call_id!r}"
+
+
+def find_pairing_problems(messages: Sequence[Any]) -> list[PairingProblem]:
+    """Every orphan tool result and every call left unanswered, in order."""
+    problems: list[PairingProblem] = []
+    pending: dict[str, int] = {}
+    for index, item in enumerate(messages):
+        if is_tool_message(item):
+            answered = answered_id(item)
+            if answered in pending:
+                del pending[answered]
+            else:
+                problems.append(PairingProblem("orphan result", answered, index))
+            continue
+        problems += [PairingProblem("unanswered call", cid, at) for cid, at in pending.items()]
+        pending = dict.fromkeys(sorted(call_ids(item)), index)
+    problems += [PairingProblem("unanswered call", cid, at) for cid, at in pending.items()]
+    return problems
+
+
+def check_tool_pairing(messages: Sequence[Any]) -> list[str]:
+    """Pairing problems of `messages` as readable lines; [] when every call has its result."""
+    return [p.describe() for p in find_pairing_problems(messages)]
+
+
+def check_compacted(original: Sequence[Any], compacted: Sequence[Any], plan: Plan) -> list[str]:
+    """What is wrong with `compacted` as the result of applying `plan` to `original`."""
+    if plan.keep_from == plan.head_end and not plan.pinned:
+        expected: list[Any] = list(original)
+        problems = _check_same(expected, compacted, "unchanged")
+        return problems + _new_pairing_problems(original, compacted)
+    head = list(original[: plan.head_end])
+    pinned = [original[i] for i in plan.pinned]
+    tail = list(original[plan.keep_from :])
+    want = len(head) + 1 + len(pinned) + len(tail)
+    if len(compacted) != want:
+        return [f"expected {want} messages (head, summary, pinned, tail), got {len(compacted)}"]
+    problems = _check_same(head, compacted[: len(head)], "head")
+    if not is_summary_message(compacted[len(head)]):
+        problems.append(f"message {len(head)}: expected the summary message")
+    start = len(head) + 1
+    problems += _check_same(pinned, compacted[start : start + len(pinned)], "pinned")
+    problems += _check_same(tail, compacted[start + len(pinned) :], "kept tail")
+    return problems + _new_pairing_problems(original, compacted)
+
+
+def _check_same(expected: Sequence[Any], actual: Sequence[Any], part: str) -> list[str]:
+    if len(expected) != len(actual):
+        return [f"{part}: expected {len(expected)} messages, got {len(actual)}"]
+    return [
+        f"{part} message {i}: not the original object"
+        for i, (want, got) in enumerate(zip(expected, actual))
+        if want is not got
+    ]
+
+
+def _new_pairing_problems(original: Sequence[Any], compacted: Sequence[Any]) -> list[str]:
+    """Pairing problems of `compacted` beyond those `original` already had (malformed input)."""
+    before = Counter((p.kind, p.call_id) for p in find_pairing_problems(original))
+    new: list[str] = []
+    for problem in find_pairing_problems(compacted):
+        key = (problem.kind, problem.call_id)
+        if before[key] > 0:
+            before[key] -= 1
+        else:
+            new.append("new pairing problem: " + problem.describe())
+    return new
