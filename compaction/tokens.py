@@ -2,7 +2,8 @@
 
 Counts what the upstream counts for a chat request: message contents (strings and part arrays),
 tool calls, ids, names, a per-message overhead, and the `tools` definitions. CJK text costs about
-one token per character, other scripts about two characters per token, ASCII about four. Classes
+two thirds of a token per character for gpt-4o's tokenizer (about one for gpt-4's), ASCII about
+a quarter (see `Rates`, fitted with the real vocabularies in bench/token_accuracy.py). Classes
 are mixed per character, not per message, using C-speed string operations rather than a Python
 loop over characters, so a 128k-token request is estimated in a few milliseconds.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -34,24 +36,39 @@ AUDIO_PART_TOKENS = 200
 FILE_PART_TOKENS = 500
 """Rough flat costs: their real cost depends on media we do not decode."""
 
-ASCII_CHARS_PER_TOKEN = 4.0
-CJK_TOKENS_PER_CHAR = 1.0
-OTHER_TOKENS_PER_CHAR = 0.5
-"""Accented Latin, Cyrillic, Greek, Arabic, emoji...: roughly two characters per token."""
+@dataclass(frozen=True)
+class Rates:
+    """Tokens per character class for one tokenizer family, fitted with its real vocabulary."""
+
+    ascii_chars_per_token: float
+    cjk_tokens_per_char: float  # Han, kana, CJK punctuation, fullwidth forms
+    hangul_tokens_per_char: float
+    other_tokens_per_char: float  # accented Latin, Cyrillic, Greek, Arabic, emoji...
+
+
+O200K = Rates(4.0, 0.66, 0.52, 0.25)
+"""gpt-4o / gpt-4.1 / o-series (o200k_base): Chinese and Japanese about 1.5 characters a token."""
+
+CL100K = Rates(4.0, 0.9, 1.05, 0.4)
+"""gpt-4 / gpt-3.5 (cl100k_base): CJK about one token per character."""
 
 _CJK = re.compile(
-    "[\u1100-\u11ff"  # Hangul Jamo
-    "\u2e80-\u2fdf"  # CJK radicals
+    "[\u2e80-\u2fdf"  # CJK radicals
     "\u3000-\u303f"  # CJK punctuation
     "\u3040-\u30ff"  # Hiragana, Katakana
-    "\u3100-\u31ff"  # Bopomofo, Hangul compatibility, Katakana extensions
+    "\u3100-\u312f"  # Bopomofo
+    "\u31a0-\u31ff"  # Bopomofo extended, strokes, Katakana extensions
     "\u3400-\u4dbf"  # CJK extension A
     "\u4e00-\u9fff"  # CJK unified ideographs
-    "\uac00-\ud7af"  # Hangul syllables
     "\uf900-\ufaff"  # CJK compatibility ideographs
     "\uff00-\uffef"  # fullwidth and halfwidth forms
     "\U00020000-\U0003134f]"  # CJK extensions B-G
 )
+_HANGUL = re.compile("[\u1100-\u11ff\u3130-\u318f\uac00-\ud7af]")
+
+
+def _count_matches(pattern: re.Pattern[str], text: str) -> int:
+    return len(text) - len(pattern.sub("", text))
 
 
 def _json_text(item: Any) -> str:
@@ -68,8 +85,9 @@ class HeuristicEstimator:
     The proxy learns `calibration` as upstream `usage.prompt_tokens` / our estimate.
     """
 
-    def __init__(self, calibration: float = 1.0) -> None:
+    def __init__(self, calibration: float = 1.0, rates: Rates = O200K) -> None:
         self.calibration = calibration
+        self.rates = rates
 
     def count_text(self, text: str) -> int:
         return round(self._raw_text(text) * self.calibration)
@@ -83,15 +101,18 @@ class HeuristicEstimator:
         return round(self._raw_text(_json_text(tools)) * self.calibration)
 
     def _raw_text(self, text: str) -> float:
+        rates = self.rates
         if text.isascii():
-            return len(text) / ASCII_CHARS_PER_TOKEN
+            return len(text) / rates.ascii_chars_per_token
         ascii_chars = len(text.encode("ascii", "ignore"))
-        cjk_chars = len(text) - len(_CJK.sub("", text))
-        other_chars = len(text) - ascii_chars - cjk_chars
+        cjk_chars = _count_matches(_CJK, text)
+        hangul_chars = _count_matches(_HANGUL, text)
+        other_chars = len(text) - ascii_chars - cjk_chars - hangul_chars
         return (
-            ascii_chars / ASCII_CHARS_PER_TOKEN
-            + cjk_chars * CJK_TOKENS_PER_CHAR
-            + other_chars * OTHER_TOKENS_PER_CHAR
+            ascii_chars / rates.ascii_chars_per_token
+            + cjk_chars * rates.cjk_tokens_per_char
+            + hangul_chars * rates.hangul_tokens_per_char
+            + other_chars * rates.other_tokens_per_char
         )
 
     def _raw_malformed(self, item: Any) -> float:
