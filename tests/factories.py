@@ -204,3 +204,18 @@ def conversations(
     for _ in range(draw(st.integers(0, max_rounds))):
         msgs += draw(rounds(malformed, max_blocks))
     return msgs
+
+
+# ---------------------------------------------------------------- applying a plan
+
+
+def apply_plan(messages: list[Any], plan: Any, text: str = "Earlier: the user asked for fixes.") -> list[Any]:
+    """The compacted list a plan describes, with a stand-in summary (same objects elsewhere)."""
+    if plan.keep_from == plan.head_end and not plan.pinned:
+        return list(messages)
+    return (
+        messages[: plan.head_end]
+        + [summary(text)]
+        + [messages[i] for i in plan.pinned]
+        + messages[plan.keep_from :]
+    )

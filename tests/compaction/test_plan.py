@@ -1,0 +1,223 @@
+"""Planning: trigger arithmetic, which rounds are kept, cuts inside a huge round, block alignment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compaction.invariants import check_compacted
+from compaction.plan import folded_spans, plan_compaction, should_compact, target_tokens
+from compaction.segment import split
+from compaction.tokens import HeuristicEstimator, estimate_request
+from compaction.types import Plan, Segments
+from tests import factories as f
+from tests.conftest import read_corpus
+
+EST = HeuristicEstimator()
+
+
+def plan_for(messages: list[Any], window: int, **kwargs: Any) -> tuple[Segments, Plan]:
+    segments = split(messages, EST)
+    return segments, plan_compaction(segments, window=window, **kwargs)
+
+
+def block_bounds(segments: Segments) -> set[int]:
+    return {b.start for r in segments.rounds for b in r.blocks} | {
+        r.end for r in segments.rounds
+    } | {segments.head_end}
+
+
+def assert_block_aligned(segments: Segments, plan: Plan) -> None:
+    bounds = block_bounds(segments)
+    assert plan.head_end == segments.head_end
+    assert plan.keep_from in bounds
+    for pin in plan.pinned:
+        assert pin in bounds and pin + 1 in bounds and plan.head_end <= pin < plan.keep_from
+
+
+def output_tokens(messages: list[Any], plan: Plan) -> int:
+    """The compacted request's estimate, with the summary at its full budget."""
+    kept = f.apply_plan(messages, plan)
+    if kept is messages or plan.keep_from == plan.head_end:
+        return estimate_request(messages, None, EST)
+    without_summary = [m for i, m in enumerate(kept) if i != plan.head_end]
+    return estimate_request(without_summary, None, EST) + plan.summary_budget_tokens
+
+
+# ---------------------------------------------------------------- trigger
+
+
+def test_should_compact_at_the_trigger_ratio() -> None:
+    assert should_compact(85_000, 100_000)
+    assert not should_compact(84_999, 100_000)
+    assert should_compact(50, 100, trigger_ratio=0.5)
+
+
+def test_should_compact_when_the_requested_output_no_longer_fits() -> None:
+    assert should_compact(70_000, 100_000, max_output_tokens=30_001)
+    assert not should_compact(70_000, 100_000, max_output_tokens=30_000)
+
+
+def test_target_leaves_room_for_the_requested_output() -> None:
+    assert target_tokens(100_000, 0.6, None) == 60_000
+    assert target_tokens(100_000, 0.6, 10_000) == 60_000
+    assert target_tokens(100_000, 0.6, 50_000) == 50_000
+    assert target_tokens(100, 0.6, 500) == 0
+
+
+# ---------------------------------------------------------------- kept rounds
+
+
+def test_twenty_rounds_keep_exactly_the_last_five() -> None:
+    messages = f.simple_conversation(20, system_prompt=None)
+    _, plan = plan_for(messages, 128_000, keep_recent_rounds=5)
+    assert plan.keep_from == len(messages) - 10
+    assert len(f.apply_plan(messages, plan)) == 11
+    assert plan.fits and plan.pinned == ()
+
+
+def test_few_rounds_under_target_come_back_unchanged() -> None:
+    messages = f.simple_conversation(4)
+    _, plan = plan_for(messages, 128_000, keep_recent_rounds=5)
+    assert plan.keep_from == plan.head_end and plan.folded == ()
+    assert plan.fits
+
+
+def test_fewer_rounds_are_kept_when_they_do_not_fit() -> None:
+    messages = f.simple_conversation(10, words=400)
+    segments, plan = plan_for(messages, 8_000, summary_budget_tokens=500)
+    kept_rounds = [r for r in segments.rounds if r.start >= plan.keep_from]
+    assert 1 <= len(kept_rounds) < 5
+    assert plan.fits and output_tokens(messages, plan) <= plan.target_tokens
+
+
+def test_head_is_never_folded() -> None:
+    messages = [f.system(), f.developer()] + f.simple_conversation(12, system_prompt=None)
+    _, plan = plan_for(messages, 100_000)
+    assert plan.head_end == 2 and min(plan.folded) == 2
+
+
+def test_an_earlier_summary_in_the_folded_span_is_reported() -> None:
+    messages = [f.system(), f.summary()] + f.simple_conversation(8, system_prompt=None)
+    _, plan = plan_for(messages, 100_000)
+    assert plan.previous_summary == 1 and 1 in plan.folded
+
+
+def test_an_earlier_summary_with_few_rounds_under_target_is_left_alone() -> None:
+    messages = [f.system(), f.summary()] + f.simple_conversation(3, system_prompt=None)
+    _, plan = plan_for(messages, 100_000)
+    assert plan.folded == () and plan.previous_summary is None
+
+
+def test_max_output_tokens_tightens_the_target() -> None:
+    messages = f.simple_conversation(20, words=100)
+    _, loose = plan_for(messages, 10_000)
+    _, tight = plan_for(messages, 10_000, max_output_tokens=8_000)
+    assert tight.target_tokens == 2_000 < loose.target_tokens
+    assert tight.keep_from >= loose.keep_from
+
+
+# ---------------------------------------------------------------- one huge round
+
+
+def test_a_huge_single_round_is_cut_inside_with_its_user_message_pinned() -> None:
+    messages = f.single_task_conversation(300)
+    segments, plan = plan_for(messages, 20_000)
+    assert plan.pinned == (1,)
+    assert plan.keep_from > 2 and plan.fits
+    assert_block_aligned(segments, plan)
+    assert output_tokens(messages, plan) <= plan.target_tokens
+    assert folded_spans(plan) == [(2, plan.keep_from)]
+
+
+def test_a_single_giant_block_is_kept_whole_and_reported() -> None:
+    messages = [f.system(), *f.simple_round(0), f.user("go"), *f.tool_block(2, output="x" * 200_000)]
+    segments, plan = plan_for(messages, 8_000)
+    assert not plan.fits and plan.note
+    assert plan.keep_from == 4 and plan.pinned == (3,)
+    assert_block_aligned(segments, plan)
+
+
+def test_nothing_to_fold_when_the_history_is_the_head() -> None:
+    messages = [f.system("s" * 100_000)]
+    _, plan = plan_for(messages, 4_000)
+    assert plan.keep_from == plan.head_end == 1 and not plan.fits and plan.note
+
+
+def test_a_lone_giant_user_message_after_the_head_is_not_folded() -> None:
+    messages = [f.system(), f.user("u" * 100_000)]
+    _, plan = plan_for(messages, 4_000)
+    assert plan.keep_from == plan.head_end and plan.pinned == () and not plan.fits
+
+
+def test_folded_spans_skip_pinned_messages() -> None:
+    plan = Plan(1, 9, (4,), None, 0, 0, 0, 0, True)
+    assert folded_spans(plan) == [(1, 4), (5, 9)]
+    assert plan.folded == (1, 2, 3, 5, 6, 7, 8)
+
+
+# ---------------------------------------------------------------- properties
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    f.conversations(malformed=True),
+    st.integers(300, 40_000),
+    st.integers(0, 6),
+    st.sampled_from([None, 100, 2_000]),
+)
+def test_plans_are_block_aligned_deterministic_and_under_target(
+    messages: list[Any], window: int, keep: int, max_output: int | None
+) -> None:
+    segments = split(messages, EST)
+    kwargs: dict[str, Any] = dict(
+        window=window, keep_recent_rounds=keep, summary_budget_tokens=200, max_output_tokens=max_output
+    )
+    plan = plan_compaction(segments, **kwargs)
+    assert plan == plan_compaction(split(messages, EST), **kwargs)
+    assert_block_aligned(segments, plan)
+    if plan.fits:
+        assert output_tokens(messages, plan) <= plan.target_tokens
+    else:
+        assert plan.note
+    assert check_compacted(messages, f.apply_plan(messages, plan), plan) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(f.conversations(max_rounds=4, max_blocks=12), st.integers(500, 6_000))
+def test_the_latest_user_message_is_kept_or_pinned(messages: list[Any], window: int) -> None:
+    segments, plan = plan_for(messages, window, summary_budget_tokens=100)
+    users = [r.start for r in segments.rounds if r.has_user]
+    if users and plan.folded:
+        assert users[-1] >= plan.keep_from or users[-1] in plan.pinned
+
+
+# ---------------------------------------------------------------- the corpus
+
+
+@pytest.fixture(scope="module")
+def corpus(corpus_dir: Path) -> list[tuple[str, list[Any], Any]]:
+    return [
+        (conv["id"], conv["messages"], conv.get("tools"))
+        for path in sorted(corpus_dir.glob("*.jsonl"))
+        for conv in read_corpus(path)
+    ]
+
+
+@pytest.mark.parametrize("window", [4_000, 16_000])
+def test_every_corpus_conversation_gets_a_block_aligned_valid_plan(
+    corpus: list[tuple[str, list[Any], Any]], window: int
+) -> None:
+    assert len(corpus) >= 400
+    for conv_id, messages, tools in corpus:
+        segments = split(messages, EST, tools)
+        plan = plan_compaction(segments, window=window, summary_budget_tokens=window // 10)
+        assert_block_aligned(segments, plan)
+        problems = check_compacted(messages, f.apply_plan(messages, plan), plan)
+        assert problems == [], conv_id
+        if segments.total_tokens > window and not plan.fits:
+            assert plan.note, conv_id

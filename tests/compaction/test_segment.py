@@ -1,0 +1,121 @@
+"""Segmentation: head, rounds, atomic tool blocks, malformed items kept in place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+
+from compaction.segment import split
+from compaction.tokens import HeuristicEstimator, estimate_request
+from compaction.types import Segments
+from tests import factories as f
+
+EST = HeuristicEstimator()
+
+
+def block_spans(segments: Segments) -> list[tuple[int, int]]:
+    return [(b.start, b.end) for r in segments.rounds for b in r.blocks]
+
+
+def assert_partition(segments: Segments, n: int) -> None:
+    """Head, then rounds and their blocks, cover [0, n) in order without gaps."""
+    position = segments.head_end
+    for round_ in segments.rounds:
+        assert round_.start == position
+        assert round_.blocks[0].start == round_.start and round_.blocks[-1].end == round_.end
+        for block in round_.blocks:
+            assert block.start == position and block.end > block.start
+            position = block.end
+        assert round_.tokens == sum(b.tokens for b in round_.blocks)
+    assert position == n
+
+
+def test_head_is_the_leading_system_and_developer_messages() -> None:
+    messages = [f.system(), f.developer(), f.user(), f.system("late system"), f.assistant()]
+    segments = split(messages, EST)
+    assert segments.head_end == 2
+    assert [(r.start, r.end) for r in segments.rounds] == [(2, 5)]
+
+
+def test_each_user_message_starts_a_round() -> None:
+    segments = split(f.simple_conversation(4), EST)
+    assert [(r.start, r.end, r.has_user) for r in segments.rounds] == [
+        (1, 3, True), (3, 5, True), (5, 7, True), (7, 9, True)
+    ]
+
+
+def test_parallel_calls_and_their_results_are_one_block() -> None:
+    messages = [f.user(), *f.tool_block(3), f.assistant()]
+    segments = split(messages, EST)
+    assert block_spans(segments) == [(0, 1), (1, 5), (5, 6)]
+    assert [b.kind for b in segments.rounds[0].blocks] == ["message", "tool", "message"]
+
+
+def test_an_earlier_summary_is_preamble_not_a_round() -> None:
+    messages = [f.system(), f.summary(), f.assistant("hi"), *f.simple_round(0)]
+    segments = split(messages, EST)
+    assert segments.summary_index == 1
+    preamble, first = segments.rounds
+    assert (preamble.start, preamble.end, preamble.has_user) == (1, 3, False)
+    assert first.has_user and first.start == 3
+
+
+def test_no_preamble_round_when_a_user_message_follows_the_head() -> None:
+    segments = split(f.simple_conversation(2), EST)
+    assert all(r.has_user for r in segments.rounds)
+    assert segments.summary_index is None
+
+
+def test_a_stray_tool_message_between_answers_stays_inside_the_block() -> None:
+    call_a, call_b = f.tool_call("a"), f.tool_call("b")
+    messages = [
+        f.user(), f.assistant_calls(call_a, call_b), f.tool_result("a"),
+        f.tool_result("stray"), f.tool_result("b"), f.tool_result("trailing stray"),
+    ]
+    assert block_spans(split(messages, EST)) == [(0, 1), (1, 5), (5, 6)]
+
+
+def test_malformed_items_become_their_own_blocks_in_place() -> None:
+    items = f.malformed_items()
+    messages = [f.system(), f.user(), *items]
+    segments = split(messages, EST)
+    assert_partition(segments, len(messages))
+    assert len(segments.rounds[0].blocks) == 1 + len(items) - 1  # the trailing list user starts a round
+    assert all(b.kind == "message" for r in segments.rounds for b in r.blocks)
+
+
+def test_empty_and_head_only_histories() -> None:
+    assert split([], EST).rounds == ()
+    head_only = split([f.system(), f.developer()], EST)
+    assert head_only.head_end == 2 and head_only.rounds == ()
+
+
+def test_totals_match_estimate_request() -> None:
+    messages = f.agent_conversation(3, blocks=4, calls_per_block=2)
+    tools = [{"type": "function", "function": {"name": "bash"}}]
+    segments = split(messages, EST, tools)
+    assert segments.total_tokens == estimate_request(messages, tools, EST)
+    assert segments.tools_tokens == EST.count_tools(tools)
+    assert segments.head_tokens == EST.count_message(messages[0])
+
+
+@given(f.conversations(malformed=True))
+def test_segments_partition_any_conversation(messages: list[Any]) -> None:
+    segments = split(messages, EST)
+    assert_partition(segments, len(messages))
+    for round_ in segments.rounds:
+        for block in round_.blocks:
+            if block.kind == "tool":
+                assert messages[block.start]["tool_calls"]
+                assert all(m["role"] == "tool" for m in messages[block.start + 1 : block.end])
+
+
+@given(f.conversations())
+def test_every_well_formed_tool_block_is_found_whole(messages: list[Any]) -> None:
+    segments = split(messages, EST)
+    starts = {b.start: b for r in segments.rounds for b in r.blocks}
+    for i, m in enumerate(messages):
+        if m.get("tool_calls"):
+            block = starts[i]
+            assert block.kind == "tool" and block.end - block.start == 1 + len(m["tool_calls"])
