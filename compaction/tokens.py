@@ -52,6 +52,9 @@ O200K = Rates(4.0, 0.66, 0.52, 0.25)
 CL100K = Rates(4.0, 0.9, 1.05, 0.4)
 """gpt-4 / gpt-3.5 (cl100k_base): CJK about one token per character."""
 
+SPARSE_WIDE_RATIO = 64
+"""Text with under one non-ASCII character in this many counts them all at the CJK rate."""
+
 _CJK = re.compile(
     "[\u2e80-\u2fdf"  # CJK radicals
     "\u3000-\u303f"  # CJK punctuation
@@ -105,9 +108,14 @@ class HeuristicEstimator:
         if text.isascii():
             return len(text) / rates.ascii_chars_per_token
         ascii_chars = len(text.encode("ascii", "ignore"))
+        wide_chars = len(text) - ascii_chars
+        if wide_chars * SPARSE_WIDE_RATIO <= len(text):
+            # A few quotes, dashes or accents in ASCII text (code, logs): not worth a regex scan,
+            # which costs ten times the encode on a megabyte of output.
+            return ascii_chars / rates.ascii_chars_per_token + wide_chars * rates.cjk_tokens_per_char
         cjk_chars = _count_matches(_CJK, text)
         hangul_chars = _count_matches(_HANGUL, text)
-        other_chars = len(text) - ascii_chars - cjk_chars - hangul_chars
+        other_chars = wide_chars - cjk_chars - hangul_chars
         return (
             ascii_chars / rates.ascii_chars_per_token
             + cjk_chars * rates.cjk_tokens_per_char

@@ -107,3 +107,8 @@ def test_estimate_request_adds_messages_tools_and_priming() -> None:
 def test_any_generated_conversation_gets_a_positive_estimate(messages: list[object]) -> None:
     total = estimate_request(messages, None, EST)
     assert total >= REPLY_PRIMING_TOKENS + MESSAGE_OVERHEAD_TOKENS * len(messages)
+
+
+def test_a_few_non_ascii_symbols_in_long_ascii_text_add_a_little_each() -> None:
+    text = "x" * 4000 + "“quoted” — done"
+    assert 1000 < EST.count_text(text) <= 1000 + 4 + 5
