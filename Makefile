@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
+STAMP_BENCH := $(VENV)/.installed-bench
 
 .PHONY: run test typecheck bench demo clean
 
@@ -19,6 +20,10 @@ $(STAMP_TEST): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@ $(STAMP_RUN)
 
+$(STAMP_BENCH): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $@ $(STAMP_TEST) $(STAMP_RUN)
+
 run: $(STAMP_RUN)
 	$(BIN)/compaction-proxy --config config.yaml
 
@@ -31,8 +36,9 @@ typecheck: $(STAMP_TEST)
 demo: $(STAMP_RUN)
 	$(BIN)/compaction-proxy demo
 
-bench: $(STAMP_TEST)
+bench: $(STAMP_BENCH)
 	$(BIN)/python -m bench.decision
+	$(BIN)/python -m bench.token_accuracy
 	$(BIN)/python -m bench.passthrough
 	$(BIN)/python -m bench.replay
 

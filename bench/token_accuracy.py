@@ -1,9 +1,8 @@
 """Compare HeuristicEstimator with real o200k/cl100k BPE counts on the corpus and CJK samples.
 
 tiktoken downloads its vocabularies at run time; the `bpe-openai` wheel (PyPI) ships them inside.
-It is not a project dependency: install it beside the venv only to run this benchmark, e.g.
-    .venv/bin/pip install --target /tmp/bpelib bpe-openai
-    PYTHONPATH=/tmp/bpelib .venv/bin/python -m bench.token_accuracy
+It is the project's `bench` extra, installed by `make bench`; by hand:
+    .venv/bin/pip install -e '.[bench]' && .venv/bin/python -m bench.token_accuracy
 Prints estimate/real per text family; the bar is within +-15%.
 """
 
