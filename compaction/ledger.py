@@ -1,0 +1,321 @@
+"""Ledgers: what the folded messages did, collected by code rather than by the model.
+
+Files read or written, shell commands run, error lines seen, the user's requests, and the numbers
+and identifiers the user and assistant mentioned. A ledger is bounded (entries capped and clipped)
+and rendered under a token budget; what does not fit is returned as overflow, which the engine
+keeps in the memory file so that nothing collected here is silently lost.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from compaction.summarize import (
+    ToolCall,
+    is_observation,
+    is_user_request,
+    message_text,
+    tool_calls,
+)
+from compaction.types import MemoryItem, TokenEstimator, is_message
+
+MAX_REQUESTS = 40
+MAX_FILES = 400
+MAX_COMMANDS = 400
+MAX_ERRORS = 30
+MAX_VALUES = 300
+REQUEST_CHARS = 300
+COMMAND_CHARS = 160
+ERROR_CHARS = 200
+PATH_CHARS = 200
+
+PATH_ARGUMENTS = frozenset(
+    {"path", "file", "filename", "file_path", "filepath", "target_file", "source", "destination",
+     "dir", "directory", "cwd", "old_path", "new_path"}
+)
+"""Tool-call argument names whose string value is a path."""
+
+SHELL_ARGUMENTS = ("command", "cmd", "script")
+SHELL_TOOL_WORDS = ("bash", "shell", "exec", "terminal", "run", "command")
+"""A tool whose name holds one of these words runs its `command` argument in a shell."""
+
+CODE_EXTENSIONS = frozenset(
+    "py pyi pyx js mjs ts tsx jsx json yaml yml toml md rst txt cfg ini conf sh bash zsh c h cc "
+    "cpp hpp rs go java kt rb php html css scss sql csv lock xml log diff patch ipynb env".split()
+)
+
+_TOKEN_SPLIT = re.compile(r"[\s'\"`;|&<>(){}\[\],=*!?]+")
+_TRAILING = ".:;,)"
+_FENCED_SHELL = re.compile(r"```(?:bash|sh|shell|console)[ \t]*\n(.*?)```", re.DOTALL)
+_FENCE = re.compile(r"```.*?(?:```|$)", re.DOTALL)
+_ERROR_LINE = re.compile(
+    r"^\s*(?:[\w.]*(?:Error|Exception)\b|error:|ERROR\b|FAILED\b|fatal:|panic:|E\s{3})"
+)
+_NUMBER = re.compile(r"\b\d{3,}\b")
+_IDENTIFIER = re.compile(r"\b(?=[A-Za-z_-]*\d)(?=[\d_-]*[A-Za-z])[A-Za-z0-9_-]{5,40}\b")
+
+
+@dataclass(frozen=True)
+class Ledger:
+    requests: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+    commands: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+    values: tuple[str, ...] = ()
+    """Numbers of three or more digits and identifiers mixing letters and digits."""
+
+    def key_entries(self) -> list[str]:
+        """What verification checks against the summary: paths, commands, errors."""
+        return [*self.files, *self.commands, *self.errors]
+
+    def is_empty(self) -> bool:
+        return not any(getattr(self, f.name) for f in fields(self))
+
+
+# ---------------------------------------------------------------- extraction
+
+
+def looks_like_path(token: str) -> bool:
+    """A file or directory path: absolute, relative with a dot, nested, or a known extension."""
+    if "://" in token or not any(ch.isalpha() for ch in token) or len(token) > PATH_CHARS:
+        return False
+    if token.startswith(("/", "./", "../", "~/")):
+        return len(token) > 1 and not token.startswith("//")
+    _, dot, extension = token.rpartition(".")
+    has_extension = bool(dot) and extension.lower() in CODE_EXTENSIONS
+    inner = token.strip("/").count("/")
+    return has_extension or inner >= 2
+
+
+def find_paths(text: str) -> list[str]:
+    """Path-looking tokens of `text` (shell commands or prose), in order, trailing punctuation cut."""
+    found: list[str] = []
+    for raw in _TOKEN_SPLIT.split(text):
+        token = raw.rstrip(_TRAILING)
+        if token and looks_like_path(token):
+            found.append(token)
+    return found
+
+
+def command_key(command: str) -> str:
+    """A command as the ledger shows it: its first line, whitespace collapsed, clipped."""
+    lines = [line for line in command.strip().splitlines() if line.strip()]
+    first = " ".join(lines[0].split()) if lines else ""
+    if len(first) > COMMAND_CHARS:
+        return first[: COMMAND_CHARS - 1] + "…"
+    return first + (" …" if len(lines) > 1 else "")
+
+
+def is_shell_tool(name: str) -> bool:
+    lowered = name.lower()
+    return any(word in lowered for word in SHELL_TOOL_WORDS)
+
+
+def _call_commands_and_paths(call: ToolCall) -> tuple[list[str], list[str]]:
+    arguments = call.parsed()
+    commands: list[str] = []
+    paths: list[str] = []
+    for key, value in arguments.items():
+        if not isinstance(value, str) or not value.strip():
+            continue
+        if key in PATH_ARGUMENTS and len(value) <= PATH_CHARS:
+            paths.append(value.strip())
+        elif key in SHELL_ARGUMENTS and is_shell_tool(call.name):
+            commands.append(value)
+            paths += find_paths(value)
+    return commands, paths
+
+
+def fenced_commands(text: str) -> list[str]:
+    """Shell blocks an assistant wrote in its text (mini-swe-agent acts this way)."""
+    return [block for block in _FENCED_SHELL.findall(text) if block.strip()]
+
+
+def error_lines(text: str) -> list[str]:
+    return [
+        clip(line.strip(), ERROR_CHARS) for line in text.splitlines() if _ERROR_LINE.match(line)
+    ]
+
+
+def mentioned_values(text: str) -> list[str]:
+    """Numbers and identifiers in prose, code blocks excluded (line numbers there are noise)."""
+    prose = _FENCE.sub(" ", text)
+    return _NUMBER.findall(prose) + _IDENTIFIER.findall(prose)
+
+
+def first_lines(text: str, limit: int = REQUEST_CHARS) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return clip(" / ".join(lines[:2]), limit) if lines else ""
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+        self.files: dict[str, None] = {}
+        self.commands: dict[str, None] = {}
+        self.errors: dict[str, None] = {}
+        self.values: dict[str, None] = {}
+
+    def add(self, message: Any) -> None:
+        if not is_message(message):
+            return
+        text = message_text(message)
+        if message["role"] == "tool" or is_observation(message):
+            self.errors.update(dict.fromkeys(error_lines(text)))
+        elif is_user_request(message):
+            if request := first_lines(text):
+                self.requests.append(request)
+            self._add_prose(text)
+        elif message["role"] == "assistant":
+            self._add_prose(text)
+            for command in fenced_commands(text):
+                self._add_command(command)
+            for call in tool_calls(message):
+                commands, paths = _call_commands_and_paths(call)
+                for command in commands:
+                    self._add_command(command)
+                self.files.update(dict.fromkeys(paths))
+
+    def _add_prose(self, text: str) -> None:
+        self.files.update(dict.fromkeys(find_paths(_FENCE.sub(" ", text))))
+        self.values.update(dict.fromkeys(mentioned_values(text)))
+
+    def _add_command(self, command: str) -> None:
+        if key := command_key(command):
+            self.commands[key] = None
+        self.files.update(dict.fromkeys(find_paths(command)))
+
+    def ledger(self) -> Ledger:
+        requests = self.requests
+        if len(requests) > MAX_REQUESTS:
+            # The first requests set the goal, the latest ones the current state.
+            requests = requests[:10] + requests[len(requests) - (MAX_REQUESTS - 10) :]
+        return Ledger(
+            requests=tuple(requests),
+            files=tuple(list(self.files)[:MAX_FILES]),
+            commands=tuple(list(self.commands)[-MAX_COMMANDS:]),
+            errors=tuple(list(self.errors)[-MAX_ERRORS:]),
+            values=tuple(list(self.values)[:MAX_VALUES]),
+        )
+
+
+def build_ledger(messages: Sequence[Any], indices: Iterable[int]) -> Ledger:
+    """The ledger of the messages at `indices` (earlier summaries are not mined)."""
+    collector = _Collector()
+    for i in indices:
+        collector.add(messages[i])
+    return collector.ledger()
+
+
+# ---------------------------------------------------------------- rendering
+
+_SECTIONS: tuple[tuple[str, str], ...] = (
+    ("requests", "User requests"),
+    ("files", "Files touched"),
+    ("errors", "Errors seen"),
+    ("commands", "Commands run"),
+    ("values", "Numbers and identifiers mentioned"),
+)
+_INLINE = frozenset({"files", "values"})
+HEADING = "## Ledger of the condensed turns (built by code)"
+
+
+def _format(name: str, entry: str) -> str:
+    if name == "commands":
+        return f"`{entry}`"
+    return entry
+
+
+def render_ledger(
+    ledger: Ledger, *, estimator: TokenEstimator, max_tokens: int
+) -> tuple[str, Ledger]:
+    """The ledger as markdown within `max_tokens`, and the entries that did not fit.
+
+    Sections are filled in turn, one entry each per pass, so a long section cannot starve the
+    others.
+    """
+    if ledger.is_empty() or max_tokens <= 0:
+        return "", ledger
+    remaining = max_tokens - estimator.count_text(HEADING) - 2
+    queues = {name: list(getattr(ledger, name)) for name, _ in _SECTIONS}
+    taken: dict[str, list[str]] = {name: [] for name, _ in _SECTIONS}
+    open_sections = [name for name, _ in _SECTIONS if queues[name]]
+    for name in open_sections:
+        remaining -= estimator.count_text(dict(_SECTIONS)[name]) + 3
+    while open_sections and remaining > 0:
+        for name in list(open_sections):
+            entry = _format(name, queues[name][len(taken[name])])
+            cost = estimator.count_text(entry) + 1
+            if cost > remaining:
+                open_sections.remove(name)
+                continue
+            taken[name].append(queues[name][len(taken[name])])
+            remaining -= cost
+            if len(taken[name]) == len(queues[name]):
+                open_sections.remove(name)
+    text = _render_taken(taken)
+    overflow = Ledger(**{name: tuple(queues[name][len(taken[name]) :]) for name, _ in _SECTIONS})
+    return text, overflow
+
+
+def _render_taken(taken: dict[str, list[str]]) -> str:
+    lines = [HEADING]
+    for name, title in _SECTIONS:
+        entries = [_format(name, e) for e in taken[name]]
+        if not entries:
+            continue
+        if name in _INLINE:
+            lines.append(f"- {title}: " + ", ".join(entries))
+        else:
+            lines.append(f"- {title}:")
+            lines += [f"  - {entry}" for entry in entries]
+    return "\n".join(lines) if len(lines) > 1 else ""
+
+
+# ---------------------------------------------------------------- overflow into memory
+
+_OVERFLOW_TITLES = {
+    "files": "Files touched in condensed turns",
+    "commands": "Commands run in condensed turns",
+    "errors": "Errors seen in condensed turns",
+    "values": "Numbers and identifiers mentioned in condensed turns",
+}
+OVERFLOW_ITEM_CHARS = 600
+
+
+def overflow_items(overflow: Ledger) -> list[MemoryItem]:
+    """Ledger entries the summary had no room for, as `fact` items for the memory file.
+
+    Requests are left out: the transcript-based extraction covers what the user asked for.
+    """
+    items: list[MemoryItem] = []
+    for name, title in _OVERFLOW_TITLES.items():
+        entries = [_format(name, e) for e in getattr(overflow, name)]
+        for chunk in _chunks(entries, OVERFLOW_ITEM_CHARS):
+            items.append(MemoryItem("fact", f"{title}: " + "; ".join(chunk)))
+    return items
+
+
+def is_overflow_item(content: str) -> bool:
+    """True for a memory item that overflow_items wrote (ledger entries, checked as such)."""
+    return content.startswith(tuple(f"{title}: " for title in _OVERFLOW_TITLES.values()))
+
+
+def _chunks(entries: Sequence[str], limit: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    size = 0
+    for entry in entries:
+        if chunk and size + len(entry) > limit:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(entry)
+        size += len(entry) + 2
+    if chunk:
+        yield chunk

@@ -1,0 +1,101 @@
+"""Verification: are the key items and ledger entries still findable in the summary?
+
+A key counts as preserved when its normalized text is a substring of the normalized summary, or
+when most of its key tokens (words of three or more characters, CJK character pairs) occur in it.
+Missing keys can be appended to the summary under a budget.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+from compaction.types import MemoryItem, Verification
+
+GOOD_RATIO = 0.9
+ACCEPTABLE_RATIO = 0.6
+TOKEN_OVERLAP = 0.7
+ALSO_PRESERVED = "## Also preserved"
+
+Quality = Literal["good", "acceptable", "poor"]
+
+_WORD = re.compile(r"[^\W_]{3,}|\d+", re.UNICODE)
+_CJK_RUN = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]+")
+_SPACES = re.compile(r"\s+")
+
+
+def normalize(text: str) -> str:
+    return _SPACES.sub(" ", text.replace("`", "")).strip().casefold()
+
+
+def key_tokens(text: str) -> set[str]:
+    """Words of three or more letters or digits, and pairs of adjacent CJK characters."""
+    tokens = {w for w in _WORD.findall(text.casefold()) if not _CJK_RUN.fullmatch(w)}
+    for run in _CJK_RUN.findall(text):
+        tokens.update(run[i : i + 2] for i in range(max(len(run) - 1, 1)))
+    return tokens
+
+
+class SummaryIndex:
+    """The summary prepared once for many `contains` checks."""
+
+    def __init__(self, summary: str) -> None:
+        self.text = normalize(summary)
+        self.tokens = key_tokens(summary)
+
+    def contains(self, key: str) -> bool:
+        wanted = normalize(key)
+        if not wanted or wanted in self.text:
+            return True
+        tokens = key_tokens(key)
+        if not tokens:
+            return False
+        return len(tokens & self.tokens) >= TOKEN_OVERLAP * len(tokens)
+
+
+def grade(preserved: int, total: int) -> Quality:
+    ratio = preserved / total if total else 1.0
+    if ratio >= GOOD_RATIO:
+        return "good"
+    if ratio >= ACCEPTABLE_RATIO:
+        return "acceptable"
+    return "poor"
+
+
+def item_key(item: MemoryItem) -> str:
+    return item.content
+
+
+def check_preserved(keys: Sequence[str], summary: str) -> Verification:
+    """Which of `keys` (deduplicated, in order) the summary preserves, and the grade."""
+    unique = list(dict.fromkeys(k for k in keys if k.strip()))
+    index = SummaryIndex(summary)
+    missing = tuple(k for k in unique if not index.contains(k))
+    preserved = len(unique) - len(missing)
+    return Verification(
+        quality=grade(preserved, len(unique)),
+        missing_key_info=missing,
+        key_decisions_preserved=preserved,
+        key_decisions_total=len(unique),
+    )
+
+
+def missing_items(items: Sequence[MemoryItem], summary: str) -> list[MemoryItem]:
+    index = SummaryIndex(summary)
+    return [item for item in items if not index.contains(item_key(item))]
+
+
+def append_missing(
+    summary: str, items: Sequence[MemoryItem], *, fits: Callable[[str], bool]
+) -> str:
+    """`summary` with as many of the missing `items` as `fits` allows, in an "Also preserved" list."""
+    text = summary
+    section = f"\n\n{ALSO_PRESERVED}"
+    for item in items:
+        line = f"\n- ({item.type}) {item.content}"
+        candidate = f"{text}{section}{line}"
+        if not fits(candidate):
+            continue
+        text, section = candidate, ""
+    return text
