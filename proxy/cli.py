@@ -1,0 +1,124 @@
+"""The `compaction-proxy` command: parse flags, load settings, configure logging, run the app.
+
+Settings are loaded and validated before anything listens; a bad one prints one line to stderr
+and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from proxy.app import create_app
+from proxy.logs import configure_logging
+from proxy.settings import Settings, SettingsError, load_settings
+
+DEFAULT_CONFIG = "config.yaml"
+# In-flight requests (streams included) get this long to finish at shutdown.
+SHUTDOWN_TIMEOUT_S = 30.0
+
+log = logging.getLogger("proxy")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "demo":
+        return _run_demo()
+    try:
+        settings = load_settings(_config_path(args.config), os.environ, _overrides(args))
+    except SettingsError as exc:
+        print(f"compaction-proxy: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.logging.level)
+    return _serve(settings)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="compaction-proxy",
+        description="OpenAI-compatible reverse proxy that compacts long conversations.",
+    )
+    parser.add_argument("--config", help=f"YAML config file (default: ./{DEFAULT_CONFIG} if any)")
+    parser.add_argument("--host", help="listen address (server.host)")
+    parser.add_argument("--port", type=int, help="listen port (server.port)")
+    parser.add_argument("--upstream", help="upstream base URL (upstream.base_url)")
+    commands = parser.add_subparsers(dest="command", metavar="{demo}")
+    commands.add_parser("demo", help="offline demo: fake upstream, scripted conversation")
+    return parser
+
+
+def _config_path(flag: str | None) -> str | None:
+    if flag is not None:
+        return flag
+    return DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() else None
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    overrides: dict[str, dict[str, Any]] = {}
+    if args.host is not None:
+        overrides.setdefault("server", {})["host"] = args.host
+    if args.port is not None:
+        overrides.setdefault("server", {})["port"] = args.port
+    if args.upstream is not None:
+        overrides.setdefault("upstream", {})["base_url"] = args.upstream
+    return overrides
+
+
+def _serve(settings: Settings) -> int:
+    app = create_app(settings)
+    loop = _new_loop()
+    log.info(
+        "listening",
+        extra={
+            "host": settings.server.host,
+            "port": settings.server.port,
+            "upstream": settings.upstream.base_url,
+        },
+    )
+    try:
+        web.run_app(
+            app,
+            host=settings.server.host,
+            port=settings.server.port,
+            loop=loop,
+            access_log=None,  # our own access line is written by observe_middleware
+            print=None,
+            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+            # A client that goes away cancels its handler at once, which closes the upstream
+            # request even while the upstream is silent.
+            handler_cancellation=True,
+        )
+    except OSError as exc:
+        where = f"{settings.server.host}:{settings.server.port}"
+        print(f"compaction-proxy: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def _run_demo() -> int:
+    try:
+        demo = importlib.import_module("proxy.demo")
+    except ModuleNotFoundError as exc:
+        if exc.name != "proxy.demo":
+            raise
+        print("demo not available yet", file=sys.stderr)
+        return 1
+    result = demo.main()
+    return int(result or 0)

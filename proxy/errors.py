@@ -1,0 +1,95 @@
+"""The errors the proxy originates, and the OpenAI error shape they become.
+
+    ProxyError                       every error we answer ourselves ({"error": {...}})
+    ├── BadRequest            400    invalid_request_error
+    │   ├── InvalidSessionId  400    code invalid_session_id
+    │   └── InvalidPath       400    code invalid_path
+    ├── Unauthorized          401    code invalid_admin_token
+    ├── NotFound              404    code not_found
+    ├── BodyTooLarge          413    code request_too_large
+    ├── UpstreamUnreachable   502    code upstream_unreachable (connect failed, connection lost
+    │                                before the response headers)
+    └── UpstreamTimeout       504    code upstream_timeout (no response within the read timeout)
+
+    UpstreamStreamCut                not a ProxyError: the upstream failed after the response
+                                     started; the relay can only end the client's stream.
+
+Upstream answers, errors included, are data and are relayed unchanged; they never become one of
+these. `middlewares.error_middleware` is the one place that turns these into responses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class ProxyError(Exception):
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.type, self.code)
+
+
+class BadRequest(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class InvalidSessionId(BadRequest):
+    code = "invalid_session_id"
+
+
+class InvalidPath(BadRequest):
+    code = "invalid_path"
+
+
+class Unauthorized(ProxyError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_admin_token"
+
+
+class NotFound(ProxyError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class BodyTooLarge(ProxyError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UpstreamUnreachable(ProxyError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeout(ProxyError):
+    status = 504
+    type = "upstream_error"
+    code = "upstream_timeout"
+
+
+class UpstreamStreamCut(Exception):
+    """The upstream connection failed while its response body was being relayed."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+def error_body(message: str, type_: str, code: str | None) -> bytes:
+    payload: dict[str, Any] = {"error": {"message": message, "type": type_, "code": code}}
+    return orjson.dumps(payload)

@@ -1,0 +1,76 @@
+"""Header forwarding policy, both directions, in one place.
+
+Hop-by-hop headers (RFC 9110 §7.6.1, plus any header the `Connection` header names) describe one
+connection and never cross the proxy. `Host` is rewritten by the client library for the upstream.
+End-to-end headers pass through, `Authorization` included; `upstream.api_key` is injected only
+when the client sent no `Authorization`. Bodies are relayed as bytes, compressed or not, so
+`Content-Encoding` always travels with the bytes it describes.
+"""
+
+from __future__ import annotations
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        # aiohttp's server answers `Expect: 100-continue` itself; forwarding it would make the
+        # upstream wait for a second go-ahead that never comes.
+        "expect",
+    }
+)
+
+
+def _connection_tokens(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> set[str]:
+    tokens: set[str] = set()
+    for value in headers.getall("Connection", ()):
+        tokens.update(token.strip().lower() for token in value.split(",") if token.strip())
+    return tokens
+
+
+def _end_to_end(
+    headers: CIMultiDictProxy[str] | CIMultiDict[str], drop: frozenset[str]
+) -> CIMultiDict[str]:
+    named = _connection_tokens(headers)
+    kept: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower in HOP_BY_HOP or lower in named or lower in drop:
+            continue
+        kept.add(name, value)
+    return kept
+
+
+_REQUEST_DROP = frozenset({"host"})
+_REQUEST_DROP_WITH_LENGTH = frozenset({"host", "content-length"})
+
+
+def upstream_request_headers(
+    incoming: CIMultiDictProxy[str], api_key: str | None, *, keep_length: bool
+) -> tuple[CIMultiDict[str], str | None]:
+    """Headers to send upstream, and the credential they carry (never log it).
+
+    `keep_length=False` drops `Content-Length` so the client library states the length of the
+    body actually sent (the chat route may change it)."""
+    drop = _REQUEST_DROP if keep_length else _REQUEST_DROP_WITH_LENGTH
+    outgoing = _end_to_end(incoming, drop)
+    credential = outgoing.get("Authorization")
+    if credential is None and api_key:
+        credential = f"Bearer {api_key}"
+        outgoing["Authorization"] = credential
+    return outgoing, credential
+
+
+def client_response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    """The upstream's response headers as the client should see them.
+
+    `Content-Length` stays: the body is relayed byte for byte (compressed bytes included)."""
+    return _end_to_end(upstream, frozenset())

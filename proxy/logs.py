@@ -1,0 +1,90 @@
+"""Structured logging: one JSON object per line, and the one access line per request.
+
+Fields passed with `extra=` become JSON fields. What a request line carries is fixed by
+`RequestInfo`: method, path (no query string), status, duration, session, upstream status and
+what happened to the stream. Never a header value, a credential or a body.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+ACCESS_LOGGER = "proxy.access"
+
+# Attributes every LogRecord has; anything else on a record came from `extra=`.
+_STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD_ATTRS and not key.startswith("_"):
+                entry[key] = value
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(entry, default=repr).decode()
+
+
+JsonFormatter.converter = time.gmtime
+
+
+def configure_logging(level: str) -> None:
+    """Send every logger's records to stderr as JSON lines at `level`."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # aiohttp's own access log would duplicate ours (and print raw request lines).
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+@dataclass
+class RequestInfo:
+    """What one request did, filled in as it goes and logged once at the end."""
+
+    route: str
+    started: float = field(default_factory=time.perf_counter)
+    session: str | None = None
+    upstream_status: int | None = None
+    upstream_wait_s: float = 0.0
+    outcome: str | None = None  # complete, upstream_cut, client_gone
+
+    def overhead_ms(self) -> float:
+        """Time since the request arrived, minus the time spent waiting on the upstream."""
+        return max(0.0, (time.perf_counter() - self.started - self.upstream_wait_s) * 1000)
+
+
+def log_request(method: str, path: str, status: int, info: RequestInfo) -> None:
+    logger = logging.getLogger(ACCESS_LOGGER)
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    fields: dict[str, Any] = {
+        "method": method,
+        "path": path,
+        "status": status,
+        "duration_ms": round((time.perf_counter() - info.started) * 1000, 3),
+        "session": info.session or "-",
+        "route": info.route,
+    }
+    if info.upstream_status is not None:
+        fields["upstream_status"] = info.upstream_status
+    if info.outcome is not None:
+        fields["outcome"] = info.outcome
+    logger.info("request", extra=fields)

@@ -1,0 +1,74 @@
+"""Prometheus metrics of one app, in its own registry.
+
+Each app owns a `CollectorRegistry` (tests build many apps in one process; the global default
+registry would refuse the second). Subclass `Metrics` or add collectors to `registry` to extend
+it; `render()` serves whatever the registry holds.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "compaction_proxy_requests",
+            "Requests answered, by route, method and status.",
+            ("route", "method", "status"),
+            registry=r,
+        )
+        self.upstream_latency = Histogram(
+            "compaction_proxy_upstream_latency_seconds",
+            "Time from sending a request upstream to receiving its response headers.",
+            ("route",),
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.request_bytes = Counter(
+            "compaction_proxy_request_bytes",
+            "Request body bytes received from clients.",
+            ("route",),
+            registry=r,
+        )
+        self.response_bytes = Counter(
+            "compaction_proxy_response_bytes",
+            "Response body bytes relayed to clients.",
+            ("route",),
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "compaction_proxy_in_flight_requests",
+            "Requests being handled right now.",
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "compaction_proxy_upstream_errors",
+            "Upstream failures: connect, timeout (before headers), stream_cut, stream_timeout.",
+            ("kind",),
+            registry=r,
+        )
+        self.client_disconnects = Counter(
+            "compaction_proxy_client_disconnects",
+            "Clients that went away before their response was complete.",
+            ("route",),
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,87 @@
+"""Two middlewares, outermost first:
+
+- `observe_middleware`: per-request bookkeeping (in-flight gauge, request counter, the one JSON
+  access line), also for requests that fail or whose client goes away;
+- `error_middleware`: the one place our errors become the OpenAI error shape. aiohttp's own HTTP
+  errors (404, 405, 413…) get the same shape; anything unexpected is logged once and answered
+  with a generic 500, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from proxy import keys
+from proxy.errors import ProxyError, error_body
+from proxy.logs import RequestInfo, log_request
+
+log = logging.getLogger(__name__)
+
+# aiohttp's status for "the client closed the connection" has no HTTP code; nginx's 499 is the
+# one operators know.
+CLIENT_CLOSED = 499
+
+_ROUTES = {
+    "chat": "chat",
+    "session_chat": "chat",
+    "forward": "forward",
+    "session_forward": "forward",
+}
+
+
+def route_of(request: web.Request) -> str:
+    name = request.match_info.route.name
+    if name is None:
+        return "unmatched"
+    return _ROUTES.get(name, name)
+
+
+@web.middleware
+async def observe_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    info = RequestInfo(route=route_of(request))
+    request[keys.REQUEST_INFO] = info
+    metrics = request.app[keys.METRICS]
+    metrics.in_flight.inc()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except asyncio.CancelledError:
+        status = CLIENT_CLOSED
+        info.outcome = info.outcome or "client_gone"
+        raise
+    finally:
+        metrics.in_flight.dec()
+        metrics.requests.labels(info.route, request.method, str(status)).inc()
+        log_request(request.method, request.path, status, info)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ProxyError as exc:
+        return error_response(exc.status, exc.body())
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = "invalid_request_error" if exc.status < 500 else "server_error"
+        code = "not_found" if exc.status == 404 else None
+        response = error_response(exc.status, error_body(exc.reason, kind, code))
+        if exc.status == 405 and "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
+    except Exception:
+        log.exception("unexpected error", extra={"method": request.method, "path": request.path})
+        return error_response(
+            500, error_body("internal error in compaction-proxy", "server_error", "internal_error")
+        )
+
+
+def error_response(status: int, body: bytes) -> web.Response:
+    return web.Response(status=status, body=body, content_type="application/json")

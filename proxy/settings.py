@@ -1,0 +1,245 @@
+"""Settings: the pydantic model of config.yaml and the one way to load it.
+
+Precedence, lowest first: built-in defaults, the YAML file, `COMPACTION_PROXY__SECTION__KEY`
+environment variables, CLI overrides. Every problem becomes one `SettingsError` whose message is
+a single line naming the dotted key and the reason; the CLI prints it and exits 2.
+`create_app()` takes a `Settings` and never reads a file or the environment itself.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Self
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+ENV_PREFIX = "COMPACTION_PROXY__"
+
+
+class SettingsError(Exception):
+    """A configuration problem; `str()` is one line naming the key and the reason."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    max_body_mb: float = Field(default=64, gt=0)
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * 1024 * 1024)
+
+
+class UpstreamSettings(_Section):
+    base_url: str = "https://api.openai.com/v1"
+    timeout_s: float = Field(default=600, gt=0)
+    connect_timeout_s: float = Field(default=10, gt=0)
+    api_key: str | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        if parts.query or parts.fragment or parts.username or parts.password:
+            raise ValueError("must not carry a query, a fragment or credentials")
+        return value.rstrip("/")
+
+
+class ModelsSettings(_Section):
+    default_context_window: int = Field(default=128000, gt=0)
+    context_windows: dict[str, int] = Field(default_factory=dict)
+
+    @field_validator("context_windows")
+    @classmethod
+    def _check_windows(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, window in value.items():
+            if window <= 0:
+                raise ValueError(f"window of {name!r} must be a positive integer")
+        return value
+
+    def context_window_for(self, model: str) -> int:
+        """The context window of `model`: exact name first, then the first matching glob."""
+        exact = self.context_windows.get(model)
+        if exact is not None:
+            return exact
+        for pattern, window in self.context_windows.items():
+            if fnmatch.fnmatchcase(model, pattern):
+                return window
+        return self.default_context_window
+
+
+class CompactionSettings(_Section):
+    enabled: bool = True
+    trigger_ratio: float = Field(default=0.85, gt=0, le=1)
+    target_ratio: float = Field(default=0.6, gt=0, le=1)
+    precompute_ratio: float = Field(default=0.7, ge=0, le=1)
+    keep_recent_rounds: int = Field(default=5, gt=0)
+    summary_model: str | None = None
+    summary_max_tokens: int = Field(default=2000, gt=0)
+    summary_timeout_s: float = Field(default=60, gt=0)
+    failure_threshold: int = Field(default=3, gt=0)
+    failure_cooldown_s: float = Field(default=300, ge=0)
+    checkpoint_max_entries: int = Field(default=10000, gt=0)
+    checkpoint_ttl_s: float = Field(default=21600, gt=0)
+
+    @field_validator("target_ratio")
+    @classmethod
+    def _target_below_trigger(cls, value: float, info: ValidationInfo) -> float:
+        trigger = info.data.get("trigger_ratio")
+        if trigger is not None and value >= trigger:
+            raise ValueError(f"must be below compaction.trigger_ratio ({trigger})")
+        return value
+
+    @field_validator("precompute_ratio")
+    @classmethod
+    def _precompute_up_to_trigger(cls, value: float, info: ValidationInfo) -> float:
+        trigger = info.data.get("trigger_ratio")
+        if trigger is not None and value > trigger:
+            raise ValueError(f"must not exceed compaction.trigger_ratio ({trigger})")
+        return value
+
+
+class MemorySettings(_Section):
+    dir: Path = Path("./workspace/memory")
+
+
+class AdminSettings(_Section):
+    token: str | None = None
+    records_per_session: int = Field(default=50, gt=0)
+    max_sessions: int = Field(default=10000, gt=0)
+
+    @field_validator("token")
+    @classmethod
+    def _token_not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must be null (admin disabled) or a non-empty string")
+        return value
+
+
+class LoggingSettings(_Section):
+    level: str = "INFO"
+
+    @field_validator("level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.upper()
+        if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+        return level
+
+
+class Settings(_Section):
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+    models: ModelsSettings = Field(default_factory=ModelsSettings)
+    compaction: CompactionSettings = Field(default_factory=CompactionSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
+    admin: AdminSettings = Field(default_factory=AdminSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+
+    @classmethod
+    def build(cls, data: Mapping[str, Any]) -> Self:
+        """Validate a nested mapping, turning pydantic's report into one `SettingsError` line."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise SettingsError(_one_line(exc)) from None
+
+
+def load_settings(
+    config_path: str | None,
+    environ: Mapping[str, str],
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Settings:
+    """File, then environment, then CLI overrides (each `{section: {key: value}}`)."""
+    data: dict[str, Any] = _read_file(config_path) if config_path else {}
+    _merge(data, _read_environ(environ))
+    _merge(data, overrides or {})
+    return Settings.build(data)
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SettingsError(f"config {path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        raise SettingsError(f"config {path}: not valid YAML{line}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError(f"config {path}: the top level must be a mapping of sections")
+    for section, value in data.items():
+        if value is not None and not isinstance(value, dict):
+            raise SettingsError(f"{section}: must be a mapping of keys")
+    return {str(k): dict(v or {}) for k, v in data.items()}
+
+
+def _read_environ(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        parts = name[len(ENV_PREFIX) :].lower().split("__")
+        if len(parts) != 2 or not all(parts):
+            raise SettingsError(f"{name}: expected {ENV_PREFIX}<SECTION>__<KEY>")
+        section, key = parts
+        found.setdefault(section, {})[key] = _parse_env_value(section, key, raw, name)
+    return found
+
+
+def _parse_env_value(section: str, key: str, raw: str, name: str) -> Any:
+    """A YAML scalar, except that string-typed keys keep the raw text (an all-digit token stays
+    a string); `null` or `~` still means None."""
+    if raw.strip() in ("null", "~", "Null", "NULL"):
+        return None
+    if _is_string_key(section, key):
+        return raw
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise SettingsError(f"{section}.{key}: not a valid YAML value (from {name})") from None
+
+
+def _is_string_key(section: str, key: str) -> bool:
+    section_field = Settings.model_fields.get(section)
+    if section_field is None or not isinstance(section_field.annotation, type):
+        return False
+    model = section_field.annotation
+    if not issubclass(model, BaseModel):
+        return False
+    key_field = model.model_fields.get(key)
+    return key_field is not None and key_field.annotation in (str, str | None)
+
+
+def _merge(into: dict[str, Any], layer: Mapping[str, Any]) -> None:
+    for section, values in layer.items():
+        if isinstance(values, Mapping) and isinstance(into.get(section), dict):
+            into[section].update(values)
+        else:
+            into[section] = dict(values) if isinstance(values, Mapping) else values
+
+
+def _one_line(exc: ValidationError) -> str:
+    problems = []
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"]) or "settings"
+        reason = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            reason = "unknown key"
+        problems.append(f"{key}: {reason}")
+    return "; ".join(problems).replace("\n", " ")

@@ -1,0 +1,93 @@
+"""Relay an upstream response to the client as it arrives: status and headers first, then each
+chunk the moment it is read, SSE or not, compressed or not. Nothing is buffered.
+
+The status is fixed before `prepare()`; after that a failure can only end the stream:
+- the client went away: stop, and close the upstream response so its connection is dropped;
+- the upstream died mid-body: close the client's connection too (without the final chunk), so
+  the client sees an incomplete response rather than a truncated one that looks complete.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import aiohttp
+from aiohttp import web
+
+from proxy.errors import UpstreamStreamCut
+from proxy.headers import client_response_headers
+from proxy.logs import RequestInfo
+from proxy.metrics import Metrics
+from proxy.upstream import BodyChunks
+from proxy.usage import UsageProbe
+
+log = logging.getLogger(__name__)
+
+OVERHEAD_HEADER = "x-compaction-proxy-overhead-ms"
+
+
+async def relay(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    *,
+    info: RequestInfo,
+    metrics: Metrics,
+    extra_headers: Mapping[str, str] | None = None,
+    already_read: bytes = b"",
+    probe: UsageProbe | None = None,
+) -> web.StreamResponse:
+    """Send `upstream` to the client; `already_read` is body the caller read first (it is sent
+    before the rest). Closes `upstream` unless it was read to the end."""
+    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+    response.headers.extend(client_response_headers(upstream.headers))
+    if extra_headers:
+        response.headers.update(extra_headers)
+    response.headers[OVERHEAD_HEADER] = f"{info.overhead_ms():.3f}"
+    sent = 0
+    info.outcome = "incomplete"
+    try:
+        await response.prepare(request)
+        if already_read:
+            await response.write(already_read)
+            sent += len(already_read)
+            if probe is not None:
+                probe.feed(already_read)
+        async for chunk in BodyChunks(upstream, metrics):
+            await response.write(chunk)
+            sent += len(chunk)
+            if probe is not None:
+                probe.feed(chunk)
+        await response.write_eof()
+        info.outcome = "complete"
+    except UpstreamStreamCut as cut:
+        info.outcome = f"upstream_{cut.kind}"
+        log.warning(
+            "upstream failed mid-response; ending the client's stream",
+            extra={"kind": cut.kind, "path": request.path, "bytes_relayed": sent},
+        )
+        _drop_client_connection(request, response)
+    except ConnectionResetError:
+        info.outcome = "client_gone"
+        metrics.client_disconnects.labels(info.route).inc()
+    except Exception:
+        # The status line may be out already, so no error response is possible any more.
+        info.outcome = "proxy_error"
+        log.exception("relay failed", extra={"path": request.path})
+        _drop_client_connection(request, response)
+    finally:
+        # release() returns a fully read connection to the pool; close() drops one whose body
+        # was not read to the end, which is what tells the upstream to stop generating.
+        if info.outcome == "complete":
+            upstream.release()
+        else:
+            upstream.close()
+        metrics.response_bytes.labels(info.route).inc(sent)
+    return response
+
+
+def _drop_client_connection(request: web.Request, response: web.StreamResponse) -> None:
+    response.force_close()
+    transport = request.transport
+    if transport is not None:
+        transport.close()

@@ -1,0 +1,156 @@
+"""The connection to the one configured upstream, and the only place aiohttp client errors are
+caught: before the response headers they become `UpstreamUnreachable` (502) or
+`UpstreamTimeout` (504); while a body is read they become `UpstreamStreamCut`.
+
+URLs are built from `upstream.base_url` and a validated path tail only, so nothing a client
+sends can point the proxy at another host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import Any
+from urllib.parse import unquote
+
+import aiohttp
+from multidict import CIMultiDict
+from yarl import URL
+
+from proxy.errors import (
+    InvalidPath,
+    UpstreamStreamCut,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from proxy.metrics import Metrics
+from proxy.settings import UpstreamSettings
+
+_SCHEME_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+_FORBIDDEN_CHARS = re.compile(r"[\\@#\s\x00-\x1f\x7f]")
+
+
+def open_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
+    """The app's one ClientSession: pooled, no total timeout (streams may run long), a connect
+    timeout and a per-read timeout, bodies left compressed, no cookies kept across clients, no
+    redirects followed (a redirect is the upstream's answer and goes back to the client)."""
+    return aiohttp.ClientSession(
+        # limit=0: no cap of our own on concurrent upstream connections; a cap here would queue
+        # long-running streams of unrelated clients behind each other.
+        connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=False),
+        timeout=aiohttp.ClientTimeout(
+            total=None, connect=settings.connect_timeout_s, sock_read=settings.timeout_s
+        ),
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        # Transparency: send exactly the client's headers (no added User-Agent/Accept-Encoding).
+        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+    )
+
+
+class Upstream:
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, metrics: Metrics) -> None:
+        self.session = session
+        self._base = URL(base_url.rstrip("/"))
+        self._base_text = str(self._base)
+        self._metrics = metrics
+
+    @property
+    def base_url(self) -> URL:
+        return self._base
+
+    def url_for(self, raw_tail: str, raw_query: str) -> URL:
+        """`{base_url}/{raw_tail}?{raw_query}`, or InvalidPath if the tail tries to leave it."""
+        check_tail(raw_tail)
+        text = f"{self._base_text}/{raw_tail}"
+        if raw_query:
+            text = f"{text}?{raw_query}"
+        url = URL(text, encoded=True)
+        if (url.scheme, url.host, url.port) != (self._base.scheme, self._base.host, self._base.port):
+            raise InvalidPath("the path does not stay on the upstream")
+        return url
+
+    async def send(
+        self,
+        method: str,
+        url: URL,
+        headers: CIMultiDict[str],
+        data: Any,
+        *,
+        route: str,
+    ) -> aiohttp.ClientResponse:
+        """Send one request; return the response once its headers arrived (body unread)."""
+        started = time.perf_counter()
+        try:
+            response = await self.session.request(
+                method, url, headers=headers, data=data, allow_redirects=False
+            )
+        except aiohttp.ConnectionTimeoutError as exc:
+            self._metrics.upstream_errors.labels("connect").inc()
+            raise UpstreamUnreachable("timed out connecting to the upstream") from exc
+        except aiohttp.ClientConnectorError as exc:
+            self._metrics.upstream_errors.labels("connect").inc()
+            raise UpstreamUnreachable("cannot connect to the upstream") from exc
+        except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as exc:
+            self._metrics.upstream_errors.labels("timeout").inc()
+            raise UpstreamTimeout("the upstream did not answer within the read timeout") from exc
+        except aiohttp.ClientError as exc:
+            self._metrics.upstream_errors.labels("connect").inc()
+            raise UpstreamUnreachable("the upstream failed before answering") from exc
+        self._metrics.upstream_latency.labels(route).observe(time.perf_counter() - started)
+        return response
+
+
+def check_tail(raw_tail: str) -> None:
+    """Refuse a path tail that could resolve outside `upstream.base_url` once forwarded: dot
+    segments, empty segments, a scheme, an authority (`@`), backslashes, control characters,
+    also when percent-encoded."""
+    decoded = unquote(raw_tail)
+    for text in (raw_tail, decoded):
+        if _FORBIDDEN_CHARS.search(text) or "//" in text or _SCHEME_LIKE.match(text):
+            raise InvalidPath("invalid path: it must be a plain relative path under /v1/")
+        if any(segment in (".", "..") for segment in text.split("/")):
+            raise InvalidPath("invalid path: dot segments are not allowed")
+
+
+class BodyChunks:
+    """The response body as it arrives, chunk by chunk (`readany`, no re-chunking);
+    UpstreamStreamCut if the upstream fails before the body is complete.
+
+    A plain async iterator, not a generator, so a consumer that stops early leaves nothing
+    suspended behind it."""
+
+    def __init__(self, response: aiohttp.ClientResponse, metrics: Metrics) -> None:
+        self._content = response.content
+        self._metrics = metrics
+
+    def __aiter__(self) -> BodyChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            chunk = await self._content.readany()
+        except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as exc:
+            self._metrics.upstream_errors.labels("stream_timeout").inc()
+            raise UpstreamStreamCut("stream_timeout") from exc
+        except (aiohttp.ClientError, ConnectionError) as exc:
+            self._metrics.upstream_errors.labels("stream_cut").inc()
+            raise UpstreamStreamCut("stream_cut") from exc
+        if not chunk:
+            raise StopAsyncIteration
+        return chunk
+
+
+async def read_bounded(
+    response: aiohttp.ClientResponse, limit: int, metrics: Metrics
+) -> tuple[bytes, bool]:
+    """Up to about `limit` bytes of the body, and whether that was all of it."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in BodyChunks(response, metrics):
+        parts.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return b"".join(parts), False
+    return b"".join(parts), True

@@ -1,0 +1,82 @@
+"""Fixtures for end-to-end proxy tests: a FakeUpstream, and the real app on a real socket."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from proxy.app import create_app
+from proxy.pipeline import ChatPipeline
+from proxy.settings import Settings
+from tests.fakes.upstream import FakeUpstream
+
+
+class RunningProxy:
+    """The proxy app served on 127.0.0.1 the way the CLI serves it (handler cancellation on)."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        self.port = 0
+
+    async def start(self) -> None:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def close(self) -> None:
+        await self._runner.cleanup()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def build_settings(upstream: FakeUpstream, **sections: dict[str, Any]) -> Settings:
+    data: dict[str, Any] = {"upstream": {"base_url": upstream.base_url}}
+    for section, values in sections.items():
+        data.setdefault(section, {}).update(values)
+    return Settings.build(data)
+
+
+StartProxy = Callable[..., Awaitable[RunningProxy]]
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[FakeUpstream]:
+    async with FakeUpstream() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def start_proxy(upstream: FakeUpstream) -> AsyncIterator[StartProxy]:
+    """`await start_proxy(pipeline=None, **sections)`: a running proxy pointed at `upstream`,
+    sections overriding settings (e.g. `upstream={"timeout_s": 0.2}`)."""
+    async with AsyncExitStack() as stack:
+
+        async def start(pipeline: ChatPipeline | None = None, **sections: Any) -> RunningProxy:
+            app = create_app(build_settings(upstream, **sections), pipeline=pipeline)
+            running = RunningProxy(app)
+            await running.start()
+            stack.push_async_callback(running.close)
+            return running
+
+        yield start
+
+
+@pytest.fixture
+async def proxy(start_proxy: StartProxy) -> RunningProxy:
+    return await start_proxy()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    """A plain HTTP client that leaves bodies and headers alone (no decompression)."""
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        yield session
