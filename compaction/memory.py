@@ -61,7 +61,10 @@ def parse_memory_items(text: str) -> list[MemoryItem]:
 
 
 def _first_json_array(text: str) -> list[Any] | None:
+    """The first JSON array holding an object (prose like "see [1]" is skipped), else the first
+    array of any kind, else None."""
     decoder = json.JSONDecoder()
+    first: list[Any] | None = None
     start = text.find("[")
     while start != -1:
         try:
@@ -69,9 +72,11 @@ def _first_json_array(text: str) -> list[Any] | None:
         except json.JSONDecodeError:
             value = None
         if isinstance(value, list):
-            return value
+            if any(isinstance(entry, dict) for entry in value):
+                return value
+            first = value if first is None else first
         start = text.find("[", start + 1)
-    return None
+    return first
 
 
 def _memory_item(entry: Any) -> MemoryItem | None:
@@ -108,8 +113,8 @@ _DECISION = re.compile(
     r"\b(?:decided|we decide|let's use|let's go with|we will|we'll use|going with)\b|决定|就用|我们用",
     re.IGNORECASE,
 )
-_TODO = re.compile(r"\bTODO\b|\bnext step\b|\bneed to\b|\bstill have to\b|待办|下一步|需要")
-_SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|\n+")
+_TODO = re.compile(r"\bTODO\b|(?i:\bnext step\b|\bneed to\b|\bstill have to\b)|待办|下一步|需要")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])\s*|\n+")
 MAX_HEURISTIC_ITEMS = 30
 MAX_HEURISTIC_CHARS = 300
 
@@ -136,7 +141,7 @@ def extract_items_heuristically(messages: Iterable[Any]) -> list[MemoryItem]:
 
 def _sentences(text: str) -> list[str]:
     prose = re.sub(r"```.*?(?:```|$)", " ", text, flags=re.DOTALL)
-    return [s.strip() for s in _SENTENCE_END.split(prose) if 8 <= len(s.strip()) <= MAX_HEURISTIC_CHARS]
+    return [s.strip() for s in _SENTENCE_END.split(prose) if 6 <= len(s.strip()) <= MAX_HEURISTIC_CHARS]
 
 
 def _classify(sentence: str, from_user: bool) -> MemoryItem | None:

@@ -1,0 +1,169 @@
+"""Memory items: robust parsing, keyword extraction, and a file that only ever holds whole lines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from compaction import InvalidSessionId, MemoryItem, MemoryWriter
+from compaction.memory import extract_items_heuristically, parse_memory_items, parse_memory_reply
+from tests.factories import assistant, tool_result, user
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _lines(path: Path) -> list[dict[str, str]]:
+    raw = path.read_bytes()
+    assert raw == b"" or raw.endswith(b"\n"), "last line is torn"
+    return [json.loads(line) for line in raw.splitlines()]
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def test_parse_plain_array() -> None:
+    text = '[{"type": "decision", "content": "Use Postgres"}, {"type": "todo", "content": "Add index"}]'
+    assert parse_memory_items(text) == [MemoryItem("decision", "Use Postgres"), MemoryItem("todo", "Add index")]
+
+
+def test_parse_array_in_code_fence_with_prose_around() -> None:
+    text = 'Here you go:\n```json\n[{"type": "fact", "content": "Port is 8080"}]\n```\nHope it helps [1].'
+    assert parse_memory_items(text) == [MemoryItem("fact", "Port is 8080")]
+
+
+def test_bad_and_unknown_items_are_dropped() -> None:
+    text = json.dumps([
+        {"type": "preference", "content": "  Short   answers "},
+        {"type": "opinion", "content": "unknown type"},
+        {"type": "fact"},
+        {"type": "fact", "content": 42},
+        {"type": "fact", "content": "   "},
+        "a string",
+        {"type": "TODO", "content": "Write docs"},
+        {"type": "preference", "content": "Short answers"},
+    ])
+    assert parse_memory_items(text) == [MemoryItem("preference", "Short answers"), MemoryItem("todo", "Write docs")]
+
+
+def test_no_array_is_none_and_empty_array_is_empty() -> None:
+    assert parse_memory_reply("Sorry, nothing [here") is None
+    assert parse_memory_items("no array at all") == []
+    assert parse_memory_reply("[]") == []
+    found = [MemoryItem("fact", "x y")]
+    assert parse_memory_reply('[not json] then [{"type": "fact", "content": "x y"}]') == found
+    assert parse_memory_reply('As noted [1], here: [{"type": "fact", "content": "x y"}]') == found
+
+
+def test_heuristic_extraction_is_precise() -> None:
+    messages = [
+        user("I prefer tabs over spaces. What time is it?"),
+        assistant("We decided to use SQLite for the tests. The sky is blue."),
+        assistant("Next step: wire the cache. Nothing else."),
+        tool_result("call_x", "we will never see tool output as a preference"),
+        assistant("Never mind, all good here."),  # not from the user: no preference
+    ]
+    assert extract_items_heuristically(messages) == [
+        MemoryItem("preference", "I prefer tabs over spaces."),
+        MemoryItem("decision", "We decided to use SQLite for the tests."),
+        MemoryItem("todo", "Next step: wire the cache."),
+    ]
+
+
+def test_heuristic_extraction_reads_chinese() -> None:
+    items = extract_items_heuristically([user("我们决定使用 React 而不是 Vue。请不要写太长的回答。")])
+    assert [i.type for i in items] == ["decision", "preference"]
+
+
+# ---------------------------------------------------------------- the file
+
+
+async def test_append_writes_whole_records_with_every_field(writer: MemoryWriter, memory_dir: Path) -> None:
+    written = await writer.append("s1", "c1", [MemoryItem("fact", "Port is 8080")])
+    assert written == [MemoryItem("fact", "Port is 8080")]
+    path = memory_dir / "s1" / "compaction_flush.jsonl"
+    (record,) = _lines(path)
+    assert set(record) == {"type", "content", "session_id", "compaction_id", "timestamp"}
+    assert record["session_id"] == "s1" and record["compaction_id"] == "c1"
+    assert datetime.fromisoformat(record["timestamp"]).utcoffset().total_seconds() == 0
+
+
+async def test_file_is_private(writer: MemoryWriter, memory_dir: Path) -> None:
+    await writer.append("s1", "c1", [MemoryItem("fact", "secret")])
+    assert stat.S_IMODE((memory_dir / "s1" / "compaction_flush.jsonl").stat().st_mode) == 0o600
+    assert stat.S_IMODE((memory_dir / "s1").stat().st_mode) == 0o700
+
+
+async def test_duplicates_are_not_written_again_even_by_a_new_writer(memory_dir: Path) -> None:
+    first = MemoryWriter(memory_dir)
+    await first.append("s", "c1", [MemoryItem("decision", "Use React")])
+    again = await first.append("s", "c2", [MemoryItem("decision", "use  react."), MemoryItem("todo", "Ship")])
+    assert again == [MemoryItem("todo", "Ship")]
+    fresh = MemoryWriter(memory_dir)
+    assert await fresh.append("s", "c3", [MemoryItem("decision", "Use React"), MemoryItem("todo", "Ship")]) == []
+    assert len(_lines(memory_dir / "s" / "compaction_flush.jsonl")) == 2
+
+
+async def test_fifty_concurrent_appends_leave_only_whole_lines(memory_dir: Path) -> None:
+    writers = [MemoryWriter(memory_dir) for _ in range(5)]  # separate dedup sets share one file
+    big = "x" * 20_000
+
+    async def flush(n: int) -> None:
+        items = [MemoryItem("fact", f"item {n}-{k} {big}") for k in range(4)]
+        await writers[n % 5].append("shared", f"c{n}", items)
+
+    await asyncio.gather(*(flush(n) for n in range(50)))
+    records = _lines(memory_dir / "shared" / "compaction_flush.jsonl")
+    assert len(records) == 200
+    assert {r["content"].split()[1] for r in records} == {f"{n}-{k}" for n in range(50) for k in range(4)}
+
+
+@pytest.mark.parametrize("session_id", ["..", ".hidden", "a/b", "../etc", "", "a" * 129, "x\x00y", "sp ace"])
+async def test_session_ids_that_could_escape_are_refused(writer: MemoryWriter, memory_dir: Path, session_id: str) -> None:
+    with pytest.raises(InvalidSessionId):
+        await writer.append(session_id, "c", [MemoryItem("fact", "x")])
+    assert not memory_dir.exists() or not any(memory_dir.rglob("*.jsonl"))
+
+
+_KILLED_WRITER = """
+import asyncio, sys
+from compaction import MemoryItem, MemoryWriter
+
+async def main():
+    writer = MemoryWriter(sys.argv[1])
+    n = 0
+    while True:
+        await writer.append("victim", f"c{n}", [MemoryItem("fact", f"{n} " + "z" * 50_000)])
+        n += 1
+        if n == 5:
+            print("ready", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_killed_writer_leaves_only_whole_lines(memory_dir: Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(memory_dir)],
+        cwd=REPO, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline() == b"ready\n"
+        time.sleep(0.2)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+    records = _lines(memory_dir / "victim" / "compaction_flush.jsonl")
+    assert len(records) >= 5
+    assert all(r["content"].endswith("z" * 50_000) for r in records)

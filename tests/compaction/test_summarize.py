@@ -1,0 +1,126 @@
+"""Transcript rendering, prompts as package data, and the framed summary message."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from compaction import HeuristicEstimator, SUMMARY_MARKER, is_summary_message
+from compaction.summarize import (
+    build_memory_request,
+    build_summary_request,
+    clip_middle,
+    is_cjk_dominant,
+    load_prompt,
+    render_transcript,
+    summary_message,
+    summary_text,
+)
+from tests.factories import CJK_SAMPLE, assistant, summary, tool_block, user
+
+ESTIMATOR = HeuristicEstimator()
+
+
+def test_prompts_are_package_data_not_literals() -> None:
+    folder = resources.files("compaction").joinpath("prompts")
+    for name in ("summary", "update", "memory", "framing"):
+        assert folder.joinpath(f"{name}.md").is_file()
+        assert load_prompt(name).strip()
+    assert "$summary" in load_prompt("framing")
+
+
+def test_summary_prompt_asks_for_the_structured_sections_and_a_size() -> None:
+    request = build_summary_request("T", previous_summary=None, max_tokens=777, cjk=False)
+    system = request[0]["content"]
+    for section in ("Goals and requests", "Decisions", "Facts", "Files touched", "Current state",
+                    "Open todos", "User preferences"):
+        assert section in system
+    assert "777 tokens" in system
+    assert "$" not in system
+
+
+def test_cjk_conversation_is_told_to_the_summarizer() -> None:
+    assert is_cjk_dominant([CJK_SAMPLE])
+    assert not is_cjk_dominant(["plain English text", CJK_SAMPLE[:2]])
+    cjk = build_summary_request("T", previous_summary=None, max_tokens=100, cjk=True)
+    other = build_summary_request("T", previous_summary=None, max_tokens=100, cjk=False)
+    assert "Chinese, Japanese or Korean" in cjk[0]["content"]
+    assert "Chinese, Japanese or Korean" not in other[0]["content"]
+    assert "Chinese, Japanese or Korean" in build_memory_request("T", cjk=True)[0]["content"]
+
+
+def test_update_prompt_carries_the_previous_summary_text() -> None:
+    request = build_summary_request("new stuff", previous_summary="OLD BODY", max_tokens=100, cjk=False)
+    assert "ONE updated summary" in request[0]["content"]
+    assert "OLD BODY" in request[1]["content"] and "new stuff" in request[1]["content"]
+
+
+def test_summary_message_is_framed_marked_and_byte_identical() -> None:
+    first = summary_message("Facts: port 8080.")
+    second = summary_message("Facts: port 8080.")
+    assert first == second and first is not second
+    assert first["role"] == "user"
+    assert first["content"].startswith(SUMMARY_MARKER)
+    assert is_summary_message(first)
+    content = first["content"]
+    assert "latest user message" in content and "tools" in content and "no new instruction" in content
+    assert summary_text(first) == "Facts: port 8080."
+
+
+def test_summary_text_of_a_foreign_framing_drops_only_the_marker() -> None:
+    assert summary_text(summary("Goals: ship it.")) == "Goals: ship it."
+    assert summary_text(user("hello")) == ""
+
+
+def test_clip_middle_keeps_head_and_tail_and_says_how_much_went() -> None:
+    text = "A" * 500 + "B" * 500
+    clipped = clip_middle(text, 100)
+    assert clipped.startswith("A") and clipped.endswith("B")
+    assert "[… 900 chars omitted …]" in clipped
+    assert clip_middle("short", 100) == "short"
+
+
+def test_transcript_labels_roles_and_shows_calls_with_arguments() -> None:
+    block = tool_block(1, output="result text")
+    messages = [user("please list"), *block, assistant("all done")]
+    text = render_transcript(messages, range(len(messages)), estimator=ESTIMATOR, max_tokens=10_000)
+    assert "[user]\nplease list" in text
+    assert '→ bash({"command":"ls -la src/"})' in text
+    assert "[tool result]\nresult text" in text
+    assert "[assistant]\nall done" in text
+
+
+def test_transcript_clips_tool_output_head_and_tail() -> None:
+    output = "HEAD" + "x" * 10_000 + "TAIL"
+    messages = [user("go"), *tool_block(1, output=output)]
+    text = render_transcript(
+        messages, range(len(messages)), estimator=ESTIMATOR, max_tokens=10_000, tool_output_clip_chars=300
+    )
+    assert "HEAD" in text and "TAIL" in text and "chars omitted" in text
+    assert len(text) < 1000
+
+
+def test_transcript_under_pressure_keeps_every_user_request() -> None:
+    messages = []
+    for i in range(30):
+        messages += [user(f"request number {i}: please do thing {i}")]
+        messages += tool_block(2, output="noise " * 2000)
+        messages += [assistant("thinking " * 400)]
+    text = render_transcript(messages, range(len(messages)), estimator=ESTIMATOR, max_tokens=3000)
+    assert ESTIMATOR.count_text(text) <= 3000
+    for i in range(30):
+        assert f"request number {i}: please do thing {i}" in text
+
+
+def test_transcript_skips_earlier_summaries() -> None:
+    messages = [summary("OLD"), user("new request")]
+    text = render_transcript(messages, range(2), estimator=ESTIMATOR, max_tokens=1000)
+    assert "OLD" not in text and "new request" in text
+
+
+def test_mini_swe_observations_are_clipped_like_tool_output() -> None:
+    observation = user("<returncode>0</returncode><output>" + "y" * 9000 + "</output>")
+    messages = [user("fix the bug"), observation]
+    text = render_transcript(
+        messages, range(2), estimator=ESTIMATOR, max_tokens=10_000, tool_output_clip_chars=200
+    )
+    assert "[command output]" in text and "chars omitted" in text

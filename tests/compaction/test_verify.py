@@ -1,0 +1,52 @@
+"""Verification: preserved keys, grades, and appending what is missing under a budget."""
+
+from __future__ import annotations
+
+from compaction import MemoryItem
+from compaction.verify import append_missing, check_preserved, missing_items
+
+
+def test_all_preserved_is_good() -> None:
+    summary = "Decided to use PostgreSQL 16. Edited `src/app.py`. Ran pytest -q."
+    result = check_preserved(["src/app.py", "pytest -q", "decided to use postgresql 16"], summary)
+    assert result.quality == "good"
+    assert (result.key_decisions_preserved, result.key_decisions_total) == (3, 3)
+    assert result.missing_key_info == ()
+
+
+def test_key_token_overlap_counts_as_preserved() -> None:
+    result = check_preserved(["The user decided to use PostgreSQL version 16"], "Decision: PostgreSQL 16 chosen (user decided), version pinned, to use it")
+    assert result.key_decisions_preserved == 1
+
+
+def test_grades_follow_the_preserved_ratio() -> None:
+    keys = [f"file_{i}.py" for i in range(10)]
+
+    def quality(kept: int) -> str:
+        return check_preserved(keys, " ".join(keys[:kept])).quality
+
+    assert (quality(10), quality(9), quality(8), quality(6), quality(5)) == (
+        "good", "good", "acceptable", "acceptable", "poor"
+    )
+
+
+def test_missing_keys_are_listed_and_duplicates_counted_once() -> None:
+    result = check_preserved(["a/b.py", "a/b.py", "c/d.py"], "a/b.py")
+    assert result.missing_key_info == ("c/d.py",) and result.key_decisions_total == 2
+
+
+def test_no_keys_is_good() -> None:
+    assert check_preserved([], "anything").quality == "good"
+
+
+def test_cjk_items_match_by_character_pairs() -> None:
+    items = [MemoryItem("decision", "用户决定使用 React"), MemoryItem("fact", "截止日期是三月十五日")]
+    assert missing_items(items, "摘要：用户决定使用 React。") == [items[1]]
+
+
+def test_append_missing_adds_what_fits_only() -> None:
+    items = [MemoryItem("todo", "Add an index"), MemoryItem("fact", "x" * 500)]
+    text = append_missing("Summary.", items, fits=lambda t: len(t) < 200)
+    assert text.startswith("Summary.\n\n## Also preserved\n- (todo) Add an index")
+    assert "xxx" not in text
+    assert append_missing("Summary.", [], fits=lambda t: True) == "Summary."
