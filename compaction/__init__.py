@@ -2,11 +2,28 @@
 
 A pure library: no HTTP, no environment, no files except the memory writer. Whatever needs I/O
 (the summarizing LLM, the token counter) is a Protocol passed in.
+
+    compactor = Compactor(memory=MemoryWriter("./memory"))
+    tokens = compactor.estimate(messages, tools)
+    if compactor.needs_compaction(tokens, window):
+        plan = compactor.plan(messages, window=window, tools=tools)
+        result = await compactor.run(messages, plan, llm=my_llm, session_id="agent-1", tools=tools)
+        messages = result.messages
 """
 
 from __future__ import annotations
 
+from compaction.engine import CompactionEngine, CompactionSettings, Compactor, is_substantive
+from compaction.ledger import Ledger, build_ledger, render_ledger
 from compaction.marker import SUMMARY_MARKER, is_summary_message
+from compaction.memory import (
+    InvalidSessionId,
+    MemoryWriter,
+    extract_items_heuristically,
+    parse_memory_items,
+)
+from compaction.summarize import render_transcript, summary_message, summary_text
+from compaction.tokens import HeuristicEstimator, estimate_request
 from compaction.types import (
     Block,
     ChatLLM,
@@ -19,18 +36,36 @@ from compaction.types import (
     TokenEstimator,
     Verification,
 )
+from compaction.verify import check_preserved
 
 __all__ = [
     "SUMMARY_MARKER",
     "Block",
     "ChatLLM",
+    "CompactionEngine",
     "CompactionResult",
+    "CompactionSettings",
+    "Compactor",
+    "HeuristicEstimator",
+    "InvalidSessionId",
+    "Ledger",
     "MemoryItem",
+    "MemoryWriter",
     "Message",
     "Plan",
     "Round",
     "Segments",
     "TokenEstimator",
     "Verification",
+    "build_ledger",
+    "check_preserved",
+    "estimate_request",
+    "extract_items_heuristically",
+    "is_substantive",
     "is_summary_message",
+    "parse_memory_items",
+    "render_ledger",
+    "render_transcript",
+    "summary_message",
+    "summary_text",
 ]

@@ -1,0 +1,322 @@
+"""The Compactor pipeline and the seed CompactionEngine API, with a scripted LLM passed in."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from compaction import (
+    SUMMARY_MARKER,
+    CompactionEngine,
+    CompactionSettings,
+    Compactor,
+    MemoryWriter,
+    is_summary_message,
+    summary_text,
+)
+from compaction.invariants import check_compacted, check_tool_pairing
+from compaction.types import Message
+from tests.compaction.conftest import ScriptedLLM, memory_reply, sleep_forever
+from tests.factories import agent_conversation, conversations, simple_conversation, tool_call
+
+FAST = CompactionSettings(llm_timeout_s=0.2)
+
+
+def _over(compactor: Compactor, messages: list[Any], ratio: float = 0.9) -> int:
+    """A window at which `messages` sits at `ratio` of it (so it triggers)."""
+    return int(compactor.estimate(messages) / ratio)
+
+
+async def _compact(
+    messages: list[Any], llm: Any, *, compactor: Compactor | None = None, session_id: str | None = None
+) -> Any:
+    compactor = compactor or Compactor(settings=FAST)
+    window = _over(compactor, messages)
+    plan = compactor.plan(messages, window=window)
+    return await compactor.run(messages, plan, llm=llm, session_id=session_id), plan, window
+
+
+def _seed_history(rounds: int) -> list[Message]:
+    """The task card's history: Chinese rounds, no system message, a timestamp field."""
+    history: list[Message] = []
+    for i in range(rounds):
+        history.append({"role": "user", "content": f"第{i + 1}轮用户消息：请帮我分析问题{i + 1}",
+                        "timestamp": f"2026-02-25T10:{i:02d}:00"})
+        history.append({"role": "assistant", "content": f"第{i + 1}轮助手回复：关于问题{i + 1}的分析结果是..."
+                        + "详细内容" * 20, "timestamp": f"2026-02-25T10:{i:02d}:30"})
+    return history
+
+
+# ---------------------------------------------------------------- the LLM path
+
+
+async def test_llm_summary_path_builds_the_planned_list(llm: ScriptedLLM) -> None:
+    messages = agent_conversation(8, blocks=4, output_chars=1500)
+    result, plan, window = await _compact(messages, llm)
+    assert result.path == "llm"
+    assert "keep the build green" in result.summary_text
+    assert "## Ledger" in result.summary_text  # ledgers are appended to the model's text too
+    head, kept = messages[: plan.head_end], messages[plan.keep_from :]
+    assert all(a is b for a, b in zip(result.messages, head))
+    assert is_summary_message(result.messages[plan.head_end])
+    assert all(a is b for a, b in zip(result.messages[result.prefix_len :], kept))
+    assert result.messages[result.prefix_len :] == kept and result.keep_from == plan.keep_from
+    assert check_compacted(messages, result.messages, plan) == []
+    assert result.tokens_after <= plan.target_tokens and result.fits
+    assert result.tokens_after == Compactor().estimate(result.messages)
+    assert result.folded_count == len(plan.folded) and len(result.compaction_id) == 32
+    assert result.verification is not None
+
+
+async def test_requests_carry_purpose_and_bounded_max_tokens(llm: ScriptedLLM) -> None:
+    await _compact(agent_conversation(8, blocks=4, output_chars=1500), llm)
+    assert sorted(c.purpose for c in llm.calls) == ["memory", "summary"]
+    summary_call = next(c for c in llm.calls if c.purpose == "summary")
+    assert 64 <= summary_call.max_tokens <= 2000
+    assert "Goals and requests" in summary_call.messages[0]["content"]
+
+
+async def test_summary_and_memory_calls_overlap() -> None:
+    started = {"summary": asyncio.Event(), "memory": asyncio.Event()}
+
+    def waits_for(other: str, mine: str, answer: str) -> Any:
+        async def reply(_messages: list[Message]) -> str:
+            started[mine].set()
+            await asyncio.wait_for(started[other].wait(), timeout=5)
+            return answer
+        return reply
+
+    llm = ScriptedLLM(
+        summary=waits_for("memory", "summary", "Goals: overlap proven with both calls in flight."),
+        memory=waits_for("summary", "memory", memory_reply(("fact", "Calls overlap"))),
+    )
+    result, _, _ = await _compact(agent_conversation(8, blocks=4, output_chars=1500), llm,
+                                  compactor=Compactor(settings=CompactionSettings(llm_timeout_s=10)))
+    assert result.path == "llm" and result.errors == ()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [RuntimeError("upstream 500"), sleep_forever, "", "   ", "???!!! 42", "ok",
+     "I'm sorry, but I can't help with summarizing this conversation."],
+    ids=["raises", "times-out", "empty", "blank", "no-letters", "too-short", "refusal"],
+)
+async def test_a_failing_summarizer_falls_back_and_still_fits(reply: Any) -> None:
+    llm = ScriptedLLM(summary=reply)
+    messages = agent_conversation(8, blocks=4, output_chars=1500)
+    result, plan, _ = await _compact(messages, llm)
+    assert result.path == "extractive"
+    assert any("summary call failed" in e for e in result.errors)
+    assert "Task 0: edit src/module_0.py" in result.summary_text  # user requests survive
+    assert "src/module_0.py" in result.summary_text
+    assert result.tokens_after <= plan.target_tokens and result.fits
+    assert check_compacted(messages, result.messages, plan) == []
+
+
+async def test_memory_items_come_from_the_model_and_reach_the_summary(tmp_path: Path) -> None:
+    llm = ScriptedLLM(memory="Sure!\n```json\n" + memory_reply(
+        ("decision", "Use PostgreSQL 16 for storage"), ("todo", "Add an index on users.email")) + "\n```")
+    compactor = Compactor(settings=FAST, memory=MemoryWriter(tmp_path))
+    result, _, _ = await _compact(agent_conversation(8, blocks=4, output_chars=1500), llm,
+                                  compactor=compactor, session_id="agent-1")
+    assert "Use PostgreSQL 16 for storage" in result.summary_text  # appended as "Also preserved"
+    lines = (tmp_path / "agent-1" / "compaction_flush.jsonl").read_text().splitlines()
+    contents = [json.loads(line)["content"] for line in lines]
+    assert "Add an index on users.email" in contents
+    assert all(json.loads(line)["compaction_id"] == result.compaction_id for line in lines)
+
+
+async def test_without_llm_memory_comes_from_keywords() -> None:
+    messages = simple_conversation(12)
+    messages[1] = {"role": "user", "content": "We decided to use Redis for caching. I prefer short answers."}
+    result, _, _ = await _compact(messages, None)
+    assert result.path == "extractive"
+    assert {(i.type, i.content) for i in result.memory_items} >= {
+        ("decision", "We decided to use Redis for caching."), ("preference", "I prefer short answers.")}
+
+
+async def test_tiny_summary_budget_drops_with_a_note() -> None:
+    compactor = Compactor(settings=CompactionSettings(summary_max_tokens=140, summary_window_ratio=1.0))
+    messages = agent_conversation(8, blocks=4, output_chars=1500)
+    plan = compactor.plan(messages, window=_over(compactor, messages))
+    plan = type(plan)(**{**plan.__dict__, "summary_budget_tokens": 100})
+    result = await compactor.run(messages, plan, llm=None, session_id=None)
+    assert result.path == "dropped"
+    assert "earlier messages were omitted" in result.summary_text
+
+
+# ---------------------------------------------------------------- previous summaries
+
+
+async def test_a_folded_previous_summary_is_updated_not_stacked(llm: ScriptedLLM) -> None:
+    first, _, window = await _compact(agent_conversation(10, blocks=4, output_chars=1500), llm)
+    assert first.path == "llm"
+    grown = first.messages + agent_conversation(6, blocks=4, output_chars=1500)[1:]
+    compactor = Compactor(settings=FAST)
+    plan = compactor.plan(grown, window=window)
+    assert plan.previous_summary is not None
+    second = await compactor.run(grown, plan, llm=llm, session_id=None)
+    summary_request = llm.requests("summary")[-1]
+    assert "ONE updated summary" in summary_request[0]["content"]
+    body = summary_request[1]["content"]
+    assert summary_text(first.summary_message) in body
+    assert SUMMARY_MARKER not in body
+    assert sum(is_summary_message(m) for m in second.messages) == 1
+    assert SUMMARY_MARKER not in llm.requests("memory")[-1][1]["content"]  # never mined again
+
+
+async def test_compacting_the_output_again_changes_nothing(llm: ScriptedLLM) -> None:
+    compactor = Compactor(settings=FAST)
+    messages = agent_conversation(10, blocks=4, output_chars=1500)
+    first, _, window = await _compact(messages, llm, compactor=compactor)
+    again_plan = compactor.plan(first.messages, window=window)
+    again = await compactor.run(first.messages, again_plan, llm=llm, session_id=None)
+    assert not compactor.needs_compaction(first.tokens_after, window)
+    if again.path == "unchanged":
+        assert again.messages is first.messages
+    else:  # at most the summary is rewritten; everything else is the same objects
+        assert again.messages[again.prefix_len :] == first.messages[again.keep_from :]
+        assert sum(is_summary_message(m) for m in again.messages) == 1
+
+
+async def test_identical_input_gives_a_byte_identical_summary_message() -> None:
+    a, _, _ = await _compact(agent_conversation(8, blocks=4, output_chars=1500), ScriptedLLM())
+    b, _, _ = await _compact(agent_conversation(8, blocks=4, output_chars=1500), ScriptedLLM())
+    assert json.dumps(a.summary_message) == json.dumps(b.summary_message)
+    c, _, _ = await _compact(agent_conversation(8, blocks=4, output_chars=1500), None)
+    d, _, _ = await _compact(agent_conversation(8, blocks=4, output_chars=1500), None)
+    assert json.dumps(c.summary_message) == json.dumps(d.summary_message)
+
+
+# ---------------------------------------------------------------- never raises, never breaks
+
+
+async def test_nothing_to_fold_is_unchanged(llm: ScriptedLLM) -> None:
+    messages = simple_conversation(2)
+    compactor = Compactor()
+    result = await compactor.run(messages, compactor.plan(messages, window=100_000), llm=llm, session_id=None)
+    assert result.path == "unchanged" and result.messages is messages and llm.calls == []
+
+
+async def test_an_internal_error_returns_the_input_with_the_reason() -> None:
+    class BrokenEstimator:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def count_text(self, text: str) -> int:
+            raise ZeroDivisionError("estimator bug")
+
+        def count_message(self, message: Any) -> int:
+            return 100
+
+        def count_tools(self, tools: Any) -> int:
+            return 0
+
+    messages = simple_conversation(20)
+    compactor = Compactor(estimator=BrokenEstimator())
+    result = await compactor.run(messages, compactor.plan(messages, window=2000), llm=None, session_id=None)
+    assert result.path == "unchanged" and result.messages is messages
+    assert result.reason == "internal error" and "ZeroDivisionError: estimator bug" in result.errors[0]
+
+
+async def test_a_bad_session_id_costs_the_flush_not_the_compaction(tmp_path: Path) -> None:
+    compactor = Compactor(settings=FAST, memory=MemoryWriter(tmp_path))
+    result, _, _ = await _compact(simple_conversation(20), None, compactor=compactor, session_id="../x")
+    assert result.path == "extractive" and any("memory flush failed" in e for e in result.errors)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(malformed=True), st.integers(300, 6000), st.booleans())
+def test_any_conversation_compacts_into_a_valid_list(messages: list[Any], window: int, with_llm: bool) -> None:
+    compactor = Compactor(settings=FAST)
+    plan = compactor.plan(messages, window=window)
+    llm = ScriptedLLM() if with_llm else None
+    result = asyncio.run(compactor.run(messages, plan, llm=llm, session_id=None))
+    assert not result.errors or result.path != "unchanged" or result.reason != "internal error", result.errors
+    if result.path == "unchanged":
+        assert result.messages is messages
+        return
+    assert check_compacted(messages, result.messages, plan) == []
+    before = len(check_tool_pairing(messages))
+    assert len(check_tool_pairing(result.messages)) <= before
+    assert result.tokens_after < result.tokens_before
+    if result.fits:
+        assert result.tokens_after <= plan.target_tokens
+
+
+# ---------------------------------------------------------------- the seed API
+
+
+async def test_should_compact_at_85_percent(tmp_path: Path) -> None:
+    engine = CompactionEngine(None, tmp_path)
+    assert await engine.should_compact(17000, 20000) is True
+    assert await engine.should_compact(16000, 20000) is False
+    assert await engine.should_compact(20000, 20000) is True
+
+
+@pytest.mark.parametrize("with_llm", [True, False])
+async def test_twenty_rounds_keep_five(tmp_path: Path, with_llm: bool) -> None:
+    engine = CompactionEngine(ScriptedLLM(summary="这是压缩后的摘要。用户在讨论项目架构。") if with_llm else None, tmp_path)
+    history = _seed_history(20)
+    result = await engine.compact(history, keep_recent=5)
+    assert len(result["compacted_history"]) <= 11
+    assert result["compacted_history"][1:] == history[-10:]
+    assert all(a is b for a, b in zip(result["compacted_history"][1:], history[-10:]))
+    assert result["summary"] and result["compression_ratio"] < 1.0
+    assert result["path"] == ("llm" if with_llm else "extractive")
+    assert result["compacted_tokens"] < result["original_tokens"]
+    assert 0 <= result["key_decisions_preserved"] <= result["key_decisions_total"]
+
+
+async def test_twenty_rounds_with_a_system_prompt_keep_it_and_five_rounds(tmp_path: Path) -> None:
+    result = await CompactionEngine(None, tmp_path).compact(simple_conversation(20), keep_recent=5)
+    assert len(result["compacted_history"]) == 12  # system + summary + 5 rounds
+
+
+async def test_three_rounds_come_back_unchanged(tmp_path: Path) -> None:
+    llm = ScriptedLLM()
+    history = _seed_history(3)
+    result = await CompactionEngine(llm, tmp_path).compact(history, keep_recent=5)
+    assert result["compacted_history"] == history
+    assert result["compression_ratio"] == 1.0 and result["flushed_to_memory"] == []
+    assert llm.calls == []
+
+
+async def test_flush_writes_the_memory_file(tmp_path: Path) -> None:
+    memory_dir = tmp_path / "memory"
+    reply = memory_reply(("decision", "使用 React"), ("preference", "简短回答"))
+    engine = CompactionEngine(ScriptedLLM(summary="项目讨论摘要", memory=reply), memory_dir, session_id="user")
+    result = await engine.compact(_seed_history(20), keep_recent=5)
+    assert len(result["flushed_to_memory"]) >= 1
+    flush_file = memory_dir / "user" / "compaction_flush.jsonl"
+    assert flush_file.exists()
+    written = [json.loads(line) for line in flush_file.read_text().splitlines()]
+    assert written == result["flushed_to_memory"]
+    assert {"type": "decision", "content": "使用 React"}.items() <= written[0].items()
+
+
+async def test_verify_compaction_reports_quality(tmp_path: Path) -> None:
+    engine = CompactionEngine(None, tmp_path)
+    history = simple_conversation(12)
+    call = tool_call(arguments={"command": "pytest tests/test_api.py"})
+    history[3:3] = [{"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": call["id"], "content": "ValueError: boom"}]
+    result = await engine.compact(history, keep_recent=5)
+    report = await engine.verify_compaction(history, result)
+    assert set(report) == {"quality", "missing_key_info", "key_decisions_preserved", "key_decisions_total"}
+    assert report["quality"] == "good" and report["key_decisions_total"] >= 3
+    stripped = [m for m in result["compacted_history"] if not is_summary_message(m)]
+    bare = await engine.verify_compaction(history, [{"role": "user", "content": SUMMARY_MARKER + " nothing"}, *stripped])
+    assert bare["quality"] == "poor"
+    assert "pytest tests/test_api.py" in bare["missing_key_info"]
+
+
+def test_invalid_session_id_is_refused_up_front(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        CompactionEngine(None, tmp_path, session_id="../../etc")
