@@ -108,7 +108,7 @@ def check_tail(raw_tail: str) -> None:
     also when percent-encoded."""
     decoded = unquote(raw_tail)
     for text in (raw_tail, decoded):
-        if _FORBIDDEN_CHARS.search(text) or "//" in text or _SCHEME_LIKE.match(text):
+        if _FORBIDDEN_CHARS.search(text) or "//" in f"/{text}" or _SCHEME_LIKE.match(text):
             raise InvalidPath("invalid path: it must be a plain relative path under /v1/")
         if any(segment in (".", "..") for segment in text.split("/")):
             raise InvalidPath("invalid path: dot segments are not allowed")

@@ -38,8 +38,8 @@ class RunningProxy:
         return f"http://127.0.0.1:{self.port}"
 
 
-def build_settings(upstream: FakeUpstream, **sections: dict[str, Any]) -> Settings:
-    data: dict[str, Any] = {"upstream": {"base_url": upstream.base_url}}
+def build_settings(fake: FakeUpstream, **sections: dict[str, Any]) -> Settings:
+    data: dict[str, Any] = {"upstream": {"base_url": fake.base_url}}
     for section, values in sections.items():
         data.setdefault(section, {}).update(values)
     return Settings.build(data)

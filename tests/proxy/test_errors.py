@@ -1,0 +1,162 @@
+"""The proxy's own errors: OpenAI error shape, right status, never a bare 500 or traceback."""
+
+from __future__ import annotations
+
+import socket
+
+import aiohttp
+import orjson
+import pytest
+
+from proxy.pipeline import ChatContext, Prepared
+from tests.fakes.upstream import FakeUpstream, hang_reply
+from tests.proxy.conftest import RunningProxy, StartProxy
+from tests.proxy.rawhttp import raw_request
+
+
+def assert_openai_error(body: bytes, code: str | None) -> None:
+    error = orjson.loads(body)["error"]
+    assert set(error) == {"message", "type", "code"}
+    assert error["message"] and "Traceback" not in error["message"]
+    assert error["code"] == code
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_unreachable_upstream_is_a_502(
+    start_proxy: StartProxy, client: aiohttp.ClientSession
+) -> None:
+    proxy = await start_proxy(upstream={"base_url": f"http://127.0.0.1:{free_port()}/v1"})
+    for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models")):
+        async with client.request(method, f"{proxy.url}{path}", data=b"{}") as response:
+            assert response.status == 502
+            assert_openai_error(await response.read(), "upstream_unreachable")
+
+
+async def test_silent_upstream_is_a_504_after_the_read_timeout(
+    start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    proxy = await start_proxy(upstream={"timeout_s": 0.2})
+    upstream.reply(hang_reply())
+    async with client.post(f"{proxy.url}/v1/chat/completions", data=b"{}") as response:
+        assert response.status == 504
+        assert_openai_error(await response.read(), "upstream_timeout")
+
+
+async def test_oversize_body_is_a_413_and_never_reaches_the_upstream(
+    start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    proxy = await start_proxy(server={"max_body_mb": 0.01})  # ~10 KiB
+    big = b'{"messages": "' + b"x" * 20_000 + b'"}'
+    for path in ("/v1/chat/completions", "/s/a/v1/chat/completions", "/v1/files"):
+        async with client.post(f"{proxy.url}{path}", data=big) as response:
+            assert response.status == 413
+            assert_openai_error(await response.read(), "request_too_large")
+
+    async def chunked() -> object:  # no Content-Length: the limit is enforced while streaming
+        for _ in range(20):
+            yield b"x" * 1000
+
+    async with client.post(f"{proxy.url}/v1/chat/completions", data=chunked()) as response:
+        assert response.status == 413
+    assert upstream.requests == []
+
+
+async def test_oversize_chunked_body_on_the_generic_route_is_a_413(
+    start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    proxy = await start_proxy(server={"max_body_mb": 0.01})
+
+    async def chunked() -> object:
+        for _ in range(20):
+            yield b"x" * 1000
+
+    async with client.post(f"{proxy.url}/v1/files", data=chunked()) as response:
+        assert response.status == 413
+        assert_openai_error(await response.read(), "request_too_large")
+
+
+@pytest.mark.parametrize(
+    "session",
+    ["..", ".hidden", "a%20b", "a%2Fb", "%2e%2e", "x" * 129, "caf%C3%A9", "a%00b"],
+)
+async def test_invalid_session_ids_are_refused_with_400(
+    proxy: RunningProxy, upstream: FakeUpstream, session: str
+) -> None:
+    status, body = await raw_request(proxy.port, "POST", f"/s/{session}/v1/chat/completions",
+                                     body=b"{}")
+    assert status == 400, body
+    assert_openai_error(body, "invalid_session_id")
+    assert upstream.requests == []
+
+
+@pytest.mark.parametrize("header", ["../etc", ".", "a/b", "", "x" * 129])
+async def test_invalid_session_header_is_refused_with_400(
+    proxy: RunningProxy, upstream: FakeUpstream, client: aiohttp.ClientSession, header: str
+) -> None:
+    for path in ("/v1/chat/completions", "/v1/models"):
+        async with client.post(
+            f"{proxy.url}{path}", data=b"{}", headers={"X-Session-Id": header}
+        ) as response:
+            assert response.status == 400
+            assert_openai_error(await response.read(), "invalid_session_id")
+    assert upstream.requests == []
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/v1/../admin/sessions",
+        "/v1/models/../../secret",
+        "/v1/%2e%2e/secret",
+        "/v1/a/%2E%2E/%2e%2e/secret",
+        "/v1//evil.example.com/x",
+        "/v1/http://evil.example.com/x",
+        "/v1/@evil.example.com/x",
+        "/v1/x%40evil.example.com",
+        "/v1/a%5C..%5Cb",
+        "/s/ok/v1/../../x",
+    ],
+)
+async def test_path_tails_that_could_leave_the_upstream_are_refused(
+    proxy: RunningProxy, upstream: FakeUpstream, target: str
+) -> None:
+    status, body = await raw_request(proxy.port, "GET", target)
+    assert status == 400, body
+    assert_openai_error(body, "invalid_path")
+    assert upstream.requests == []
+
+
+async def test_unknown_route_is_a_404_in_openai_shape(
+    proxy: RunningProxy, client: aiohttp.ClientSession
+) -> None:
+    async with client.get(f"{proxy.url}/v2/models") as response:
+        assert response.status == 404
+        assert_openai_error(await response.read(), "not_found")
+
+
+class ExplodingPipeline:
+    async def prepare(self, ctx: ChatContext, body: bytes) -> Prepared:
+        raise RuntimeError("bug in compaction")
+
+    async def on_upstream_error(
+        self, ctx: ChatContext, prepared: Prepared, status: int, body: bytes
+    ) -> bytes | None:
+        raise RuntimeError("bug")
+
+    def on_response(self, ctx: ChatContext, prepared: Prepared, status: int, usage: object) -> None:
+        raise RuntimeError("bug")
+
+
+async def test_a_failing_pipeline_forwards_the_original_request(
+    start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    proxy = await start_proxy(pipeline=ExplodingPipeline())
+    body = b'{"model":"m","messages":[]}'
+    async with client.post(f"{proxy.url}/v1/chat/completions", data=body) as response:
+        assert response.status == 200
+    assert upstream.requests[-1].body == body
