@@ -1,0 +1,73 @@
+"""Session identity rules and the fingerprint of a conversation's opening."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.errors import InvalidSessionId
+from proxy.records import SessionRecords
+from proxy.sessions import fingerprint, is_valid_session_id, resolve_session_id
+
+
+def conversation(system: str, first: str, *later: str, tools: tuple[str, ...] = ()) -> dict[str, Any]:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
+    for text in later:
+        messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": text}]
+    return {
+        "model": "m",
+        "messages": messages,
+        "tools": [{"type": "function", "function": {"name": n}} for n in tools],
+    }
+
+
+@pytest.mark.parametrize("value", ["a", "A.b-c_9", "x" * 128, "fp-0123"])
+def test_valid_session_ids(value: str) -> None:
+    assert is_valid_session_id(value)
+
+
+@pytest.mark.parametrize("value", ["", ".", "..", ".a", "a/b", "a\\b", "a b", "é", "x" * 129, "a\n"])
+def test_invalid_session_ids(value: str) -> None:
+    assert not is_valid_session_id(value)
+
+
+def test_header_wins_over_path_and_both_are_checked() -> None:
+    assert resolve_session_id({"X-Session-Id": "h"}, "p") == "h"
+    assert resolve_session_id({}, "p") == "p"
+    assert resolve_session_id({}, None) is None
+    with pytest.raises(InvalidSessionId):
+        resolve_session_id({"X-Session-Id": "ok"}, "..")
+
+
+def test_fingerprint_is_stable_as_the_conversation_grows() -> None:
+    start = conversation("sys", "task one", tools=("read", "write"))
+    later = conversation("sys", "task one", "more", "even more", tools=("write", "read"))
+    assert fingerprint(start) == fingerprint(later)
+    assert is_valid_session_id(fingerprint(start))
+
+
+def test_fingerprint_tells_conversations_of_one_agent_apart() -> None:
+    assert fingerprint(conversation("sys", "task one")) != fingerprint(conversation("sys", "task two"))
+    assert fingerprint(conversation("sys", "t")) != fingerprint(conversation("other", "t"))
+    assert fingerprint(conversation("s", "t", tools=("a",))) != fingerprint(conversation("s", "t"))
+
+
+def test_fingerprint_survives_odd_payloads() -> None:
+    for payload in ({}, {"messages": "x"}, {"messages": [1, None, {"role": "user"}]},
+                    {"tools": [None, {"function": 3}]}):
+        assert fingerprint(payload).startswith("fp-")
+
+
+def test_session_records_are_bounded() -> None:
+    records = SessionRecords(max_sessions=2, records_per_session=3)
+    for sid in ("a", "b", "a", "c"):
+        records.touch(sid)
+    assert [s["session_id"] for s in records.list()["sessions"]] == ["c", "a"]
+    for i in range(5):
+        records.add_record("a", {"n": i})
+    got = records.get("a")
+    assert got is not None
+    assert [r["n"] for r in got["records"]] == [2, 3, 4]
+    assert got["records_total"] == 5 and got["requests"] == 2
+    assert records.get("b") is None
