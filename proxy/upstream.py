@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import aiohttp
+import orjson
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -26,6 +27,7 @@ from proxy.errors import (
 )
 from proxy.metrics import Metrics
 from proxy.settings import UpstreamSettings
+from proxy.usage import decode_body
 
 _SCHEME_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _FORBIDDEN_CHARS = re.compile(r"[\\@#\s\x00-\x1f\x7f]")
@@ -154,3 +156,38 @@ async def read_bounded(
         if size > limit:
             return b"".join(parts), False
     return b"".join(parts), True
+
+
+async def post_json(
+    session: aiohttp.ClientSession,
+    url: str | URL,
+    body: bytes,
+    headers: dict[str, str],
+    timeout_s: float,
+) -> tuple[int, Any]:
+    """One request the proxy makes on its own behalf (a summary): POST `body`, wait at most
+    `timeout_s` in total, return the status and the parsed JSON answer (None if it is not JSON).
+
+    Raises UpstreamUnreachable or UpstreamTimeout; the caller decides what a failure means."""
+    try:
+        async with session.post(
+            url,
+            data=body,
+            headers=headers,
+            allow_redirects=False,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as response:
+            raw = await response.read()
+            encoding = response.headers.get("Content-Encoding", "")
+            status = response.status
+    except aiohttp.ClientConnectorError as exc:
+        raise UpstreamUnreachable("cannot connect to the upstream") from exc
+    except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as exc:
+        raise UpstreamTimeout(f"no complete answer within {timeout_s} s") from exc
+    except aiohttp.ClientError as exc:
+        raise UpstreamUnreachable("the upstream failed before answering") from exc
+    decoded = decode_body(raw, encoding)
+    try:
+        return status, orjson.loads(decoded) if decoded else None
+    except orjson.JSONDecodeError:
+        return status, None
