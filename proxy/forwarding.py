@@ -23,7 +23,7 @@ from proxy import keys
 from proxy.errors import BodyTooLarge, InvalidPath, ProxyError
 from proxy.headers import upstream_request_headers
 from proxy.metrics import Metrics
-from proxy.pipeline import ChatContext, ChatPipeline, Prepared
+from proxy.pipeline import ChatContext, ChatPipeline, PassThroughPipeline, Prepared
 from proxy.sessions import resolve_session_id
 from proxy.streaming import relay
 from proxy.upstream import read_bounded
@@ -55,7 +55,7 @@ async def forward_chat(request: web.Request, path_session: str | None) -> web.St
     info.session = session_id
     url = upstream.url_for(raw_tail(request, path_session), request.rel_url.raw_query_string)
     body = await _read_body(request, settings.server.max_body_bytes)
-    metrics.request_bytes.labels(info.route).inc(len(body))
+    metrics.labelled(metrics.request_bytes, info.route).inc(len(body))
     headers, credential = upstream_request_headers(
         request.headers, settings.upstream.api_key, keep_length=False
     )
@@ -83,8 +83,13 @@ async def forward_chat(request: web.Request, path_session: str | None) -> web.St
             response = await _send(request, "POST", url, headers, retry)
             already_read = b""
 
-    probe = UsageProbe(
-        response.headers.get("Content-Type", ""), response.headers.get("Content-Encoding", "")
+    # The default pipeline has no use for `usage`; skip even the cheap probe on that path.
+    probe = (
+        None
+        if isinstance(pipeline, PassThroughPipeline)
+        else UsageProbe(
+            response.headers.get("Content-Type", ""), response.headers.get("Content-Encoding", "")
+        )
     )
     status = response.status
     relayed = await relay(
@@ -196,10 +201,14 @@ async def _on_upstream_error(
 
 
 def _on_response(
-    pipeline: ChatPipeline, ctx: ChatContext, prepared: Prepared, status: int, probe: UsageProbe
+    pipeline: ChatPipeline,
+    ctx: ChatContext,
+    prepared: Prepared,
+    status: int,
+    probe: UsageProbe | None,
 ) -> None:
     try:
-        pipeline.on_response(ctx, prepared, status, probe.usage())
+        pipeline.on_response(ctx, prepared, status, probe.usage() if probe is not None else None)
     except Exception:
         log.exception("chat pipeline failed in on_response")
 
@@ -220,7 +229,7 @@ class _LimitedBody:
         size = 0
         async for chunk in self._content.iter_any():
             size += len(chunk)
-            self._metrics.request_bytes.labels(self._route).inc(len(chunk))
+            self._metrics.labelled(self._metrics.request_bytes, self._route).inc(len(chunk))
             if size > self._limit:
                 self.exceeded = True
                 raise _too_large(self._limit)

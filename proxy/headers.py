@@ -41,7 +41,7 @@ def _connection_tokens(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> set
 def _end_to_end(
     headers: CIMultiDictProxy[str] | CIMultiDict[str], drop: frozenset[str]
 ) -> CIMultiDict[str]:
-    named = _connection_tokens(headers)
+    named = _connection_tokens(headers) if "Connection" in headers else set()
     kept: CIMultiDict[str] = CIMultiDict()
     for name, value in headers.items():
         lower = name.lower()

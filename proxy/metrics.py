@@ -7,6 +7,8 @@ it; `render()` serves whatever the registry holds.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -69,6 +71,22 @@ class Metrics:
             ("route",),
             registry=r,
         )
+
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def labelled(self, metric: Any, *values: str) -> Any:
+        """`metric.labels(*values)`, looked up once: `labels()` takes a lock and builds a tuple
+        on every call, which adds up at several metrics per request."""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            if len(self._children) > 4096:  # odd methods or statuses cannot grow it forever
+                self._children.clear()
+            child = self._children[key] = metric.labels(*values)
+        return child
+
+    def count_request(self, route: str, method: str, status: int) -> None:
+        self.labelled(self.requests, route, method, str(status)).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

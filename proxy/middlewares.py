@@ -57,7 +57,7 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
         raise
     finally:
         metrics.in_flight.dec()
-        metrics.requests.labels(info.route, request.method, str(status)).inc()
+        metrics.count_request(info.route, request.method, status)
         log_request(request.method, request.path, status, info)
 
 

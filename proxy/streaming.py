@@ -82,7 +82,7 @@ async def relay(
             upstream.release()
         else:
             upstream.close()
-        metrics.response_bytes.labels(info.route).inc(sent)
+        metrics.labelled(metrics.response_bytes, info.route).inc(sent)
     return response
 
 
