@@ -41,7 +41,7 @@ class RecordingPipeline:
         payload["messages"] = payload["messages"][-1:]
         return Prepared(
             body=orjson.dumps(payload), headers={"x-compaction-status": "applied"},
-            session_id=session,
+            session_id=session, wants_usage=True,
         )
 
     async def on_upstream_error(
