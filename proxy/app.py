@@ -9,9 +9,11 @@ from aiohttp import web
 from proxy import handlers, keys
 from proxy.metrics import Metrics
 from proxy.middlewares import error_middleware, observe_middleware
-from proxy.pipeline import ChatPipeline, PassThroughPipeline
+from proxy.compacting import create_pipeline
+from proxy.pipeline import ChatPipeline
 from proxy.records import SessionRecords
 from proxy.settings import Settings
+from proxy.tasks import BackgroundTasks
 from proxy.upstream import Upstream, open_session
 
 
@@ -21,7 +23,7 @@ def create_app(
     pipeline: ChatPipeline | None = None,
     metrics: Metrics | None = None,
 ) -> web.Application:
-    """A ready-to-run proxy. `pipeline` handles chat requests (default: pass-through);
+    """A ready-to-run proxy. `pipeline` handles chat requests (default: compaction);
     `metrics` lets a caller supply an extended `Metrics`. Reads no file or environment."""
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
@@ -33,8 +35,13 @@ def create_app(
         max_sessions=settings.admin.max_sessions,
         records_per_session=settings.admin.records_per_session,
     )
-    app[keys.CHAT_PIPELINE] = pipeline if pipeline is not None else PassThroughPipeline()
+    app[keys.TASKS] = BackgroundTasks()
+    app[keys.CHAT_PIPELINE] = (
+        pipeline if pipeline is not None else create_pipeline(app, app[keys.TASKS])
+    )
     app.cleanup_ctx.append(_upstream_ctx)
+    # Cleanup runs in reverse order: background work stops before the ClientSession closes.
+    app.cleanup_ctx.append(_tasks_ctx)
     _add_routes(app.router)
     return app
 
@@ -49,6 +56,11 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await session.close()
+
+
+async def _tasks_ctx(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await app[keys.TASKS].close()
 
 
 def _add_routes(router: web.UrlDispatcher) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-_MIN_FACTOR = 0.5
+# Under-counting risks an overflow, over-counting only wastes room: allow little of the former.
+_MIN_FACTOR = 0.8
 _MAX_FACTOR = 4.0
 _WEIGHT = 0.3
 _MAX_MODELS = 1024

@@ -23,7 +23,7 @@ from proxy import keys
 from proxy.errors import BodyTooLarge, InvalidPath, ProxyError
 from proxy.headers import upstream_request_headers
 from proxy.metrics import Metrics
-from proxy.pipeline import ChatContext, ChatPipeline, PassThroughPipeline, Prepared
+from proxy.pipeline import ChatContext, ChatPipeline, Prepared
 from proxy.sessions import resolve_session_id
 from proxy.streaming import relay
 from proxy.upstream import read_bounded
@@ -83,10 +83,10 @@ async def forward_chat(request: web.Request, path_session: str | None) -> web.St
             response = await _send(request, "POST", url, headers, retry)
             already_read = b""
 
-    # The default pipeline has no use for `usage`; skip even the cheap probe on that path.
+    # Only a pipeline that will use `usage` pays for the (cheap) probe.
     probe = (
         None
-        if isinstance(pipeline, PassThroughPipeline)
+        if not prepared.wants_usage
         else UsageProbe(
             response.headers.get("Content-Type", ""), response.headers.get("Content-Encoding", "")
         )

@@ -9,12 +9,14 @@ from proxy.metrics import Metrics
 from proxy.pipeline import ChatPipeline
 from proxy.records import SessionRecords
 from proxy.settings import Settings
+from proxy.tasks import BackgroundTasks
 from proxy.upstream import Upstream
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 RECORDS = web.AppKey("records", SessionRecords)
 CHAT_PIPELINE: web.AppKey[ChatPipeline] = web.AppKey("chat_pipeline")
+TASKS = web.AppKey("tasks", BackgroundTasks)
 # Set while the app runs (the ClientSession needs the running loop); see app._upstream_ctx.
 UPSTREAM = web.AppKey("upstream", Upstream)
 

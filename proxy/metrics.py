@@ -72,6 +72,7 @@ class Metrics:
             registry=r,
         )
 
+        self.compaction = CompactionMetrics(r)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def labelled(self, metric: Any, *values: str) -> Any:
@@ -90,3 +91,64 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class CompactionMetrics:
+    """What the compacting pipeline did: decisions, compactions, reuse, summarizer health."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.decisions = Counter(
+            "compaction_proxy_chat_decisions",
+            "Parsed chat requests by outcome: none, applied, reused, failed.",
+            ("status",),
+            registry=r,
+        )
+        self.compactions = Counter(
+            "compaction_proxy_compactions",
+            "Compactions run, by reason (trigger, precompute, overflow) and path (llm, "
+            "extractive, dropped, unchanged).",
+            ("reason", "path"),
+            registry=r,
+        )
+        self.checkpoint_hits = Counter(
+            "compaction_proxy_checkpoint_hits",
+            "Requests served by substituting a remembered checkpoint, without summarizing.",
+            registry=r,
+        )
+        self.summarizer_seconds = Histogram(
+            "compaction_proxy_summarizer_seconds",
+            "Duration of compactions that called the summarizer (summary and memory together).",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.summarizer_failures = Counter(
+            "compaction_proxy_summarizer_failures",
+            "Compactions whose summarizer call failed and fell back to a summary built by code.",
+            registry=r,
+        )
+        self.summary_timeouts = Counter(
+            "compaction_proxy_summary_wait_timeouts",
+            "Requests that stopped waiting for a summary after compaction.summary_timeout_s.",
+            registry=r,
+        )
+        self.cooldown_skips = Counter(
+            "compaction_proxy_summarizer_cooldown_skips",
+            "Compactions that skipped the summarizer because it is cooling down.",
+            registry=r,
+        )
+        self.overflow_retries = Counter(
+            "compaction_proxy_overflow_retries",
+            "Context-length errors from the upstream answered by compacting and retrying once.",
+            registry=r,
+        )
+        self.tokens_saved = Counter(
+            "compaction_proxy_tokens_saved",
+            "Estimated prompt tokens removed by compactions (each compaction counted once).",
+            registry=r,
+        )
+        self.errors = Counter(
+            "compaction_proxy_compaction_errors",
+            "Internal errors in the compacting pipeline (the original request was forwarded).",
+            registry=r,
+        )

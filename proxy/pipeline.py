@@ -37,11 +37,14 @@ class ChatContext:
 @dataclass(frozen=True)
 class Prepared:
     """The request to send: `body` goes upstream; `headers` are informational headers added to
-    the client's response; `session_id` is the resolved session (possibly a fingerprint)."""
+    the client's response; `session_id` is the resolved session (possibly a fingerprint);
+    `wants_usage` asks the handler to find the response's `usage` for `on_response` (a cheap
+    probe, skipped when no one wants it)."""
 
     body: bytes
     headers: dict[str, str] = field(default_factory=dict)
     session_id: str | None = None
+    wants_usage: bool = False
 
 
 class ChatPipeline(Protocol):

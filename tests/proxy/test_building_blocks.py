@@ -98,6 +98,7 @@ def test_calibration_moves_towards_observed_ratio_and_is_clamped() -> None:
     moved = calibration.observe("gpt", 1000, 2200)
     assert 1.2 < moved < 2.2
     assert calibration.observe("tiny", 10, 10_000) == 4.0
+    assert calibration.observe("generous", 10_000, 10) == 0.8
     assert calibration.raise_at_least("gpt", 1.0) == moved
     assert calibration.raise_at_least("gpt", 3.0) == 3.0
     assert calibration.observe("gpt", 0, 5) == 3.0

@@ -1,0 +1,82 @@
+"""A chat request as the compacting pipeline sees it: parsed once, with its budget.
+
+Parsing is the expensive part of the decision, so `may_need_parsing` first bounds the prompt from
+the byte length alone (the estimate never exceeds one token per byte; images and audio are the
+exception and are looked for), and only bodies that could reach the lowest ratio are parsed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from compaction import HeuristicEstimator
+
+_FIXED_COST_PARTS = (b'"image_url"', b'"input_audio"', b'"file"')
+_MAX_OUTPUT = re.compile(rb'"max(?:_completion)?_tokens"\s*:\s*(\d{1,9})')
+
+
+class NotAChat(ValueError):
+    """The body is not a JSON object with a `messages` list: forward it untouched."""
+
+
+def may_need_parsing(body: bytes, *, smallest_window: int, lowest_ratio: float, factor: float) -> bool:
+    """False only when no estimate of `body` can reach `lowest_ratio` of the smallest window."""
+    bound = len(body) * max(1.0, factor)
+    if bound >= lowest_ratio * smallest_window:
+        return True
+    found = _MAX_OUTPUT.search(body)
+    if found and bound + int(found.group(1)) > smallest_window:
+        return True
+    return any(part in body for part in _FIXED_COST_PARTS)
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    payload: dict[str, Any]
+    messages: list[Any]
+    tools: Any
+    model: str
+    window: int
+    max_output_tokens: int | None
+    session_id: str
+    credential: str | None
+    seed: bytes
+    factor: float
+    estimator: HeuristicEstimator
+
+    @classmethod
+    def parse(cls, body: bytes) -> tuple[dict[str, Any], list[Any]]:
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise NotAChat("body is not JSON") from exc
+        if not isinstance(payload, dict):
+            raise NotAChat("body is not a JSON object")
+        messages = payload.get("messages")
+        if not isinstance(messages, list):
+            raise NotAChat("body has no messages list")
+        return payload, messages
+
+    def with_budget(self, *, window: int, factor: float) -> ChatRequest:
+        return replace(self, window=window, factor=factor, estimator=HeuristicEstimator(factor))
+
+    def serialize(self, messages: list[Any]) -> bytes:
+        """The request with `messages` replaced; every other field as sent, in its place."""
+        return orjson.dumps({**self.payload, "messages": messages})
+
+
+def model_of(payload: dict[str, Any]) -> str:
+    model = payload.get("model")
+    return model if isinstance(model, str) else ""
+
+
+def max_output_of(payload: dict[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = payload.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
