@@ -1,0 +1,214 @@
+"""`compaction-proxy demo`: the whole product offline, in under half a minute.
+
+Starts a built-in fake upstream and the proxy on free loopback ports (memory in a temporary
+folder), drives a scripted coding-agent conversation with tool calls through it at a small context
+window, and prints what happened at each request: tokens before and after, whether a compaction was
+applied or a checkpoint reused, an excerpt of the summary, and the memory file written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from compaction import SUMMARY_MARKER
+from proxy.app import create_app
+from proxy.settings import Settings
+
+WINDOW = 6000
+
+
+def _user_turns(prompt: list[Any]) -> list[str]:
+    """The user entries of the transcript the proxy sent (its last message)."""
+    text = str(prompt[-1].get("content", "")) if prompt else ""
+    transcript = text.split("<transcript>", 1)[-1]
+    return [turn.strip() for turn in re.findall(r"\[user\]\n(.*?)(?=\n\n\[|\n</transcript>|$)", transcript, re.S)]
+
+
+def _fake_summary(prompt: list[Any]) -> str:
+    """What the fake upstream answers to a summary request: what it can see, structured. Like a
+    real summarizer asked for an update, it carries the current summary's goals forward."""
+    text = str(prompt[-1].get("content", "")) if prompt else ""
+    current = re.search(r"<current_summary>\n## Goals and requests\n((?:- .*\n)*)", text)
+    goals = current.group(1).splitlines() if current else []
+    goals += [f"- {turn[:120]}" for turn in _user_turns(prompt)]
+    paths = sorted(set(re.findall(r"[\w./-]+\.(?:py|toml|md)\b", text)))
+    lines = ["## Goals and requests", *goals, "## Files touched", *(f"- {p}" for p in paths[:12])]
+    lines += ["## Current state", "- Work on the date parser continues; the tests pass."]
+    return "\n".join(lines)
+
+
+def _fake_memory(prompt: list[Any]) -> str:
+    kinds = (("prefer", "preference"), ("decided", "decision"), ("agreed", "decision"), ("todo", "todo"))
+    items = [
+        {"type": kind, "content": turn[:200]}
+        for turn in _user_turns(prompt)
+        for word, kind in kinds
+        if word in turn.lower()
+    ]
+    return orjson.dumps(items).decode()
+
+
+async def _fake_upstream(request: web.Request) -> web.Response:
+    payload = await request.json()
+    purpose = request.headers.get("X-Compaction-Purpose")
+    prompt = [m for m in payload["messages"] if isinstance(m, dict)]
+    if purpose == "summary":
+        text = _fake_summary(prompt)
+    elif purpose == "memory":
+        text = _fake_memory(prompt)
+    else:
+        text = "Understood. Continuing with the next step."
+    return web.json_response({
+        "id": "chatcmpl-demo", "object": "chat.completion", "model": payload.get("model"),
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": text}}],
+    })
+
+
+def _script() -> list[list[dict[str, Any]]]:
+    """Turns of a coding agent: each turn is what gets appended before the next request."""
+    log = "\n".join(f"tests/test_dates.py::test_case_{i} PASSED" for i in range(40))
+    source = "\n".join(f"def parse_{i}(text):\n    return text.split('-')[{i % 3}]" for i in range(30))
+    turns: list[list[dict[str, Any]]] = []
+    tasks = [
+        "Fix the date parser in src/dates.py: it crashes on '2024-02-30'. I prefer pytest over unittest.",
+        "Now make parse_iso accept a trailing 'Z'. We decided to keep the stdlib only, no dateutil.",
+        "Add a regression test for the leap-year case in tests/test_dates.py.",
+        "TODO: document the new behaviour in docs/dates.md once tests pass.",
+        "Run the whole suite and tell me what fails.",
+        "Refactor src/dates.py so that parse_iso and parse_loose share one tokenizer.",
+        "Check pyproject.toml: pin python >= 3.11 as we agreed.",
+        "Summarize what changed so far and what is left to do.",
+        "Add type hints to src/dates.py; I prefer them on public functions only.",
+        "Make the error message for invalid dates name the offending field.",
+        "Run the suite once more and commit with the message 'dates: strict parsing'.",
+        "TODO: open an issue about timezone names once this lands.",
+    ]
+    for n, task in enumerate(tasks):
+        call_id = f"call_{n:04d}"
+        turns.append([
+            {"role": "user", "content": task},
+            {"role": "assistant", "content": None, "tool_calls": [{
+                "id": call_id, "type": "function",
+                "function": {"name": "bash", "arguments": orjson.dumps(
+                    {"command": f"cat src/dates.py && python -m pytest tests/test_dates.py -k case_{n}"}
+                ).decode()}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": source + "\n" + log},
+            {"role": "assistant", "content": f"Step {n + 1} done: ran the tests, all 40 cases pass."},
+        ])
+    return turns
+
+
+async def _start(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"
+
+
+async def run_demo(out: Any = sys.stdout) -> int:
+    def say(text: str = "") -> None:
+        print(text, file=out, flush=True)
+
+    upstream_app = web.Application()
+    upstream_app.router.add_post("/v1/chat/completions", _fake_upstream)
+    upstream_runner, upstream_url = await _start(upstream_app)
+    with tempfile.TemporaryDirectory(prefix="compaction-demo-") as memory_dir:
+        settings = Settings.model_validate({
+            "upstream": {"base_url": f"{upstream_url}/v1", "timeout_s": 30},
+            "models": {"default_context_window": WINDOW},
+            "compaction": {"keep_recent_rounds": 2, "summary_max_tokens": 400, "precompute_ratio": 0.7},
+            "memory": {"dir": memory_dir},
+            "admin": {"token": "demo-admin"},
+        })
+        proxy_runner, proxy_url = await _start(create_app(settings))
+        say(f"fake upstream {upstream_url}  ·  proxy {proxy_url}  ·  window {WINDOW} tokens")
+        say(f"memory dir {memory_dir}\n")
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": "You are a careful coding agent. Use the bash tool."},
+        ]
+        tools = [{"type": "function", "function": {
+            "name": "bash", "description": "Run a shell command",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+        url = f"{proxy_url}/s/demo-agent/v1/chat/completions"
+        try:
+            async with aiohttp.ClientSession() as client:
+                turns = _script()
+                seen: set[str] = set()
+                for n, turn in enumerate(turns, 1):
+                    # Request after the user's message (tool call follows), then after the result.
+                    for sent in (turn[:1], turn[1:3]):
+                        messages.extend(sent)
+                        await _request(client, url, messages, tools, n, len(turns), say, seen)
+                    messages.append(turn[3])
+        finally:
+            await proxy_runner.cleanup()
+            await upstream_runner.cleanup()
+            _show_memory(Path(memory_dir), say)
+    return 0
+
+
+async def _request(
+    client: aiohttp.ClientSession, url: str, messages: list[dict[str, Any]], tools: Any,
+    turn: int, turns: int, say: Any, seen: set[str],
+) -> None:
+    body = {"model": "demo-model", "messages": messages, "tools": tools}
+    async with client.post(url, json=body, headers={"Authorization": "Bearer demo-key"}) as response:
+        await response.read()
+        status = response.headers.get("x-compaction-status", "?")
+        before = response.headers.get("x-compaction-tokens-before")
+        after = response.headers.get("x-compaction-tokens-after")
+    bar = "#" * turn + "." * (turns - turn)
+    sizes = f"tokens {before:>5} -> {after:>5}" if before else "small body, not parsed"
+    say(f"[{bar}] turn {turn:2d}/{turns}  {len(messages):3d} msgs  {sizes:<24} {status}")
+    await _show_new_compactions(client, url, say, seen)
+
+
+async def _show_new_compactions(client: aiohttp.ClientSession, url: str, say: Any, seen: set[str]) -> None:
+    """Print the compaction records that appeared since the last request (precomputes included)."""
+    await asyncio.sleep(0.05)  # a precompute started after the last request may land meanwhile
+    admin = url.split("/s/")[0] + "/admin/sessions/demo-agent"
+    async with client.get(admin, headers={"Authorization": "Bearer demo-admin"}) as response:
+        if response.status != 200:
+            return
+        records = (await response.json())["records"]
+    for record in records:
+        if record["id"] in seen:
+            continue
+        seen.add(record["id"])
+        extends = f", extends {record['extends'][:8]}" if record["extends"] else ""
+        say(f"    ↳ compaction {record['id'][:8]} ({record['reason']}, {record['path']}{extends}): "
+            f"{record['tokens_before']} -> {record['tokens_after']} tokens, "
+            f"{record['folded_messages']} messages folded, {record['memory_items']} memory items, "
+            f"quality {record['quality']}")
+        excerpt = " / ".join(line.strip() for line in record["summary_preview"].splitlines() if line.strip())
+        say(f"      summary: {excerpt[:150]}…")
+
+
+def _show_memory(memory_dir: Path, say: Any) -> None:
+    files = sorted(memory_dir.glob("*/compaction_flush.jsonl"))
+    say("")
+    for file in files:
+        lines = file.read_text(encoding="utf-8").splitlines()
+        say(f"memory file {file.relative_to(memory_dir)}: {len(lines)} items")
+        for line in lines[:8]:
+            item = orjson.loads(line)
+            say(f"    {item['type']:<10} {item['content'][:90]}")
+    if not files:
+        say("no memory file was written")
+    say(f"\nsummaries are marked with: {SUMMARY_MARKER}")
+
+
+def main() -> int:
+    return asyncio.run(run_demo())
