@@ -19,6 +19,8 @@ _MAX_MODELS = 1024
 class Calibration:
     def __init__(self) -> None:
         self._factors: OrderedDict[str, float] = OrderedDict()
+        self.max_factor = 1.0
+        """The largest factor of any model (at least 1): the byte bound uses it per request."""
 
     def factor(self, model: str) -> float:
         return self._factors.get(model, 1.0)
@@ -42,6 +44,7 @@ class Calibration:
         self._factors.move_to_end(model)
         while len(self._factors) > _MAX_MODELS:
             self._factors.popitem(last=False)
+        self.max_factor = max(1.0, *self._factors.values())
         return factor
 
     def snapshot(self) -> dict[str, float]:

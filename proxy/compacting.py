@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from cachetools import LRUCache
 
 from compaction import Compactor, CompactionResult, HeuristicEstimator, MemoryWriter, Plan
 from compaction import CompactionSettings as LibrarySettings
@@ -105,6 +106,10 @@ class CompactingPipeline:
         self._flight: SingleFlight[bytes, CompactionResult] = SingleFlight(tasks)
         self._cooldown = Cooldown(self._options.failure_threshold, self._options.failure_cooldown_s, clock)
         self.calibration = Calibration()
+        # Per conversation: the raw estimate below which a precompute can find nothing new to do.
+        self._quiet_below: LRUCache[bytes, int] = LRUCache(
+            self._options.checkpoint_max_entries
+        )
         models = settings.models
         self._smallest_window = min([models.default_context_window, *models.context_windows.values()])
 
@@ -173,7 +178,7 @@ class CompactingPipeline:
 
     def _may_reach(self, body: bytes) -> bool:
         ratio = min(self._options.precompute_ratio or 1.0, self._options.trigger_ratio)
-        factor = max(self.calibration.snapshot().values(), default=1.0)
+        factor = self.calibration.max_factor
         return may_need_parsing(
             body, smallest_window=self._smallest_window, lowest_ratio=ratio, factor=factor
         )
@@ -210,10 +215,12 @@ class CompactingPipeline:
         else:
             decision = _Decision(chat.messages, "none", tokens, tokens, None)
         self._metrics.decisions.labels(status=decision.status).inc()
-        if self._options.precompute_ratio and decision.tokens_after >= (
-            self._options.precompute_ratio * chat.window
+        if (
+            self._options.precompute_ratio
+            and decision.tokens_after >= self._options.precompute_ratio * chat.window
+            and tokens >= self._quiet_below.get(chat.seed, 0)
         ):
-            self._tasks.spawn(self._precompute(chat), name=f"precompute:{chat.session_id}")
+            self._tasks.spawn(self._precompute(chat, tokens), name=f"precompute:{chat.session_id}")
         headers = {
             STATUS: decision.status,
             SESSION: chat.session_id,
@@ -291,13 +298,16 @@ class CompactingPipeline:
             return None
         return digests[cut - 1]
 
-    async def _precompute(self, chat: ChatRequest) -> None:
+    async def _precompute(self, chat: ChatRequest, raw_tokens: int) -> None:
         """Prepare the conversation's next checkpoint before a request needs it."""
         digests = prefix_digests(chat.messages, chat.seed)
         if self._flight.find(digests) is not None:
             return
         view, tokens = self._view(chat, digests)
-        if tokens < self._options.precompute_ratio * chat.window:
+        threshold = self._options.precompute_ratio * chat.window
+        if tokens < threshold:
+            # History only grows: nothing to do until the view grows past the threshold.
+            self._quiet_below[chat.seed] = raw_tokens + int(threshold - tokens)
             return
         plan = self._compactor.plan(
             view.messages, window=chat.window, tools=chat.tools,
