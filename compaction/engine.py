@@ -229,6 +229,9 @@ class _Run:
         folded = plan.folded
         if not folded:
             return self.unchanged(plan.note or "nothing to fold")
+        if self._too_little(folded):
+            # Decide before paying for two model calls whose result would be thrown away.
+            return self.unchanged("too little to fold: a summary would not be smaller")
         previous = [summary_text(messages[i]) for i in folded if is_summary_message(messages[i])]
         previous_summary = "\n\n".join(t for t in previous if t) or None
         fresh = [i for i in folded if not is_summary_message(messages[i])]
@@ -285,6 +288,11 @@ class _Run:
             folded_count=len(folded),
             errors=tuple(self.errors),
         )
+
+    def _too_little(self, folded: Sequence[int]) -> bool:
+        """True when the folded messages are no bigger than the smallest summary replacing them."""
+        smallest = self.estimator.count_message(summary_message("")) + MIN_BODY_TOKENS
+        return sum(self.estimator.count_message(self.messages[i]) for i in folded) <= smallest
 
     def _body_budget(self, fresh: Sequence[int]) -> int:
         """Tokens for the summary body: the plan's budget minus the framing, and at most half of

@@ -341,7 +341,8 @@ class CompactingPipeline:
             view.messages, plan, llm=llm, session_id=chat.session_id,
             tools=chat.tools, estimator=chat.estimator,
         )
-        if llm is not None:
+        if llm is not None and result.path != "unchanged":
+            # "unchanged" says nothing about the summarizer (nothing to fold, or no gain).
             ok = result.path == "llm"
             self._cooldown.record(summary_model, ok=ok)
             self._metrics.summarizer_seconds.observe(result.duration_s)

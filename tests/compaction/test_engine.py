@@ -320,3 +320,17 @@ async def test_verify_compaction_reports_quality(tmp_path: Path) -> None:
 def test_invalid_session_id_is_refused_up_front(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         CompactionEngine(None, tmp_path, session_id="../../etc")
+
+
+async def test_too_little_to_fold_is_decided_before_any_model_call() -> None:
+    from compaction.types import Plan
+
+    llm = ScriptedLLM()
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello"}, {"role": "user", "content": "x" * 4000}]
+    plan = Plan(head_end=1, keep_from=3, pinned=(), previous_summary=None, tokens_before=1020,
+                target_tokens=600, kept_tokens=1005, summary_budget_tokens=300, fits=False)
+    result = await Compactor().run(messages, plan, llm=llm, session_id=None)
+    assert result.path == "unchanged" and "too little" in result.reason
+    assert result.messages is messages
+    assert llm.calls == []
