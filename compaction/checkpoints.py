@@ -60,6 +60,10 @@ class Checkpoint:
     compaction_id: str
     path: str
     created_at: float
+    parent: bytes | None = None
+    """Key of the checkpoint this one extended (None: it compacted the original history)."""
+    precomputed: bool = False
+    """Prepared ahead of the trigger: held in reserve until the parent's view reaches it."""
 
     def apply(self, messages: Sequence[Any]) -> list[Any]:
         """The compacted view of a request whose first `cut` messages match this checkpoint."""
@@ -148,6 +152,7 @@ def checkpoint_after(
     result: CompactionResult,
     digests: Sequence[bytes],
     *,
+    precomputed: bool = False,
     clock: Callable[[], float] = time.time,
 ) -> Checkpoint | None:
     """The checkpoint recording `result`, a compaction of `view`; None if it cannot be recorded.
@@ -183,4 +188,6 @@ def checkpoint_after(
         compaction_id=result.compaction_id,
         path=result.path,
         created_at=clock(),
+        parent=view.base.key if view.base is not None else None,
+        precomputed=precomputed,
     )

@@ -44,7 +44,11 @@ class ChatRequest:
     max_output_tokens: int | None
     session_id: str
     credential: str | None
+    auth_headers: dict[str, str]
+    tenant: bytes
+    """Digest of the caller's credentials: scopes the summarizer's cooldown."""
     seed: bytes
+    """Digest of tenant and session: scopes checkpoints, so conversations never share them."""
     factor: float
     estimator: HeuristicEstimator
 

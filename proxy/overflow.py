@@ -18,8 +18,17 @@ _WORDINGS = re.compile(
     r"|too many tokens|reduce the length of the messages|exceeds? the (?:model's )?(?:maximum|limit)",
     re.IGNORECASE,
 )
-_NUMBERS = re.compile(r"(\d[\d,]*)\s*(?:tokens|maximum)", re.IGNORECASE)
-_LIMIT = re.compile(r"(?:length|window|limit) (?:is|of) (\d[\d,]*)", re.IGNORECASE)
+_N = r"(\d[\d,]*)"
+# "maximum context length is 8192 tokens", "context window of 128000", "limit is 4096"
+_LIMIT = re.compile(rf"(?:length|window|limit)(?: is| of)? {_N}", re.IGNORECASE)
+# "prompt is too long: 210000 tokens > 200000 maximum"
+_OVER = re.compile(rf"{_N} tokens? > {_N}", re.IGNORECASE)
+# The prompt's own count, best first: "8000 tokens in the messages", "resulted in 9500 tokens",
+# "requested 9000 tokens" (that one includes the completion).
+_PROMPT = tuple(
+    re.compile(pattern, re.IGNORECASE)
+    for pattern in (rf"{_N} tokens in the messages", rf"resulted in {_N} tokens", rf"requested {_N} tokens")
+)
 
 
 @dataclass(frozen=True)
@@ -35,12 +44,19 @@ def parse_overflow(status: int, body: bytes) -> Overflow | None:
     message, code = _error_fields(body)
     if code not in _CODES and not _WORDINGS.search(message):
         return None
-    numbers = sorted({int(n.replace(",", "")) for n in _NUMBERS.findall(message)})
-    if len(numbers) >= 2:
-        # Vendors order the two differently; the request is the one over the limit.
-        return Overflow(numbers[0], numbers[-1])
-    stated = _LIMIT.search(message)
-    return Overflow(int(stated.group(1).replace(",", "")) if stated else None, None)
+    over = _OVER.search(message)
+    if over:
+        return Overflow(_int(over.group(2)), _int(over.group(1)))
+    limit = _LIMIT.search(message)
+    prompt = next((found for pattern in _PROMPT if (found := pattern.search(message))), None)
+    return Overflow(
+        _int(limit.group(1)) if limit else None,
+        _int(prompt.group(1)) if prompt else None,
+    )
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
 
 
 def _error_fields(body: bytes) -> tuple[str, str]:

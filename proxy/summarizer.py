@@ -16,8 +16,6 @@ from compaction import Message
 from compaction.types import Purpose
 from proxy.upstream import post_json
 
-_PASSED_HEADERS = ("OpenAI-Organization", "OpenAI-Project", "api-key", "x-api-key")
-
 
 class SummarizerError(Exception):
     """The summarizer's answer could not be used (status, shape)."""
@@ -31,20 +29,17 @@ class UpstreamLLM:
         *,
         model: str,
         credential: str | None,
-        client_headers: Any,
+        client_headers: dict[str, str],
         timeout_s: float,
     ) -> None:
         self._client = client
         self._url = base_url.rstrip("/") + "/chat/completions"
         self._model = model
         self._timeout_s = timeout_s
-        self._headers = {"Content-Type": "application/json"}
+        # The caller's own credentials (Authorization, or Azure-style keys) and organisation.
+        self._headers = {"Content-Type": "application/json", **client_headers}
         if credential:
             self._headers["Authorization"] = credential
-        for name in _PASSED_HEADERS:
-            value = client_headers.get(name) if client_headers is not None else None
-            if value:
-                self._headers[name] = value
 
     async def complete(self, messages: list[Message], *, purpose: Purpose, max_tokens: int) -> str:
         body = orjson.dumps(

@@ -41,6 +41,10 @@ class BackgroundTasks:
     def __len__(self) -> int:
         return len(self._tasks)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def close(self) -> None:
         self._closed = True
         tasks = list(self._tasks)

@@ -115,6 +115,14 @@ def test_calibration_moves_towards_observed_ratio_and_is_clamped() -> None:
             8192,
             9500,
         ),
+        (
+            400,
+            b'{"error": {"message": "This model\'s maximum context length is 8192 tokens. However, you '
+            b'requested 9000 tokens (8000 tokens in the messages, 1000 tokens in the completion).", '
+            b'"code": "context_length_exceeded"}}',
+            8192,
+            8000,
+        ),
         (400, b'{"error": {"message": "x", "code": "context_length_exceeded"}}', None, None),
         (400, b'{"error": {"message": "prompt is too long: 210000 tokens > 200000 maximum"}}', 200000, 210000),
         (413, b"Request exceeds the maximum context window", None, None),

@@ -246,6 +246,9 @@ async def test_repeated_summarizer_failures_cool_down(start: Any, script: Script
                               session=f"s{n}")
         assert response.status == 200 and response.headers["x-compaction-status"] == "applied"
     assert len(script.calls("summary")) == 2
+    # Another tenant's key is not cooled down by the first one's failures.
+    await post(client, proxy, conversation_of(int(WINDOW * 1.2)), session="t", auth="Bearer sk-other")
+    assert len(script.calls("summary")) == 3
 
 
 async def test_a_context_length_error_is_retried_once_compacted(start: Any, script: Script, client: Any) -> None:
@@ -440,3 +443,106 @@ async def test_a_coding_trajectory_replays_within_the_window(
     growth = tokens(history, trajectory["tools"]) - tokens(prefixes[0], trajectory["tools"])
     assert 1 <= summaries <= 2 + growth // int(window * 0.1)
     assert summaries < len(prefixes) / 3
+
+
+def _calibration(proxy: RunningProxy) -> Any:
+    from proxy import keys
+
+    return proxy.app[keys.CHAT_PIPELINE].calibration  # type: ignore[attr-defined]
+
+
+async def test_a_precomputed_checkpoint_waits_in_reserve_until_the_trigger(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start(compaction={"precompute_ratio": 0.6})
+    records = proxy.app[_records_key()]
+    messages = conversation_of(int(WINDOW * 0.9))
+    first = await post(client, proxy, messages)  # over the trigger: compacted now
+    assert first.headers["x-compaction-status"] == "applied"
+    first_id = first.headers["x-compaction-id"]
+    # Grow until the forwarded view passes the precompute ratio, so a reserve gets prepared.
+    while True:
+        messages = conversation_of(tokens(messages) + 150, grow=messages)
+        response = await post(client, proxy, messages)
+        if int(response.headers["x-compaction-tokens-after"]) >= 0.6 * WINDOW:
+            break
+    await _wait_for(lambda: len(records.get("agent-1")["records"]) == 2)
+    assert records.get("agent-1")["records"][1]["reason"] == "precompute"
+    # Below the trigger, the view built on the first checkpoint is still what goes upstream.
+    messages = [*messages, f.assistant("ok"), f.user("next")]
+    response = await post(client, proxy, messages)
+    assert int(response.headers["x-compaction-tokens-after"]) < 0.85 * WINDOW
+    assert response.headers["x-compaction-id"] == first_id
+    # Once that view reaches the trigger, the reserve is used without a new summary.
+    summaries = len(script.calls("summary"))
+    messages = conversation_of(int(tokens(messages) + 0.3 * WINDOW), grow=messages)
+    response = await post(client, proxy, messages)
+    assert response.headers["x-compaction-status"] == "reused"
+    assert response.headers["x-compaction-id"] == records.get("agent-1")["records"][1]["id"]
+    assert len(script.calls("summary")) == summaries
+
+
+async def test_an_overflow_that_cannot_be_compacted_further_is_relayed_without_a_retry(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start()
+    overflow = orjson.dumps({"error": {"message": "prompt is too long", "code": "context_length_exceeded"}})
+
+    async def always(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=400, body=overflow, content_type="application/json")
+
+    script.chat = always
+    messages = [f.system(), f.user("x " * 5000)]  # one round: nothing can be folded
+    async with client.post(f"{proxy.url}/v1/chat/completions",
+                           json={"model": "m", "messages": messages}) as response:
+        assert response.status == 400 and await response.read() == overflow
+    assert len(script.calls(None)) == 1
+
+
+async def test_calibration_after_an_overflow_retry_reads_the_retried_request(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start()
+    seen = 0
+
+    async def heavy_tokenizer(request: web.Request) -> web.StreamResponse:
+        nonlocal seen
+        seen += 1
+        payload = await request.json()
+        prompt = int(tokens(payload["messages"]) * 1.5)
+        if seen == 1:
+            return web.json_response({"error": {"message": f"prompt is too long: {prompt} tokens > 4000 maximum",
+                                                "code": "context_length_exceeded"}}, status=400)
+        return web.json_response(chat_completion("ok", {"prompt_tokens": prompt, "completion_tokens": 1,
+                                                        "total_tokens": prompt + 1}))
+
+    script.chat = heavy_tokenizer
+    response = await post(client, proxy, conversation_of(int(WINDOW * 0.75)))
+    assert response.status == 200 and len(script.calls(None)) == 2
+    assert _calibration(proxy).factor("gpt-test") == pytest.approx(1.5, rel=0.05)
+
+
+async def test_azure_style_keys_reach_the_summarizer(start: Any, script: Script, client: Any) -> None:
+    proxy = await start()
+    body = orjson.dumps({"model": "gpt-test", "messages": conversation_of(int(WINDOW * 1.2))})
+    headers = {"Content-Type": "application/json", "api-key": "azure-secret", "X-Session-Id": "az"}
+    async with client.post(f"{proxy.url}/v1/chat/completions", data=body, headers=headers) as response:
+        assert response.headers["x-compaction-status"] == "applied"
+    summary = script.calls("summary")[0]
+    assert summary.headers["api-key"] == "azure-secret"
+    assert "Authorization" not in summary.headers
+
+
+async def test_a_quiet_conversation_does_not_silence_another_in_the_same_session(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start(compaction={"precompute_ratio": 0.6})
+    records = proxy.app[_records_key()]
+    a = conversation_of(int(WINDOW * 0.75))
+    await post(client, proxy, a)
+    await _wait_for(lambda: len(records.get("agent-1")["records"]) == 1)
+    await post(client, proxy, conversation_of(tokens(a) + 100, grow=a))  # finds the reserve: quiet
+    b = conversation_of(int(WINDOW * 0.7))
+    b[1] = f.user("A different task altogether.")
+    await post(client, proxy, b)
+    await _wait_for(lambda: len(records.get("agent-1")["records"]) == 2)
