@@ -28,6 +28,7 @@ run: $(STAMP_RUN)
 	$(BIN)/compaction-proxy --config config.yaml
 
 test: $(STAMP_TEST)
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest
 
 typecheck: $(STAMP_TEST)

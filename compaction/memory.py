@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from cachetools import LRUCache
 
 from compaction.summarize import is_user_request, message_text
 from compaction.types import MemoryItem, MemoryType, is_message
@@ -170,12 +171,19 @@ class MemoryWriter:
     """Appends memory items to `{root_dir}/{session_id}/compaction_flush.jsonl`, each once."""
 
     def __init__(
-        self, root_dir: str | os.PathLike[str], *, now: Callable[[], datetime] = _utc_now
+        self,
+        root_dir: str | os.PathLike[str],
+        *,
+        now: Callable[[], datetime] = _utc_now,
+        max_sessions: int = 4096,
     ) -> None:
         self.root = Path(root_dir)
         self._now = now
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._seen: dict[str, set[tuple[str, str]]] = {}
+        # Bounded: every fingerprinted conversation is a session. A session whose entries were
+        # evicted reloads what it has written from its file; a lock evicted while held can let two
+        # flushes run at once, which costs at most a duplicate line, never a torn one.
+        self._locks: LRUCache[str, asyncio.Lock] = LRUCache(max_sessions)
+        self._seen: LRUCache[str, set[tuple[str, str]]] = LRUCache(max_sessions)
 
     def path_for(self, session_id: str) -> Path:
         """The session's memory file; raises InvalidSessionId for anything that could escape."""
@@ -199,7 +207,9 @@ class MemoryWriter:
     ) -> list[dict[str, str]]:
         """Like append, returning the records exactly as written to the file."""
         path = self.path_for(session_id)
-        lock = self._locks.setdefault(session_id, asyncio.Lock())
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = asyncio.Lock()
         async with lock:
             seen = self._seen.get(session_id)
             if seen is None:

@@ -167,3 +167,13 @@ def test_a_killed_writer_leaves_only_whole_lines(memory_dir: Path) -> None:
     records = _lines(memory_dir / "victim" / "compaction_flush.jsonl")
     assert len(records) >= 5
     assert all(r["content"].endswith("z" * 50_000) for r in records)
+
+
+async def test_evicted_sessions_reload_what_they_wrote_and_never_write_it_twice(tmp_path: Path) -> None:
+    writer = MemoryWriter(tmp_path, max_sessions=2)
+    item = MemoryItem("fact", "The build uses Python 3.11.")
+    assert len(await writer.append("first", "c1", [item])) == 1
+    for other in ("second", "third"):  # push "first" out of the caches
+        await writer.append(other, "c2", [MemoryItem("todo", "something")])
+    assert await writer.append("first", "c3", [item]) == []
+    assert len((tmp_path / "first" / "compaction_flush.jsonl").read_text().splitlines()) == 1
