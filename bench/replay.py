@@ -33,6 +33,7 @@ from compaction import HeuristicEstimator
 from compaction.invariants import check_tool_pairing
 from compaction.tokens import estimate_request
 from proxy.app import create_app
+from proxy.demo import serve_on_loopback
 from proxy.settings import Settings
 
 SOURCES = {
@@ -131,15 +132,6 @@ def _answer(text: str, prompt_tokens: int = 10) -> web.Response:
     })
 
 
-async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    return runner, f"http://{host}:{port}"
-
-
 async def replay_one(client: aiohttp.ClientSession, url: str, conversation: dict[str, Any], tally: Tally) -> None:
     session = conversation["id"].replace("/", "_")[:100]
     previous: list[Any] = []
@@ -166,7 +158,7 @@ async def replay_source(name: str, window: int, args: argparse.Namespace) -> Tal
     upstream = Upstream(tally, window, args.summary_delay, args.reply_delay)
     upstream_app = web.Application(client_max_size=64 * 2**20)
     upstream_app.router.add_post("/v1/chat/completions", upstream.handle)
-    upstream_runner, upstream_url = await serve(upstream_app)
+    upstream_runner, upstream_url = await serve_on_loopback(upstream_app)
     with tempfile.TemporaryDirectory() as memory:
         settings = Settings.model_validate({
             "upstream": {"base_url": f"{upstream_url}/v1"},
@@ -174,7 +166,7 @@ async def replay_source(name: str, window: int, args: argparse.Namespace) -> Tal
             "compaction": {"summary_timeout_s": args.summary_delay * 5},
             "memory": {"dir": memory},
         })
-        proxy_runner, proxy_url = await serve(create_app(settings))
+        proxy_runner, proxy_url = await serve_on_loopback(create_app(settings))
         conversations = pick(corpus_dir() / name, args.per_source)
         try:
             async with aiohttp.ClientSession() as client:

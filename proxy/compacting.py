@@ -139,10 +139,9 @@ class CompactingPipeline:
         except Exception:  # fail open: the agent's request always goes through
             log.exception("compaction failed; forwarding the original request")
             self._metrics.errors.inc()
-            return ChatPrepared(
+            return Prepared(
                 body=body, headers={STATUS: "failed", SESSION: chat.session_id},
-                session_id=chat.session_id, wants_usage=True,
-                forwarded=Forwarded(chat, self._estimate(chat, chat.messages), body),
+                session_id=chat.session_id,
             )
 
     async def on_upstream_error(

@@ -108,7 +108,8 @@ def _script() -> list[list[dict[str, Any]]]:
     return turns
 
 
-async def _start(app: web.Application) -> tuple[web.AppRunner, str]:
+async def serve_on_loopback(app: web.Application) -> tuple[web.AppRunner, str]:
+    """Serve `app` on a free 127.0.0.1 port, as the CLI would; return its runner and base URL."""
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -123,7 +124,7 @@ async def run_demo(out: Any = sys.stdout) -> int:
 
     upstream_app = web.Application()
     upstream_app.router.add_post("/v1/chat/completions", _fake_upstream)
-    upstream_runner, upstream_url = await _start(upstream_app)
+    upstream_runner, upstream_url = await serve_on_loopback(upstream_app)
     with tempfile.TemporaryDirectory(prefix="compaction-demo-") as memory_dir:
         settings = Settings.model_validate({
             "upstream": {"base_url": f"{upstream_url}/v1", "timeout_s": 30},
@@ -132,7 +133,7 @@ async def run_demo(out: Any = sys.stdout) -> int:
             "memory": {"dir": memory_dir},
             "admin": {"token": "demo-admin"},
         })
-        proxy_runner, proxy_url = await _start(create_app(settings))
+        proxy_runner, proxy_url = await serve_on_loopback(create_app(settings))
         say(f"fake upstream {upstream_url}  ·  proxy {proxy_url}  ·  window {WINDOW} tokens")
         say(f"memory dir {memory_dir}\n")
         messages: list[dict[str, Any]] = [
