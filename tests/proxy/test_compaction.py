@@ -546,3 +546,53 @@ async def test_a_quiet_conversation_does_not_silence_another_in_the_same_session
     b[1] = f.user("A different task altogether.")
     await post(client, proxy, b)
     await _wait_for(lambda: len(records.get("agent-1")["records"]) == 2)
+
+
+async def test_a_client_that_leaves_during_a_summary_does_not_waste_it(start: Any, script: Script, client: Any) -> None:
+    proxy = await start()
+    release = asyncio.Event()
+    answer = Script.answer(SUMMARY_TEXT)
+
+    async def gated(request: web.Request) -> web.StreamResponse:
+        await release.wait()
+        return await answer(request)
+
+    script.summary = gated
+    messages = conversation_of(int(WINDOW * 1.2))
+    leaving = asyncio.ensure_future(post(client, proxy, messages))
+    await _wait_for(lambda: len(script.calls("summary")) == 1)
+    leaving.cancel()  # the client goes away while its request waits for the summary
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    release.set()
+    records = proxy.app[_records_key()]
+    await _wait_for(lambda: len((records.get("agent-1") or {"records": []})["records"]) == 1)
+    again = await post(client, proxy, [*messages, f.assistant("ok"), f.user("go on")])
+    assert again.headers["x-compaction-status"] == "reused"
+    assert len(script.calls("summary")) == 1
+
+
+async def test_many_sessions_compact_at_once_each_with_its_own_summary(start: Any, script: Script, client: Any) -> None:
+    proxy = await start()
+
+    async def echo_session(request: web.Request) -> web.StreamResponse:
+        transcript = (await request.json())["messages"][-1]["content"]
+        marker = next(word.rstrip(".") for word in transcript.split() if word.startswith("session-"))
+        await asyncio.sleep(0.05)
+        return web.json_response(chat_completion(f"## Facts\n- This is {marker} and nothing else."))
+
+    script.summary = echo_session
+    conversations = {}
+    for n in range(20):
+        messages = conversation_of(int(WINDOW * 1.2))
+        messages[1] = f.user(f"I am session-{n:02d}. Please fix the failing test.")
+        conversations[f"s{n:02d}"] = messages
+    responses = await asyncio.gather(*(post(client, proxy, m, session=s) for s, m in conversations.items()))
+    assert all(r.headers["x-compaction-status"] == "applied" for r in responses)
+    assert len(script.calls("summary")) == 20
+    for request in script.calls(None):
+        sent = request.json()
+        session = request.headers["X-Session-Id"]
+        assert f"This is session-{session[1:]} and nothing else" in sent["messages"][1]["content"]
+        assert sent["messages"][-3:] == conversations[session][-3:]
+        assert check_tool_pairing(sent["messages"]) == []
