@@ -59,7 +59,6 @@ class Checkpoint:
     summary_message: Message
     compaction_id: str
     path: str
-    created_at: float
     parent: bytes | None = None
     """Key of the checkpoint this one extended (None: it compacted the original history)."""
     precomputed: bool = False
@@ -153,7 +152,6 @@ def checkpoint_after(
     digests: Sequence[bytes],
     *,
     precomputed: bool = False,
-    clock: Callable[[], float] = time.time,
 ) -> Checkpoint | None:
     """The checkpoint recording `result`, a compaction of `view`; None if it cannot be recorded.
 
@@ -187,7 +185,6 @@ def checkpoint_after(
         summary_message=result.summary_message,
         compaction_id=result.compaction_id,
         path=result.path,
-        created_at=clock(),
         parent=view.base.key if view.base is not None else None,
         precomputed=precomputed,
     )

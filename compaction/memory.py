@@ -36,6 +36,11 @@ class InvalidSessionId(ValueError):
     """A session id that could name a path outside the memory directory."""
 
 
+def is_valid_session_id(value: str) -> bool:
+    """The one rule for session ids (DESIGN §5): 1-128 of [A-Za-z0-9._-], no leading dot."""
+    return SESSION_ID.fullmatch(value) is not None and not value.startswith(".")
+
+
 # ---------------------------------------------------------------- parsing the LLM's answer
 
 
@@ -187,7 +192,7 @@ class MemoryWriter:
 
     def path_for(self, session_id: str) -> Path:
         """The session's memory file; raises InvalidSessionId for anything that could escape."""
-        if not SESSION_ID.fullmatch(session_id) or session_id.startswith("."):
+        if not is_valid_session_id(session_id):
             raise InvalidSessionId(f"invalid session id {session_id!r}")
         root = self.root.resolve()
         folder = (root / session_id).resolve()

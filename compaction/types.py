@@ -7,7 +7,6 @@ Whatever needs I/O (the summarizing LLM, the token counter) is a Protocol passed
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -170,8 +169,3 @@ class CompactionResult:
 def is_message(item: object) -> bool:
     """True for a dict with a string role: the only shape the library looks inside."""
     return isinstance(item, dict) and isinstance(item.get("role"), str)
-
-
-def roles(messages: Sequence[Any]) -> list[str | None]:
-    """The role of each item, None where the item is not a well-formed message."""
-    return [m["role"] if is_message(m) else None for m in messages]

@@ -46,6 +46,3 @@ class Calibration:
             self._factors.popitem(last=False)
         self.max_factor = max(1.0, *self._factors.values())
         return factor
-
-    def snapshot(self) -> dict[str, float]:
-        return dict(self._factors)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import os
 import sys
@@ -113,12 +112,6 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 
 def _run_demo() -> int:
-    try:
-        demo = importlib.import_module("proxy.demo")
-    except ModuleNotFoundError as exc:
-        if exc.name != "proxy.demo":
-            raise
-        print("demo not available yet", file=sys.stderr)
-        return 1
-    result = demo.main()
-    return int(result or 0)
+    from proxy import demo  # only the demo needs it
+
+    return demo.main()

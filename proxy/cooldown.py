@@ -1,7 +1,8 @@
 """Cooldown: after repeated summarizer failures, stop calling the LLM for a while.
 
-Consecutive failures per key (the summary model) open the cooldown; while it is open the caller
-uses the library's fallback path. One success closes it.
+Consecutive failures per key (the summary model and the caller's credentials, so one tenant's bad
+key cools only its own calls) open the cooldown; while it is open the caller uses the library's
+fallback path. One success closes it.
 """
 
 from __future__ import annotations

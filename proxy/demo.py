@@ -21,6 +21,7 @@ from aiohttp import web
 
 from compaction import SUMMARY_MARKER
 from proxy.app import create_app
+from proxy.compacting import STATUS, TOKENS_AFTER, TOKENS_BEFORE
 from proxy.settings import Settings
 
 WINDOW = 6000
@@ -167,9 +168,9 @@ async def _request(
     body = {"model": "demo-model", "messages": messages, "tools": tools}
     async with client.post(url, json=body, headers={"Authorization": "Bearer demo-key"}) as response:
         await response.read()
-        status = response.headers.get("x-compaction-status", "?")
-        before = response.headers.get("x-compaction-tokens-before")
-        after = response.headers.get("x-compaction-tokens-after")
+        status = response.headers.get(STATUS, "?")
+        before = response.headers.get(TOKENS_BEFORE)
+        after = response.headers.get(TOKENS_AFTER)
     bar = "#" * turn + "." * (turns - turn)
     sizes = f"tokens {before:>5} -> {after:>5}" if before else "small body, not parsed"
     say(f"[{bar}] turn {turn:2d}/{turns}  {len(messages):3d} msgs  {sizes:<24} {status}")

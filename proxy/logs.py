@@ -73,7 +73,8 @@ class RequestInfo:
     session: str | None = None
     upstream_status: int | None = None
     upstream_wait_s: float = 0.0
-    outcome: str | None = None  # complete, upstream_cut, client_gone
+    # complete, incomplete, upstream_stream_cut, upstream_stream_timeout, client_gone, proxy_error
+    outcome: str | None = None
 
     def overhead_ms(self) -> float:
         """Time since the request arrived, minus the time spent waiting on the upstream."""

@@ -10,7 +10,8 @@ The chat handler reads the whole body, builds a `ChatContext`, and calls the app
 3. `on_response(ctx, prepared, status, usage)` after the response was relayed to the client.
 
 The handler fails open around every call: an exception other than a `ProxyError` is logged and
-treated as "pass through" (the original body, no retry). `PassThroughPipeline` is the default.
+treated as "pass through" (the original body, no retry). The default is the compacting pipeline
+(proxy.compacting); tests pass in their own.
 """
 
 from __future__ import annotations
@@ -62,20 +63,3 @@ class ChatPipeline(Protocol):
     ) -> None:
         """`usage` is the response's `usage` object when it was cheap to find, else None."""
         ...
-
-
-class PassThroughPipeline:
-    """Forwards every chat request unchanged and names no session it was not given."""
-
-    async def prepare(self, ctx: ChatContext, body: bytes) -> Prepared:
-        return Prepared(body=body, session_id=ctx.session_id)
-
-    async def on_upstream_error(
-        self, ctx: ChatContext, prepared: Prepared, status: int, body: bytes
-    ) -> bytes | None:
-        return None
-
-    def on_response(
-        self, ctx: ChatContext, prepared: Prepared, status: int, usage: dict[str, Any] | None
-    ) -> None:
-        return None

@@ -37,9 +37,6 @@ class SessionRecords:
         self._clock = clock
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
 
-    def __len__(self) -> int:
-        return len(self._sessions)
-
     def touch(self, session_id: str) -> None:
         """Count one request of `session_id` and mark it as just seen."""
         self._session(session_id).requests += 1

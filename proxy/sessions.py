@@ -10,21 +10,16 @@ name its session.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
+from compaction.memory import is_valid_session_id
 from proxy.errors import InvalidSessionId
 
 SESSION_HEADER = "X-Session-Id"
-_VALID_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _HEAD_ROLES = ("system", "developer")
-
-
-def is_valid_session_id(value: str) -> bool:
-    return _VALID_ID.fullmatch(value) is not None and not value.startswith(".")
 
 
 def check_session_id(value: str, source: str) -> str:

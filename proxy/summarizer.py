@@ -13,6 +13,7 @@ import aiohttp
 import orjson
 
 from compaction import Message
+from compaction.summarize import message_text
 from compaction.types import Purpose
 from proxy.upstream import post_json
 
@@ -60,13 +61,7 @@ class UpstreamLLM:
 
 def _message_text(payload: Any) -> str:
     try:
-        content = payload["choices"][0]["message"]["content"]
+        message = payload["choices"][0]["message"]
     except (KeyError, IndexError, TypeError) as exc:
-        raise SummarizerError("summarizer answer has no choices[0].message.content") from exc
-    if isinstance(content, list):
-        content = "".join(
-            part.get("text", "") for part in content if isinstance(part, dict)
-        )
-    if not isinstance(content, str):
-        raise SummarizerError("summarizer answer content is not text")
-    return content
+        raise SummarizerError("summarizer answer has no choices[0].message") from exc
+    return message_text(message)

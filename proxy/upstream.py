@@ -59,10 +59,6 @@ class Upstream:
         self._base_text = str(self._base)
         self._metrics = metrics
 
-    @property
-    def base_url(self) -> URL:
-        return self._base
-
     def url_for(self, raw_tail: str, raw_query: str) -> URL:
         """`{base_url}/{raw_tail}?{raw_query}`, or InvalidPath if the tail tries to leave it."""
         return _build_url(self._base_text, raw_tail, raw_query)

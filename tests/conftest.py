@@ -9,6 +9,11 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests must not fail on a loaded 2-core CI machine because one example ran slowly.
+settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci")
 
 CORPUS_ENV = "COMPACTION_PROXY_CORPUS"
 _DEFAULT_CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"

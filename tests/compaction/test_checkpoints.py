@@ -71,7 +71,7 @@ def test_find_longest_prefers_the_longest_remembered_prefix() -> None:
     digests = prefix_digests(messages, b"seed")
     store = MemoryCheckpointStore()
     for cut in (3, 7):
-        store.put(Checkpoint(digests[cut - 1], cut, 1, (), _summary(str(cut)), "c", "llm", 0.0))
+        store.put(Checkpoint(digests[cut - 1], cut, 1, (), _summary(str(cut)), "c", "llm"))
     found = find_longest(store, digests)
     assert found is not None and found.cut == 7
     # Another conversation sharing only the first three messages finds the shorter one.
@@ -84,14 +84,14 @@ def test_the_last_message_is_never_part_of_a_checkpoint_lookup() -> None:
     messages = _conversation(2)
     digests = prefix_digests(messages, b"seed")
     store = MemoryCheckpointStore()
-    store.put(Checkpoint(digests[-1], len(messages), 1, (), _summary("all"), "c", "llm", 0.0))
+    store.put(Checkpoint(digests[-1], len(messages), 1, (), _summary("all"), "c", "llm"))
     assert find_longest(store, digests) is None
 
 
 def test_store_entries_expire_after_their_ttl() -> None:
     now = [0.0]
     store = MemoryCheckpointStore(max_entries=10, ttl_s=5, timer=lambda: now[0])
-    checkpoint = Checkpoint(b"k", 1, 0, (), _summary("x"), "c", "llm", 0.0)
+    checkpoint = Checkpoint(b"k", 1, 0, (), _summary("x"), "c", "llm")
     store.put(checkpoint)
     assert store.get(b"k") is checkpoint
     now[0] = 6.0
@@ -101,7 +101,7 @@ def test_store_entries_expire_after_their_ttl() -> None:
 def test_apply_keeps_the_requests_own_head_and_tail_objects() -> None:
     messages = _conversation(4)
     summary = _summary("earlier")
-    checkpoint = Checkpoint(b"k", 5, 1, (), summary, "c", "llm", 0.0)
+    checkpoint = Checkpoint(b"k", 5, 1, (), summary, "c", "llm")
     view = checkpoint.apply(messages)
     assert view[0] is messages[0]
     assert view[1] is summary
@@ -113,7 +113,7 @@ def test_checkpoint_after_a_fresh_compaction_records_the_original_cut() -> None:
     digests = prefix_digests(messages, b"seed")
     summary = _summary("first")
     result = _result(messages, 7, [messages[0], summary], summary)
-    checkpoint = checkpoint_after(View.of(messages, None), result, digests, clock=lambda: 1.0)
+    checkpoint = checkpoint_after(View.of(messages, None), result, digests)
     assert checkpoint is not None
     assert (checkpoint.cut, checkpoint.head_end, checkpoint.pinned) == (7, 1, ())
     assert checkpoint.key == digests[6]
@@ -123,7 +123,7 @@ def test_checkpoint_after_a_fresh_compaction_records_the_original_cut() -> None:
 def test_checkpoint_after_an_extension_maps_view_indices_to_the_original() -> None:
     messages = _conversation(10)
     digests = prefix_digests(messages, b"seed")
-    first = Checkpoint(digests[4], 5, 1, (), _summary("first"), "c1", "llm", 0.0)
+    first = Checkpoint(digests[4], 5, 1, (), _summary("first"), "c1", "llm")
     view = View.of(messages, first)
     # The view is [system, summary, u2, a2, ..., u9, a9]; fold up to view index 8 (= original 11).
     updated = _summary("updated")

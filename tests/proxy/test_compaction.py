@@ -19,7 +19,7 @@ from compaction.invariants import check_tool_pairing
 from compaction.tokens import estimate_request
 from tests import factories as f
 from tests.conftest import read_corpus
-from tests.fakes.upstream import FakeUpstream, Recorded, chat_completion, json_reply, raw_reply
+from tests.fakes.upstream import FakeUpstream, Recorded, chat_completion
 from tests.proxy.conftest import RunningProxy, StartProxy
 
 WINDOW = 4000
@@ -195,14 +195,18 @@ async def test_follow_up_requests_reuse_the_checkpoint_with_a_byte_identical_pre
 
 
 async def test_concurrent_identical_requests_share_one_summarization(start: Any, script: Script, client: Any) -> None:
+    from proxy import keys
+
     proxy = await start()
-    slow = Script.answer(SUMMARY_TEXT)
+    answer = Script.answer(SUMMARY_TEXT)
+    in_flight = proxy.app[keys.METRICS].in_flight
 
-    async def slow_summary(request: web.Request) -> web.StreamResponse:
-        await asyncio.sleep(0.3)
-        return await slow(request)
+    async def held_summary(request: web.Request) -> web.StreamResponse:
+        # Answer only once all ten requests are inside the proxy, so they surely overlap.
+        await _wait_for(lambda: in_flight._value.get() == 10)
+        return await answer(request)
 
-    script.summary = slow_summary
+    script.summary = held_summary
     messages = conversation_of(int(WINDOW * 1.2))
     responses = await asyncio.gather(*(post(client, proxy, messages) for _ in range(10)))
     assert [r.status for r in responses] == [200] * 10
@@ -546,6 +550,7 @@ async def test_a_quiet_conversation_does_not_silence_another_in_the_same_session
     b[1] = f.user("A different task altogether.")
     await post(client, proxy, b)
     await _wait_for(lambda: len(records.get("agent-1")["records"]) == 2)
+    assert [r["reason"] for r in records.get("agent-1")["records"]] == ["precompute", "precompute"]
 
 
 async def test_a_client_that_leaves_during_a_summary_does_not_waste_it(start: Any, script: Script, client: Any) -> None:
