@@ -8,39 +8,29 @@ Prints median and p90 in milliseconds; asserts nothing about timing.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import orjson
 
+from bench.corpus import CORPUS_ENV, corpus_dir, read_corpus
 from compaction.plan import plan_compaction
 from compaction.segment import split
 from compaction.tokens import HeuristicEstimator, estimate_request
 
-CORPUS_ENV = "COMPACTION_PROXY_CORPUS"
 WINDOW = 128_000
 ESTIMATOR = HeuristicEstimator()
-
-
-def corpus_dir() -> Path:
-    default = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
-    return Path(os.environ.get(CORPUS_ENV, default))
 
 
 def largest_corpus_bodies(count: int) -> list[tuple[str, dict[str, Any]]]:
     """The `count` largest corpus conversations as request bodies, by serialized size."""
     found: list[tuple[int, str, dict[str, Any]]] = []
     for path in sorted(corpus_dir().glob("*.jsonl")):
-        with path.open("rb") as lines:
-            for line in lines:
-                if line.strip():
-                    conv = orjson.loads(line)
-                    body = {"model": "gpt-4o", "messages": conv["messages"], "tools": conv.get("tools") or None}
-                    found.append((len(line), conv["id"], body))
+        for conv in read_corpus(path):
+            body = {"model": "gpt-4o", "messages": conv["messages"], "tools": conv.get("tools") or None}
+            found.append((len(orjson.dumps(conv["messages"])), conv["id"], body))
     found.sort(key=lambda item: item[0], reverse=True)
     return [(conv_id, body) for _, conv_id, body in found[:count]]
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from bench.corpus import CORPUS_ENV, corpus_dir, has_corpus, read_corpus
 from compaction import HeuristicEstimator
 from compaction.invariants import check_tool_pairing
 from compaction.tokens import estimate_request
@@ -46,14 +46,9 @@ SOURCES = {
 ESTIMATOR = HeuristicEstimator()
 
 
-def corpus_dir() -> Path:
-    default = Path(__file__).resolve().parents[2] / "shared" / "corpus"
-    return Path(os.environ.get("COMPACTION_PROXY_CORPUS", default))
-
-
 def pick(path: Path, count: int) -> list[dict[str, Any]]:
     """`count` conversations spread over the file's length ranking (longest excluded)."""
-    rows = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    rows = list(read_corpus(path))
     rows.sort(key=lambda row: len(row["messages"]))
     rows = rows[: max(1, int(len(rows) * 0.9))]
     step = max(1, len(rows) // (count + 1))
@@ -202,8 +197,8 @@ def report(name: str, window: int, tally: Tally, reply_delay: float) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    if not (corpus_dir() / "manifest.json").is_file():
-        print(f"corpus not found at {corpus_dir()} (set COMPACTION_PROXY_CORPUS)", file=sys.stderr)
+    if not has_corpus():
+        print(f"corpus not found at {corpus_dir()} (set {CORPUS_ENV})", file=sys.stderr)
         return 2
     print(f"summarizer delay {args.summary_delay}s, reply delay {args.reply_delay}s, "
           f"{args.per_source} conversations per source")

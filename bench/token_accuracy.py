@@ -12,9 +12,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
-
-from bench.decision import corpus_dir
+from bench.corpus import corpus_dir, read_corpus
 from compaction.tokens import CL100K, O200K, HeuristicEstimator, Rates
 
 TEXTS_PER_FILE = 3000
@@ -47,16 +45,14 @@ def corpus_texts() -> Iterator[tuple[str, list[str]]]:
     """Message contents and tool arguments of each corpus file (the first few thousand)."""
     for path in sorted(corpus_dir().glob("*.jsonl")):
         texts: list[str] = []
-        with path.open("rb") as lines:
-            for line in lines:
-                conv: dict[str, Any] = orjson.loads(line)
-                for message in conv["messages"]:
-                    if isinstance(message.get("content"), str):
-                        texts.append(message["content"])
-                    for call in message.get("tool_calls") or []:
-                        texts.append(call["function"]["arguments"])
-                if len(texts) >= TEXTS_PER_FILE:
-                    break
+        for conv in read_corpus(path):
+            for message in conv["messages"]:
+                if isinstance(message.get("content"), str):
+                    texts.append(message["content"])
+                for call in message.get("tool_calls") or []:
+                    texts.append(call["function"]["arguments"])
+            if len(texts) >= TEXTS_PER_FILE:
+                break
         yield path.stem, texts
 
 

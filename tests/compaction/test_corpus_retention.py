@@ -28,7 +28,7 @@ import pytest
 from compaction import CompactionSettings, Compactor, is_summary_message
 from compaction.invariants import check_compacted, check_tool_pairing
 from tests.compaction.conftest import ScriptedLLM
-from tests.conftest import read_corpus
+from bench.corpus import read_corpus
 
 WINDOWS = (4_000, 16_000)
 MAX_PER_FILE = 200

@@ -15,7 +15,7 @@ from compaction.segment import split
 from compaction.tokens import HeuristicEstimator, estimate_request
 from compaction.types import Plan, Segments
 from tests import factories as f
-from tests.conftest import read_corpus
+from bench.corpus import read_corpus
 
 EST = HeuristicEstimator()
 

@@ -18,7 +18,7 @@ from compaction import SUMMARY_MARKER, HeuristicEstimator, is_summary_message
 from compaction.invariants import check_tool_pairing
 from compaction.tokens import estimate_request
 from tests import factories as f
-from tests.conftest import read_corpus
+from bench.corpus import read_corpus
 from tests.fakes.upstream import FakeUpstream, Recorded, chat_completion
 from tests.proxy.conftest import RunningProxy, StartProxy
 
