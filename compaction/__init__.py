@@ -13,7 +13,12 @@ A pure library: no HTTP, no environment, no files except the memory writer. What
 
 from __future__ import annotations
 
-from compaction.engine import CompactionEngine, CompactionSettings, Compactor, is_substantive
+from compaction.engine import (
+    CompactionEngine,
+    CompactionSettings,
+    Compactor,
+    is_substantive,
+)
 from compaction.ledger import Ledger, build_ledger, render_ledger
 from compaction.marker import SUMMARY_MARKER, is_summary_message
 from compaction.memory import (

@@ -28,12 +28,23 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from compaction.invariants import check_compacted
-from compaction.ledger import Ledger, build_ledger, is_overflow_item, overflow_items, render_ledger
+from compaction.ledger import (
+    Ledger,
+    build_ledger,
+    is_overflow_item,
+    overflow_items,
+    render_ledger,
+)
 from compaction.marker import is_summary_message
-from compaction.memory import MemoryWriter, extract_items_heuristically, parse_memory_reply
+from compaction.memory import (
+    MemoryWriter,
+    extract_items_heuristically,
+    parse_memory_reply,
+)
 from compaction.plan import plan_compaction, should_compact
 from compaction.segment import split
 from compaction.summarize import (
+    CJK_CHARS,
     build_memory_request,
     build_summary_request,
     clip_middle,
@@ -73,7 +84,7 @@ _REFUSAL = re.compile(
     re.IGNORECASE,
 )
 _WORDS = re.compile(r"[^\W\d_]{2,}")
-_CJK_CHAR = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+_CJK_CHAR = re.compile(f"[{CJK_CHARS}]")
 
 
 @dataclass(frozen=True)

@@ -24,15 +24,9 @@ from compaction.types import Message, TokenEstimator, is_message
 OBSERVATION_PREFIX = "<returncode>"
 """mini-swe-agent returns shell output as a user message that starts with this tag."""
 
-_CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
-
-_LANGUAGE_CJK = (
-    "The conversation is mostly in Chinese, Japanese or Korean: write in the language the user "
-    "writes in, keeping names, paths, commands and code verbatim."
-)
-_LANGUAGE_OTHER = (
-    "Write in the language the user writes in, keeping names, paths, commands and code verbatim."
-)
+CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+"""Kana, CJK ideographs and Hangul: the characters that count as words on their own."""
+_CJK = re.compile(f"[{CJK_CHARS}]")
 
 # Successive clipping limits in characters: (tool output, assistant text, user request).
 # Tool outputs give way first, then assistant prose; user requests only at the end, and only
@@ -58,7 +52,7 @@ def load_prompt(name: str) -> str:
 
 
 def language_note(cjk: bool) -> str:
-    return _LANGUAGE_CJK if cjk else _LANGUAGE_OTHER
+    return load_prompt("language_cjk" if cjk else "language_other")
 
 
 def build_summary_request(

@@ -18,6 +18,9 @@ Purpose = Literal["summary", "memory"]
 
 MemoryType = Literal["decision", "fact", "preference", "todo"]
 
+Quality = Literal["good", "acceptable", "poor"]
+"""How much of the key information a summary kept: the verification's grade."""
+
 Path = Literal["llm", "extractive", "dropped", "unchanged"]
 """How a compaction produced its result: the LLM summary, the extractive fallback built by code,
 dropping the oldest blocks, or nothing changed (not needed, not possible, or a failed check)."""
@@ -129,7 +132,7 @@ class MemoryItem:
 
 @dataclass(frozen=True)
 class Verification:
-    quality: Literal["good", "acceptable", "poor"]
+    quality: Quality
     missing_key_info: tuple[str, ...]
     key_decisions_preserved: int
     key_decisions_total: int

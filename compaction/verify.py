@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Literal
 
-from compaction.types import MemoryItem, Verification
+from compaction.summarize import CJK_CHARS
+from compaction.types import MemoryItem, Quality, Verification
 
 GOOD_RATIO = 0.9
 ACCEPTABLE_RATIO = 0.6
 TOKEN_OVERLAP = 0.7
 ALSO_PRESERVED = "## Also preserved"
 
-Quality = Literal["good", "acceptable", "poor"]
 
 _WORD = re.compile(r"[^\W_]{3,}|\d+", re.UNICODE)
-_CJK_RUN = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]+")
+_CJK_RUN = re.compile(f"[{CJK_CHARS}]+")
 _SPACES = re.compile(r"\s+")
 
 
