@@ -9,6 +9,7 @@ rate through the proxy vs going direct, invalid requests, and the latency the pr
 requests that compacted.
 
     .venv/bin/python -m bench.replay [--per-source 3] [--summary-delay 2.0] [--reply-delay 0.4]
+                                     [--sources swe_mini swe_gym]
 """
 
 from __future__ import annotations
@@ -203,6 +204,8 @@ async def main_async(args: argparse.Namespace) -> int:
     print(f"summarizer delay {args.summary_delay}s, reply delay {args.reply_delay}s, "
           f"{args.per_source} conversations per source")
     for name, window in SOURCES.items():
+        if args.sources and not any(name.startswith(prefix) for prefix in args.sources):
+            continue
         tally = await replay_source(name, window, args)
         report(name, window, tally, args.reply_delay)
     return 0
@@ -212,7 +215,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-source", type=int, default=3)
     parser.add_argument("--summary-delay", type=float, default=2.0)
-    parser.add_argument("--reply-delay", type=float, default=0.4)
+    parser.add_argument("--reply-delay", type=float, default=0.4,
+                        help="the model's answer time (real agents: seconds)")
+    parser.add_argument("--sources", nargs="*", help="file name prefixes to replay (default: all)")
     return asyncio.run(main_async(parser.parse_args()))
 
 

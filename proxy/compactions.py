@@ -35,7 +35,7 @@ from proxy.metrics import CompactionMetrics
 from proxy.records import SessionRecords
 from proxy.sessions import fingerprint
 from proxy.settings import CompactionSettings
-from proxy.summarizer import UpstreamLLM
+from proxy.summarizer import ModelParameters, UpstreamLLM
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class Compactions:
         self._clock = clock
         self._flight: SingleFlight[bytes, CompactionResult] = SingleFlight(tasks)
         self._cooldown = Cooldown(options.failure_threshold, options.failure_cooldown_s, clock)
+        self._parameters = ModelParameters()
         # Per conversation: a raw-estimate range [from, to) in which a precompute has been shown
         # to find nothing to do (a shorter, edited or other conversation falls outside it).
         self._quiet: LRUCache[bytes, tuple[int, int]] = LRUCache(options.checkpoint_max_entries)
@@ -234,6 +235,7 @@ class Compactions:
                 credential=chat.credential,
                 client_headers=chat.auth_headers,
                 timeout_s=self._compactor.settings.llm_timeout_s,
+                parameters=self._parameters,
             )
         result = await self._compactor.run(
             view.messages, plan, llm=llm, session_id=chat.session_id,

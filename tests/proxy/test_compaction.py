@@ -601,3 +601,29 @@ async def test_many_sessions_compact_at_once_each_with_its_own_summary(start: An
         assert f"This is session-{session[1:]} and nothing else" in sent["messages"][1]["content"]
         assert sent["messages"][-3:] == conversations[session][-3:]
         assert check_tool_pairing(sent["messages"]) == []
+
+
+async def test_a_reasoning_model_that_refuses_max_tokens_and_temperature_still_summarizes(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start()
+    answer = Script.answer(SUMMARY_TEXT)
+
+    async def strict(request: web.Request) -> web.StreamResponse:
+        payload = await request.json()
+        for param, code in (("max_tokens", "unsupported_parameter"), ("temperature", "unsupported_value")):
+            if param in payload:
+                return web.json_response({"error": {
+                    "message": f"Unsupported parameter: '{param}' is not supported with this model.",
+                    "type": "invalid_request_error", "param": param, "code": code}}, status=400)
+        assert "max_completion_tokens" in payload
+        return await answer(request)
+
+    script.summary = strict
+    response = await post(client, proxy, conversation_of(int(WINDOW * 1.2)))
+    assert response.headers["x-compaction-status"] == "applied"
+    assert proxy.app[_records_key()].get("agent-1")["records"][0]["path"] == "llm"
+    # Learned once per model: the next conversation's summary call is right the first time.
+    calls = len(script.calls("summary"))
+    await post(client, proxy, conversation_of(int(WINDOW * 1.2)), session="second")
+    assert len(script.calls("summary")) == calls + 1
