@@ -627,3 +627,28 @@ async def test_a_reasoning_model_that_refuses_max_tokens_and_temperature_still_s
     calls = len(script.calls("summary"))
     await post(client, proxy, conversation_of(int(WINDOW * 1.2)), session="second")
     assert len(script.calls("summary")) == calls + 1
+
+
+async def test_a_summary_that_outlives_its_request_is_used_once_it_lands(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start(compaction={"summary_timeout_s": 0.3})
+    answer = Script.answer(SUMMARY_TEXT)
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(0.6)  # longer than a request waits, shorter than the call may take
+        return await answer(request)
+
+    script.summary = slow
+    messages = conversation_of(int(WINDOW * 1.2))
+    first = await post(client, proxy, messages)
+    assert first.headers["x-compaction-status"] == "applied"
+    assert "The user wants the failing tests fixed" not in forwarded(script)[0]["messages"][1]["content"]
+    records = proxy.app[_records_key()]
+    await _wait_for(lambda: bool((records.get("agent-1") or {"records": []})["records"]))
+    record = records.get("agent-1")["records"][0]
+    assert record["path"] == "llm"
+    second = await post(client, proxy, [*messages, f.assistant("ok"), f.user("go on")])
+    assert second.headers["x-compaction-status"] == "reused"
+    assert second.headers["x-compaction-id"] == record["id"]
+    assert "The user wants the failing tests fixed" in forwarded(script)[1]["messages"][1]["content"]
