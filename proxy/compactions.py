@@ -114,7 +114,7 @@ class Compactions:
             # request): wait for it rather than summarize the same history again.
             try:
                 await wait_shielded(pending, max(0.0, deadline - self._clock()))
-            except TimeoutError:
+            except Exception:  # timed out, or it failed (and logged): go on with our own plan
                 pass
             view, tokens, _ = self._view(chat, digests)
             if view.base is not None and not self.needs(chat, tokens):
@@ -134,10 +134,12 @@ class Compactions:
         )
         try:
             result = await wait_shielded(task, max(0.0, deadline - self._clock()))
-        except TimeoutError:
-            # The summarization goes on and records its checkpoint for the next request; this
-            # one goes out now on the fallback path (no memory flush: the summarization does it).
-            self._metrics.summary_timeouts.inc()
+        except Exception as exc:
+            # Timed out: the summarization goes on and records its checkpoint for the next
+            # request. Failed: it was logged where it ran. Either way this request goes out now
+            # on the fallback path (no memory flush: the summarization does it).
+            if isinstance(exc, TimeoutError):
+                self._metrics.summary_timeouts.inc()
             result = await self._compactor.run(
                 view.messages, plan, llm=None, session_id=None, tools=chat.tools, estimator=chat.estimator
             )
