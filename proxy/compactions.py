@@ -137,11 +137,14 @@ class Compactions:
         except Exception as exc:
             # Timed out: the summarization goes on and records its checkpoint for the next
             # request. Failed: it was logged where it ran. Either way this request goes out now
-            # on the fallback path (no memory flush: the summarization does it).
+            # on the fallback path, which flushes memory too: the summarization may yet come
+            # back unchanged, and what this request folded must reach the memory file (the
+            # writer skips items already there).
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
             result = await self._compactor.run(
-                view.messages, plan, llm=None, session_id=None, tools=chat.tools, estimator=chat.estimator
+                view.messages, plan, llm=None, session_id=chat.session_id,
+                tools=chat.tools, estimator=chat.estimator,
             )
         if result.path == "unchanged":
             return Decision(view.messages, "failed", before, tokens, None)
