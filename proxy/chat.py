@@ -43,6 +43,8 @@ class ChatRequest:
     window: int
     max_output_tokens: int | None
     session_id: str
+    opening: str
+    """Fingerprint of the conversation's opening (head, tool names, first user message)."""
     credential: str | None
     auth_headers: dict[str, str]
     tenant: bytes

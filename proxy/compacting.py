@@ -161,7 +161,8 @@ class CompactingPipeline:
         model = model_of(payload)
         auth = {name: ctx.headers[name] for name in _AUTH_HEADERS if name in ctx.headers}
         tenant = conversation_seed(ctx.credential or "", *auth.values())
-        session_id = ctx.session_id or fingerprint(payload)
+        opening = fingerprint(payload)
+        session_id = ctx.session_id or opening
         factor = self.calibration.factor(model)
         return ChatRequest(
             payload=payload,
@@ -171,6 +172,7 @@ class CompactingPipeline:
             window=self._settings.models.context_window_for(model),
             max_output_tokens=max_output_of(payload),
             session_id=session_id,
+            opening=opening,
             credential=ctx.credential,
             auth_headers=auth,
             tenant=tenant,

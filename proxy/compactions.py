@@ -33,7 +33,6 @@ from proxy.cooldown import Cooldown
 from proxy.flight import SingleFlight, wait_shielded
 from proxy.metrics import CompactionMetrics
 from proxy.records import SessionRecords
-from proxy.sessions import fingerprint
 from proxy.settings import CompactionSettings
 from proxy.summarizer import ModelParameters, UpstreamLLM
 from proxy.tasks import BackgroundTasks
@@ -302,7 +301,7 @@ class Compactions:
 
 def _conversation_key(chat: ChatRequest) -> bytes:
     """One conversation of one caller: its seed and the fingerprint of its opening."""
-    return chat.seed + fingerprint(chat.payload).encode()
+    return chat.seed + chat.opening.encode()
 
 
 def _folded_range(view: View, checkpoint: Checkpoint | None) -> list[int] | None:
