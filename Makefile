@@ -6,7 +6,7 @@ STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 STAMP_BENCH := $(VENV)/.installed-bench
 
-.PHONY: run test typecheck bench demo clean
+.PHONY: run test lint format typecheck bench demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,18 @@ run: $(STAMP_RUN)
 	$(BIN)/compaction-proxy --config config.yaml
 
 test: $(STAMP_TEST)
+	$(BIN)/python -m ruff check .
+	$(BIN)/python -m ruff format --check .
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest
+
+lint: $(STAMP_TEST)
+	$(BIN)/python -m ruff check .
+	$(BIN)/python -m ruff format --check .
+
+format: $(STAMP_TEST)
+	$(BIN)/python -m ruff check --fix .
+	$(BIN)/python -m ruff format .
 
 typecheck: $(STAMP_TEST)
 	$(BIN)/python -m mypy

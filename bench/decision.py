@@ -29,7 +29,11 @@ def largest_corpus_bodies(count: int) -> list[tuple[str, dict[str, Any]]]:
     found: list[tuple[int, str, dict[str, Any]]] = []
     for path in sorted(corpus_dir().glob("*.jsonl")):
         for conv in read_corpus(path):
-            body = {"model": "gpt-4o", "messages": conv["messages"], "tools": conv.get("tools") or None}
+            body = {
+                "model": "gpt-4o",
+                "messages": conv["messages"],
+                "tools": conv.get("tools") or None,
+            }
             found.append((len(orjson.dumps(conv["messages"])), conv["id"], body))
     found.sort(key=lambda item: item[0], reverse=True)
     return [(conv_id, body) for _, conv_id, body in found[:count]]
@@ -38,22 +42,44 @@ def largest_corpus_bodies(count: int) -> list[tuple[str, dict[str, Any]]]:
 def synthetic_body(target_tokens: int = WINDOW) -> dict[str, Any]:
     """A coding-agent conversation of about `target_tokens`: rounds of parallel tool calls."""
     output = "src/module.py:12: AssertionError: expected 3, got 4\n" * 12
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent. " * 40}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent. " * 40}
+    ]
     i = 0
     while estimate_request(messages, None, ESTIMATOR) < target_tokens:
-        messages.append({"role": "user", "content": f"Task {i}: fix the failing test in src/module_{i}.py"})
+        messages.append(
+            {"role": "user", "content": f"Task {i}: fix the failing test in src/module_{i}.py"}
+        )
         for j in range(8):
             calls = [
-                {"id": f"call_{i}_{j}_{k}", "type": "function",
-                 "function": {"name": "bash", "arguments": orjson.dumps({"command": f"pytest -k t{k}"}).decode()}}
+                {
+                    "id": f"call_{i}_{j}_{k}",
+                    "type": "function",
+                    "function": {
+                        "name": "bash",
+                        "arguments": orjson.dumps({"command": f"pytest -k t{k}"}).decode(),
+                    },
+                }
                 for k in range(2)
             ]
-            messages.append({"role": "assistant", "content": "Running the tests.", "tool_calls": calls})
-            messages += [{"role": "tool", "tool_call_id": c["id"], "content": output} for c in calls]
+            messages.append(
+                {"role": "assistant", "content": "Running the tests.", "tool_calls": calls}
+            )
+            messages += [
+                {"role": "tool", "tool_call_id": c["id"], "content": output} for c in calls
+            ]
         messages.append({"role": "assistant", "content": f"Fixed task {i}."})
         i += 1
-    tools = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command",
-              "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "bash",
+                "description": "Run a shell command",
+                "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+            },
+        }
+    ]
     return {"model": "gpt-4o", "messages": messages, "tools": tools}
 
 
@@ -81,8 +107,10 @@ def measure(name: str, body: dict[str, Any], repeats: int) -> None:
             lambda: plan_compaction(split(messages, ESTIMATOR, tools), window=WINDOW), repeats
         ),
     }
-    print(f"\n{name}: {len(messages)} messages, {len(raw) / 1e6:.2f} MB, ~{tokens} tokens, "
-          f"plan folds {len(plan.folded)} and keeps from {plan.keep_from} (fits={plan.fits})")
+    print(
+        f"\n{name}: {len(messages)} messages, {len(raw) / 1e6:.2f} MB, ~{tokens} tokens, "
+        f"plan folds {len(plan.folded)} and keeps from {plan.keep_from} (fits={plan.fits})"
+    )
     for label, (median, p90) in timings.items():
         print(f"  {label:<20} median {median:7.2f} ms   p90 {p90:7.2f} ms")
 

@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +35,9 @@ COMPLETION = orjson.dumps(
         "object": "chat.completion",
         "created": 1700000000,
         "model": "bench",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
-                     "finish_reason": "stop"}],
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+        ],
         "usage": {"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101},
     }
 )
@@ -122,8 +122,13 @@ class Result:
 
 def chat_body(size: int) -> bytes:
     filler = "lorem ipsum dolor sit amet " * (size // 27 + 1)
-    head = {"model": "gpt-4o", "messages": [{"role": "system", "content": "You are terse."},
-                                            {"role": "user", "content": ""}]}
+    head = {
+        "model": "gpt-4o",
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": ""},
+        ],
+    }
     base = len(orjson.dumps(head))
     head["messages"][1]["content"] = filler[: max(0, size - base)]
     return orjson.dumps(head)
@@ -175,21 +180,33 @@ async def wait_ready(url: str) -> None:
 def spawn(args: list[str], **env_extra: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), **env_extra}
     return subprocess.Popen(
-        [sys.executable, *args], cwd=ROOT, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
 async def run(quick: bool) -> None:
     up_port, base_port, proxy_port, full_port = free_port(), free_port(), free_port(), free_port()
     upstream = f"http://127.0.0.1:{up_port}"
-    proxy_args = ["-m", "proxy", "--upstream", f"{upstream}/v1", "--config", str(ROOT / "config.yaml")]
+    proxy_args = [
+        "-m",
+        "proxy",
+        "--upstream",
+        f"{upstream}/v1",
+        "--config",
+        str(ROOT / "config.yaml"),
+    ]
     processes = [
         spawn(["-m", "bench.passthrough", "serve-upstream", str(up_port)]),
         spawn(["-m", "bench.passthrough", "serve-baseline", str(base_port), upstream]),
         # "proxy": the forwarder alone; "proxy+c": the default config, compaction on (the 400 KB
         # body, ~100k tokens, is past precompute_ratio of a 128k window, so it is parsed).
-        spawn([*proxy_args, "--port", str(proxy_port)], COMPACTION_PROXY__COMPACTION__ENABLED="false"),
+        spawn(
+            [*proxy_args, "--port", str(proxy_port)], COMPACTION_PROXY__COMPACTION__ENABLED="false"
+        ),
         spawn([*proxy_args, "--port", str(full_port)]),
     ]
     try:
@@ -203,17 +220,21 @@ async def run(quick: bool) -> None:
             await wait_ready(url.replace("/v1/chat/completions", "/healthz"))
         scale = 0.25 if quick else 1.0
         cells = [(2_000, 1, 2000), (2_000, 16, 6000), (400_000, 1, 600), (400_000, 16, 1600)]
-        print(f"pass-through benchmark: {os.cpu_count()} CPUs, upstream + baseline + proxy in "
-              "separate processes, client in this one; latencies in ms")
-        print(f"{'body':>7} {'conc':>4} {'target':>9} {'median':>8} {'p99':>8} {'added med':>10} "
-              f"{'added p99':>10} {'req/s':>8}")
+        print(
+            f"pass-through benchmark: {os.cpu_count()} CPUs, upstream + baseline + proxy in "
+            "separate processes, client in this one; latencies in ms"
+        )
+        print(
+            f"{'body':>7} {'conc':>4} {'target':>9} {'median':>8} {'p99':>8} {'added med':>10} "
+            f"{'added p99':>10} {'req/s':>8}"
+        )
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as session:
             for size, concurrency, count in cells:
                 body = chat_body(size)
                 count = max(50, int(count * scale))
                 results: dict[str, Result] = {}
-                for name, url in targets.items():  # warm pools and caches
+                for url in targets.values():  # warm pools and caches
                     await load(session, url, body, concurrency, max(20, count // 10))
                 for _ in range(2):  # two interleaved rounds, merged, to even out drift
                     for name, url in targets.items():
@@ -235,19 +256,27 @@ def report(size: int, concurrency: int, results: dict[str, Result]) -> None:
         add_med, add_p99 = result.median - direct.median, result.p99 - direct.p99
         added[name] = (add_med, add_p99)
         shown = ("" if name == "direct" else f"{add_med:10.3f} {add_p99:10.3f}").rjust(21)
-        print(f"{label:>7} {concurrency:>4} {name:>9} {result.median:8.3f} {result.p99:8.3f} "
-              f"{shown} {result.rps:8.0f}")
-    ratio: Callable[[float, float], str] = lambda a, b: f"{a / b:.2f}x" if b > 0 else "n/a"
+        print(
+            f"{label:>7} {concurrency:>4} {name:>9} {result.median:8.3f} {result.p99:8.3f} "
+            f"{shown} {result.rps:8.0f}"
+        )
+
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:.2f}x" if b > 0 else "n/a"
+
     for name in ("proxy", "proxy+c"):
-        print(f"{'':>13} {name} vs baseline: added median "
-              f"{ratio(added[name][0], added['baseline'][0])} (target <= 1.5x), throughput "
-              f"{results[name].rps / results['baseline'].rps:.0%} (target >= 80%)")
+        print(
+            f"{'':>13} {name} vs baseline: added median "
+            f"{ratio(added[name][0], added['baseline'][0])} (target <= 1.5x), throughput "
+            f"{results[name].rps / results['baseline'].rps:.0%} (target >= 80%)"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.passthrough")
-    parser.add_argument("mode", nargs="?", default="run",
-                        choices=["run", "serve-upstream", "serve-baseline"])
+    parser.add_argument(
+        "mode", nargs="?", default="run", choices=["run", "serve-upstream", "serve-baseline"]
+    )
     parser.add_argument("args", nargs="*")
     parser.add_argument("--quick", action="store_true", help="a quarter of the requests")
     options = parser.parse_args()

@@ -57,13 +57,17 @@ def pick(path: Path, count: int) -> list[dict[str, Any]]:
 
 
 def requests_of(messages: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    return [messages[: i + 1] for i, m in enumerate(messages) if m.get("role") in ("user", "tool")
-            and (i + 1 == len(messages) or messages[i + 1].get("role") != "tool")]
+    return [
+        messages[: i + 1]
+        for i, m in enumerate(messages)
+        if m.get("role") in ("user", "tool")
+        and (i + 1 == len(messages) or messages[i + 1].get("role") != "tool")
+    ]
 
 
 def common_prefix_tokens(a: list[Any], b: list[Any]) -> int:
     total = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         total += ESTIMATOR.count_message(x)
@@ -99,7 +103,9 @@ class Upstream:
         if purpose == "summary":
             self.tally.summary_calls += 1
             await asyncio.sleep(self.summary_delay)
-            return _answer("## Goals and requests\n- continue the task\n## Current state\n- in progress")
+            return _answer(
+                "## Goals and requests\n- continue the task\n## Current state\n- in progress"
+            )
         if purpose == "memory":
             self.tally.memory_calls += 1
             await asyncio.sleep(self.summary_delay / 2)
@@ -115,20 +121,33 @@ class Upstream:
         if tokens > self.window:
             self.tally.over_window += 1
             # A single message that alone leaves no room: kept whole by contract, never edited.
-            self.tally.over_window_giant_block += max(map(ESTIMATOR.count_message, messages)) > 0.6 * self.window
+            self.tally.over_window_giant_block += (
+                max(map(ESTIMATOR.count_message, messages)) > 0.6 * self.window
+            )
         await asyncio.sleep(self.reply_delay)
         return _answer("ok", prompt_tokens=tokens)
 
 
 def _answer(text: str, prompt_tokens: int = 10) -> web.Response:
-    return web.json_response({
-        "id": "x", "object": "chat.completion",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 1},
-    })
+    return web.json_response(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 1},
+        }
+    )
 
 
-async def replay_one(client: aiohttp.ClientSession, url: str, conversation: dict[str, Any], tally: Tally) -> None:
+async def replay_one(
+    client: aiohttp.ClientSession, url: str, conversation: dict[str, Any], tally: Tally
+) -> None:
     session = conversation["id"].replace("/", "_")[:100]
     previous: list[Any] = []
     for prefix in requests_of(conversation["messages"]):
@@ -139,14 +158,17 @@ async def replay_one(client: aiohttp.ClientSession, url: str, conversation: dict
         tally.direct_cached_tokens += common_prefix_tokens(previous, prefix)
         previous = prefix
         started = time.perf_counter()
-        async with client.post(url, json=body, headers={"X-Session-Id": session,
-                                                        "Authorization": "Bearer replay"}) as response:
+        async with client.post(
+            url, json=body, headers={"X-Session-Id": session, "Authorization": "Bearer replay"}
+        ) as response:
             await response.read()
             status = response.headers.get("x-compaction-status", "?")
         elapsed = time.perf_counter() - started
         tally.requests += 1
         tally.statuses[status] += 1
-        (tally.compaction_latency_s if status == "applied" else tally.plain_latency_s).append(elapsed)
+        (tally.compaction_latency_s if status == "applied" else tally.plain_latency_s).append(
+            elapsed
+        )
 
 
 async def replay_source(name: str, window: int, args: argparse.Namespace) -> Tally:
@@ -156,18 +178,24 @@ async def replay_source(name: str, window: int, args: argparse.Namespace) -> Tal
     upstream_app.router.add_post("/v1/chat/completions", upstream.handle)
     upstream_runner, upstream_url = await serve_on_loopback(upstream_app)
     with tempfile.TemporaryDirectory() as memory:
-        settings = Settings.model_validate({
-            "upstream": {"base_url": f"{upstream_url}/v1"},
-            "models": {"default_context_window": window},
-            "compaction": {"summary_timeout_s": args.summary_delay * 5},
-            "memory": {"dir": memory},
-        })
+        settings = Settings.model_validate(
+            {
+                "upstream": {"base_url": f"{upstream_url}/v1"},
+                "models": {"default_context_window": window},
+                "compaction": {"summary_timeout_s": args.summary_delay * 5},
+                "memory": {"dir": memory},
+            }
+        )
         proxy_runner, proxy_url = await serve_on_loopback(create_app(settings))
         conversations = pick(corpus_dir() / name, args.per_source)
         try:
             async with aiohttp.ClientSession() as client:
-                await asyncio.gather(*(replay_one(client, f"{proxy_url}/v1/chat/completions", c, tally)
-                                       for c in conversations))
+                await asyncio.gather(
+                    *(
+                        replay_one(client, f"{proxy_url}/v1/chat/completions", c, tally)
+                        for c in conversations
+                    )
+                )
         finally:
             await proxy_runner.cleanup()
             await upstream_runner.cleanup()
@@ -183,16 +211,24 @@ def report(name: str, window: int, tally: Tally, reply_delay: float) -> None:
     plain = [t - reply_delay for t in tally.plain_latency_s]
     print(f"\n{name}  (window {window} tokens)")
     print(f"  requests {tally.requests}   statuses {dict(tally.statuses)}")
-    print(f"  summarizer calls {tally.summary_calls} (+{tally.memory_calls} memory)   "
-          f"invalid requests {tally.invalid}   over the window {tally.over_window} "
-          f"(of which one message alone > 60% of the window: {tally.over_window_giant_block})")
-    print(f"  forwarded tokens {tally.forwarded_tokens:,} vs original {tally.original_tokens:,} "
-          f"({pct(tally.forwarded_tokens, tally.original_tokens)})")
-    print(f"  prefix-cache hit rate via proxy {pct(tally.cached_tokens, tally.forwarded_tokens)}"
-          f"   direct {pct(tally.direct_cached_tokens, tally.original_tokens)}")
+    print(
+        f"  summarizer calls {tally.summary_calls} (+{tally.memory_calls} memory)   "
+        f"invalid requests {tally.invalid}   over the window {tally.over_window} "
+        f"(of which one message alone > 60% of the window: {tally.over_window_giant_block})"
+    )
+    print(
+        f"  forwarded tokens {tally.forwarded_tokens:,} vs original {tally.original_tokens:,} "
+        f"({pct(tally.forwarded_tokens, tally.original_tokens)})"
+    )
+    print(
+        f"  prefix-cache hit rate via proxy {pct(tally.cached_tokens, tally.forwarded_tokens)}"
+        f"   direct {pct(tally.direct_cached_tokens, tally.original_tokens)}"
+    )
     if added:
-        print(f"  requests that waited for a compaction: {compactions}; added latency median "
-              f"{statistics.median(added) * 1000:.0f} ms, max {max(added) * 1000:.0f} ms")
+        print(
+            f"  requests that waited for a compaction: {compactions}; added latency median "
+            f"{statistics.median(added) * 1000:.0f} ms, max {max(added) * 1000:.0f} ms"
+        )
     if plain:
         print(f"  other requests: added latency median {statistics.median(plain) * 1000:.1f} ms")
 
@@ -201,8 +237,10 @@ async def main_async(args: argparse.Namespace) -> int:
     if not has_corpus():
         print(f"corpus not found at {corpus_dir()} (set {CORPUS_ENV})", file=sys.stderr)
         return 2
-    print(f"summarizer delay {args.summary_delay}s, reply delay {args.reply_delay}s, "
-          f"{args.per_source} conversations per source")
+    print(
+        f"summarizer delay {args.summary_delay}s, reply delay {args.reply_delay}s, "
+        f"{args.per_source} conversations per source"
+    )
     for name, window in SOURCES.items():
         if args.sources and not any(name.startswith(prefix) for prefix in args.sources):
             continue
@@ -215,8 +253,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-source", type=int, default=3)
     parser.add_argument("--summary-delay", type=float, default=2.0)
-    parser.add_argument("--reply-delay", type=float, default=0.4,
-                        help="the model's answer time (real agents: seconds)")
+    parser.add_argument(
+        "--reply-delay",
+        type=float,
+        default=0.4,
+        help="the model's answer time (real agents: seconds)",
+    )
     parser.add_argument("--sources", nargs="*", help="file name prefixes to replay (default: all)")
     return asyncio.run(main_async(parser.parse_args()))
 

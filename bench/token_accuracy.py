@@ -60,7 +60,9 @@ def compare(label: str, texts: list[str], encoding: Any, rates: Rates) -> None:
     real = sum(len(encoding.encode(text)) for text in texts)
     estimate = sum(HeuristicEstimator(rates=rates).count_text(text) for text in texts)
     flag = "" if abs(estimate / real - 1) <= 0.15 else "   <-- outside +-15%"
-    print(f"  {label:<38} real {real:>9}  estimate {estimate:>9}  ratio {estimate / real:5.2f}{flag}")
+    print(
+        f"  {label:<38} real {real:>9}  estimate {estimate:>9}  ratio {estimate / real:5.2f}{flag}"
+    )
 
 
 def main() -> None:

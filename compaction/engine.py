@@ -145,9 +145,14 @@ class Compactor:
     ) -> int:
         return estimate_request(messages, tools, estimator or self.estimator)
 
-    def needs_compaction(self, tokens: int, window: int, max_output_tokens: int | None = None) -> bool:
+    def needs_compaction(
+        self, tokens: int, window: int, max_output_tokens: int | None = None
+    ) -> bool:
         return should_compact(
-            tokens, window, trigger_ratio=self.settings.trigger_ratio, max_output_tokens=max_output_tokens
+            tokens,
+            window,
+            trigger_ratio=self.settings.trigger_ratio,
+            max_output_tokens=max_output_tokens,
         )
 
     def summary_budget(self, window: int) -> int:
@@ -261,8 +266,12 @@ class _Run:
             llm, transcript, previous_summary, cjk, body_budget
         )
         items = self._memory_items(memory_reply, [messages[i] for i in fresh])
-        summary = self._compose(summary_reply, previous_summary, ledger, items, body_budget, len(folded))
-        verification = check_preserved([i.content for i in items] + ledger.key_entries(), summary.body)
+        summary = self._compose(
+            summary_reply, previous_summary, ledger, items, body_budget, len(folded)
+        )
+        verification = check_preserved(
+            [i.content for i in items] + ledger.key_entries(), summary.body
+        )
 
         inserted = summary_message(summary.body)
         compacted = [
@@ -388,9 +397,13 @@ class _Run:
         if not lead or not self._fits(budget)(lead):
             note = f"{folded_count} earlier messages were omitted to fit the context window."
             return _Summary(note, "dropped", ledger)
-        reserve = min(int(budget * 0.15), sum(self.estimator.count_text(i.content) + 4 for i in items))
+        reserve = min(
+            int(budget * 0.15), sum(self.estimator.count_text(i.content) + 4 for i in items)
+        )
         ledger_budget = budget - self.estimator.count_text(lead) - reserve - 2
-        ledger_text, overflow = render_ledger(ledger, estimator=self.estimator, max_tokens=ledger_budget)
+        ledger_text, overflow = render_ledger(
+            ledger, estimator=self.estimator, max_tokens=ledger_budget
+        )
         body = f"{lead}\n\n{ledger_text}" if ledger_text else lead
         body = append_missing(body, missing_items(items, body), fits=self._fits(budget))
         return _Summary(body, path, overflow)
@@ -454,9 +467,12 @@ class CompactionEngine:
     async def should_compact(self, current_tokens: int, budget: int) -> bool:
         return should_compact(current_tokens, budget, trigger_ratio=self.settings.trigger_ratio)
 
-    async def compact(self, conversation_history: list[Any], keep_recent: int = 5) -> dict[str, Any]:
+    async def compact(
+        self, conversation_history: list[Any], keep_recent: int = 5
+    ) -> dict[str, Any]:
         compactor = Compactor(
-            settings=replace(self.settings, keep_recent_rounds=keep_recent), estimator=self.estimator
+            settings=replace(self.settings, keep_recent_rounds=keep_recent),
+            estimator=self.estimator,
         )
         window = self.window or self._window_keeping(conversation_history, keep_recent)
         if window is None:
@@ -478,7 +494,9 @@ class CompactionEngine:
                 "path": "unchanged",
                 "reason": result.reason if result else f"{keep_recent} rounds or fewer",
             }
-        flushed = await self.memory.write(self.session_id, result.compaction_id, result.memory_items)
+        flushed = await self.memory.write(
+            self.session_id, result.compaction_id, result.memory_items
+        )
         verification = result.verification or Verification("good", (), 0, 0)
         return {
             "compacted_history": result.messages,
@@ -528,7 +546,8 @@ class CompactionEngine:
         keys = [
             r["content"]
             for r in flushed
-            if isinstance(r, dict) and isinstance(r.get("content"), str)
+            if isinstance(r, dict)
+            and isinstance(r.get("content"), str)
             and not is_overflow_item(r["content"])
         ]
         keys += [i.content for i in extract_items_heuristically(original[i] for i in folded)]

@@ -75,7 +75,7 @@ def _check_same(expected: Sequence[Any], actual: Sequence[Any], part: str) -> li
         return [f"{part}: expected {len(expected)} messages, got {len(actual)}"]
     return [
         f"{part} message {i}: not the original object"
-        for i, (want, got) in enumerate(zip(expected, actual))
+        for i, (want, got) in enumerate(zip(expected, actual, strict=False))
         if want is not got
     ]
 

@@ -33,8 +33,21 @@ ERROR_CHARS = 200
 PATH_CHARS = 200
 
 PATH_ARGUMENTS = frozenset(
-    {"path", "file", "filename", "file_path", "filepath", "target_file", "source", "destination",
-     "dir", "directory", "cwd", "old_path", "new_path"}
+    {
+        "path",
+        "file",
+        "filename",
+        "file_path",
+        "filepath",
+        "target_file",
+        "source",
+        "destination",
+        "dir",
+        "directory",
+        "cwd",
+        "old_path",
+        "new_path",
+    }
 )
 """Tool-call argument names whose string value is a path."""
 
@@ -43,8 +56,52 @@ SHELL_TOOL_WORDS = ("bash", "shell", "exec", "terminal", "run", "command")
 """A tool whose name holds one of these words runs its `command` argument in a shell."""
 
 CODE_EXTENSIONS = frozenset(
-    "py pyi pyx js mjs ts tsx jsx json yaml yml toml md rst txt cfg ini conf sh bash zsh c h cc "
-    "cpp hpp rs go java kt rb php html css scss sql csv lock xml log diff patch ipynb env".split()
+    [
+        "py",
+        "pyi",
+        "pyx",
+        "js",
+        "mjs",
+        "ts",
+        "tsx",
+        "jsx",
+        "json",
+        "yaml",
+        "yml",
+        "toml",
+        "md",
+        "rst",
+        "txt",
+        "cfg",
+        "ini",
+        "conf",
+        "sh",
+        "bash",
+        "zsh",
+        "c",
+        "h",
+        "cc",
+        "cpp",
+        "hpp",
+        "rs",
+        "go",
+        "java",
+        "kt",
+        "rb",
+        "php",
+        "html",
+        "css",
+        "scss",
+        "sql",
+        "csv",
+        "lock",
+        "xml",
+        "log",
+        "diff",
+        "patch",
+        "ipynb",
+        "env",
+    ]
 )
 
 _TOKEN_SPLIT = re.compile(r"[\s'\"`;|&<>(){}\[\],=*!?]+")

@@ -147,7 +147,9 @@ def extract_items_heuristically(messages: Iterable[Any]) -> list[MemoryItem]:
 
 def _sentences(text: str) -> list[str]:
     prose = re.sub(r"```.*?(?:```|$)", " ", text, flags=re.DOTALL)
-    return [s.strip() for s in _SENTENCE_END.split(prose) if 6 <= len(s.strip()) <= MAX_HEURISTIC_CHARS]
+    return [
+        s.strip() for s in _SENTENCE_END.split(prose) if 6 <= len(s.strip()) <= MAX_HEURISTIC_CHARS
+    ]
 
 
 def _classify(sentence: str, from_user: bool) -> MemoryItem | None:

@@ -102,7 +102,9 @@ def _cut_inside(segments: Segments, last: Round, budget: _Budget) -> Plan:
         first = movable[-1] if movable else last.blocks[0]
         if first.start == last.start:
             pinned = ()
-        return _plan(segments, budget, first.start, pinned, "the latest block alone exceeds the target")
+        return _plan(
+            segments, budget, first.start, pinned, "the latest block alone exceeds the target"
+        )
     return _plan(segments, budget, first.start, pinned)
 
 

@@ -69,7 +69,9 @@ def tool_block_end(messages: Sequence[Any], start: int) -> int:
     return end
 
 
-def split_blocks(messages: Sequence[Any], start: int, end: int, counts: Sequence[int]) -> list[Block]:
+def split_blocks(
+    messages: Sequence[Any], start: int, end: int, counts: Sequence[int]
+) -> list[Block]:
     """The blocks of messages[start:end]; `counts` holds each message's tokens."""
     blocks: list[Block] = []
     i = start
@@ -97,7 +99,7 @@ def split(messages: Sequence[Any], estimator: TokenEstimator, tools: Any = None)
         head_end += 1
     starts = round_starts(messages, head_end)
     rounds: list[Round] = []
-    for start, end in zip(starts, starts[1:] + [len(messages)]):
+    for start, end in zip(starts, [*starts[1:], len(messages)], strict=False):
         blocks = tuple(split_blocks(messages, start, end, counts))
         has_user = is_round_start(messages[start])
         rounds.append(Round(start, end, blocks, has_user, sum(b.tokens for b in blocks)))

@@ -161,7 +161,9 @@ def tool_calls(message: Any) -> list[ToolCall]:
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict) and isinstance(function.get("name"), str):
             arguments = function.get("arguments")
-            found.append(ToolCall(function["name"], arguments if isinstance(arguments, str) else ""))
+            found.append(
+                ToolCall(function["name"], arguments if isinstance(arguments, str) else "")
+            )
     return found
 
 
@@ -216,7 +218,7 @@ def clip_middle(text: str, limit: int) -> str:
     head = limit * 2 // 3
     tail = limit - head
     omitted = len(text) - head - tail
-    return f"{text[:head]}\n[… {omitted} chars omitted …]\n{text[len(text) - tail:]}"
+    return f"{text[:head]}\n[… {omitted} chars omitted …]\n{text[len(text) - tail :]}"
 
 
 @dataclass(frozen=True)
@@ -233,7 +235,9 @@ class _Entry:
         )
         body = self.text if limit is None else clip_middle(self.text, limit)
         if self.calls:
-            calls = self.calls if assistant_limit is None else clip_middle(self.calls, assistant_limit)
+            calls = (
+                self.calls if assistant_limit is None else clip_middle(self.calls, assistant_limit)
+            )
             body = f"{body}\n{calls}" if body else calls
         return f"[{self.label}]\n{body}".rstrip()
 

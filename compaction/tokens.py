@@ -36,6 +36,7 @@ AUDIO_PART_TOKENS = 200
 FILE_PART_TOKENS = 500
 """Rough flat costs: their real cost depends on media we do not decode."""
 
+
 @dataclass(frozen=True)
 class Rates:
     """Tokens per character class for one tokenizer family, fitted with its real vocabulary."""
@@ -112,7 +113,9 @@ class HeuristicEstimator:
         if wide_chars * SPARSE_WIDE_RATIO <= len(text):
             # A few quotes, dashes or accents in ASCII text (code, logs): not worth a regex scan,
             # which costs ten times the encode on a megabyte of output.
-            return ascii_chars / rates.ascii_chars_per_token + wide_chars * rates.cjk_tokens_per_char
+            return (
+                ascii_chars / rates.ascii_chars_per_token + wide_chars * rates.cjk_tokens_per_char
+            )
         cjk_chars = _count_matches(_CJK, text)
         hangul_chars = _count_matches(_HANGUL, text)
         other_chars = wide_chars - cjk_chars - hangul_chars

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from proxy import handlers, keys
+from proxy.compacting import create_pipeline
 from proxy.metrics import Metrics
 from proxy.middlewares import error_middleware, observe_middleware
-from proxy.compacting import create_pipeline
 from proxy.pipeline import ChatPipeline
 from proxy.records import SessionRecords
 from proxy.settings import Settings

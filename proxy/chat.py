@@ -23,7 +23,9 @@ class NotAChat(ValueError):
     """The body is not a JSON object with a `messages` list: forward it untouched."""
 
 
-def may_need_parsing(body: bytes, *, smallest_window: int, lowest_ratio: float, factor: float) -> bool:
+def may_need_parsing(
+    body: bytes, *, smallest_window: int, lowest_ratio: float, factor: float
+) -> bool:
     """False only when no estimate of `body` can reach `lowest_ratio` of the smallest window."""
     bound = len(body) * max(1.0, factor)
     if bound >= lowest_ratio * smallest_window:

@@ -78,7 +78,9 @@ class CompactingPipeline:
         self._metrics = metrics
         self.calibration = Calibration()
         models = settings.models
-        self._smallest_window = min([models.default_context_window, *models.context_windows.values()])
+        self._smallest_window = min(
+            [models.default_context_window, *models.context_windows.values()]
+        )
 
     # -- the ChatPipeline protocol -------------------------------------------------------------
 
@@ -95,7 +97,8 @@ class CompactingPipeline:
             log.exception("compaction failed; forwarding the original request")
             self._metrics.errors.inc()
             return Prepared(
-                body=body, headers={STATUS: "failed", SESSION: chat.session_id},
+                body=body,
+                headers={STATUS: "failed", SESSION: chat.session_id},
                 session_id=chat.session_id,
             )
 
@@ -122,7 +125,9 @@ class CompactingPipeline:
         self._metrics.overflow_retries.inc()
         try:
             before = self._compactions.estimate(harder, harder.messages)
-            decision = await self._compactions.compact(harder, before, reason="overflow", force=True)
+            decision = await self._compactions.compact(
+                harder, before, reason="overflow", force=True
+            )
         except Exception:
             log.exception("compaction after a context-length error failed")
             self._metrics.errors.inc()
@@ -132,8 +137,10 @@ class CompactingPipeline:
             return None  # nothing smaller to send: relay the upstream's error
         forwarded.chat, forwarded.tokens, forwarded.body = harder, decision.tokens_after, retry
         forwarded.retried = True
-        log.info("upstream reported a context overflow; retrying once compacted",
-                 extra={"session": chat.session_id, "tokens_after": decision.tokens_after})
+        log.info(
+            "upstream reported a context overflow; retrying once compacted",
+            extra={"session": chat.session_id, "tokens_after": decision.tokens_after},
+        )
         return retry
 
     def on_response(
@@ -145,7 +152,9 @@ class CompactingPipeline:
         prompt_tokens = (usage or {}).get("prompt_tokens")
         if isinstance(prompt_tokens, int) and forwarded.tokens > 0:
             chat = forwarded.chat
-            self.calibration.observe(chat.model, round(forwarded.tokens / chat.factor), prompt_tokens)
+            self.calibration.observe(
+                chat.model, round(forwarded.tokens / chat.factor), prompt_tokens
+            )
 
     # -- deciding ----------------------------------------------------------------------------
 
@@ -197,7 +206,9 @@ class CompactingPipeline:
         }
         if decision.compaction_id:
             headers[COMPACTION_ID] = decision.compaction_id
-        forwarded = chat.serialize(decision.messages) if decision.messages is not chat.messages else body
+        forwarded = (
+            chat.serialize(decision.messages) if decision.messages is not chat.messages else body
+        )
         return ChatPrepared(
             body=forwarded,
             headers=headers,
@@ -205,6 +216,7 @@ class CompactingPipeline:
             wants_usage=True,
             forwarded=Forwarded(chat, decision.tokens_after, forwarded),
         )
+
 
 def create_pipeline(app: web.Application, tasks: BackgroundTasks) -> CompactingPipeline:
     """The app's compacting pipeline, configured from its settings (see app.create_app)."""

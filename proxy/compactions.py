@@ -9,6 +9,7 @@ headers, retries) live in proxy.compacting.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import time
@@ -111,24 +112,27 @@ class Compactions:
         if pending is not None and not force:
             # A compaction of this conversation is under way (a precompute, or a concurrent
             # request): wait for it rather than summarize the same history again.
-            try:
+            # Timed out, or it failed (and logged): go on with our own plan.
+            with contextlib.suppress(Exception):
                 await wait_shielded(pending, max(0.0, deadline - self._clock()))
-            except Exception:  # timed out, or it failed (and logged): go on with our own plan
-                pass
             view, tokens, _ = self._view(chat, digests)
             if view.base is not None and not self.needs(chat, tokens):
                 self._metrics.checkpoint_hits.inc()
                 return Decision(view.messages, "reused", before, tokens, view.base.compaction_id)
         plan = self._compactor.plan(
-            view.messages, window=chat.window, tools=chat.tools,
-            max_output_tokens=chat.max_output_tokens, estimator=chat.estimator,
+            view.messages,
+            window=chat.window,
+            tools=chat.tools,
+            max_output_tokens=chat.max_output_tokens,
+            estimator=chat.estimator,
         )
         key = self._key(view, plan, digests)
         if key is None:
             status = "reused" if view.base is not None else "failed"
             return Decision(view.messages, status, before, tokens, None)
         task = self._flight.start(
-            key, lambda: self._summarize(chat, view, plan, digests, reason),
+            key,
+            lambda: self._summarize(chat, view, plan, digests, reason),
             name=f"compact:{chat.session_id}",
         )
         try:
@@ -142,12 +146,18 @@ class Compactions:
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
             result = await self._compactor.run(
-                view.messages, plan, llm=None, session_id=chat.session_id,
-                tools=chat.tools, estimator=chat.estimator,
+                view.messages,
+                plan,
+                llm=None,
+                session_id=chat.session_id,
+                tools=chat.tools,
+                estimator=chat.estimator,
             )
         if result.path == "unchanged":
             return Decision(view.messages, "failed", before, tokens, None)
-        return Decision(result.messages, "applied", before, result.tokens_after, result.compaction_id)
+        return Decision(
+            result.messages, "applied", before, result.tokens_after, result.compaction_id
+        )
 
     def _view(self, chat: ChatRequest, digests: list[bytes]) -> tuple[View, int, Checkpoint | None]:
         """The view to forward, its tokens, and a precomputed checkpoint still held in reserve.
@@ -202,23 +212,32 @@ class Compactions:
         view, tokens, reserve = self._view(chat, digests)
         if reserve is not None:
             # The next checkpoint is ready; nothing to do until the view reaches the trigger.
-            self._quiet[_conversation_key(chat)] = (raw_tokens, raw_tokens + int(
-                self._options.trigger_ratio * chat.window - tokens))
+            self._quiet[_conversation_key(chat)] = (
+                raw_tokens,
+                raw_tokens + int(self._options.trigger_ratio * chat.window - tokens),
+            )
             return
         threshold = self._precompute_at(chat)
         if tokens < threshold:
             # History only grows: nothing to do until the view grows past the threshold.
-            self._quiet[_conversation_key(chat)] = (raw_tokens, raw_tokens + int(threshold - tokens))
+            self._quiet[_conversation_key(chat)] = (
+                raw_tokens,
+                raw_tokens + int(threshold - tokens),
+            )
             return
         plan = self._compactor.plan(
-            view.messages, window=chat.window, tools=chat.tools,
-            max_output_tokens=chat.max_output_tokens, estimator=chat.estimator,
+            view.messages,
+            window=chat.window,
+            tools=chat.tools,
+            max_output_tokens=chat.max_output_tokens,
+            estimator=chat.estimator,
         )
         key = self._key(view, plan, digests)
         if key is None or self._store.get(key) is not None:
             return
         self._flight.start(
-            key, lambda: self._summarize(chat, view, plan, digests, "precompute"),
+            key,
+            lambda: self._summarize(chat, view, plan, digests, "precompute"),
             name=f"precompute-run:{chat.session_id}",
         )
 
@@ -242,8 +261,12 @@ class Compactions:
                 parameters=self._parameters,
             )
         result = await self._compactor.run(
-            view.messages, plan, llm=llm, session_id=chat.session_id,
-            tools=chat.tools, estimator=chat.estimator,
+            view.messages,
+            plan,
+            llm=llm,
+            session_id=chat.session_id,
+            tools=chat.tools,
+            estimator=chat.estimator,
         )
         if llm is not None and result.path != "unchanged":
             # "unchanged" says nothing about the summarizer (nothing to fold, or no gain).
@@ -259,44 +282,58 @@ class Compactions:
         return result
 
     def _record(
-        self, chat: ChatRequest, view: View, result: CompactionResult, reason: str,
+        self,
+        chat: ChatRequest,
+        view: View,
+        result: CompactionResult,
+        reason: str,
         checkpoint: Checkpoint | None,
     ) -> None:
         self._metrics.compactions.labels(reason=reason, path=result.path).inc()
         if result.path != "unchanged":
             self._metrics.tokens_saved.inc(max(0, result.tokens_before - result.tokens_after))
         verification = result.verification
-        self._records.add_record(chat.session_id, {
-            "id": result.compaction_id,
-            "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "reason": reason,
-            "path": result.path,
-            "detail": result.reason,
-            "model": chat.model,
-            "window": chat.window,
-            "messages_before": len(view.messages),
-            "messages_after": len(result.messages),
-            "tokens_before": result.tokens_before,
-            "tokens_after": result.tokens_after,
-            "folded_messages": result.folded_count,
-            "folded_range": _folded_range(view, checkpoint),
-            "extends": view.base.compaction_id if view.base else None,
-            "summary_chars": len(result.summary_text),
-            "summary_preview": result.summary_text[:_PREVIEW_CHARS],
-            "memory_items": len(result.memory_items),
-            "quality": verification.quality if verification else None,
-            "key_decisions_preserved": verification.key_decisions_preserved if verification else None,
-            "key_decisions_total": verification.key_decisions_total if verification else None,
-            "fits": result.fits,
-            "duration_ms": round(result.duration_s * 1000, 1),
-            "errors": list(result.errors),
-        })
-        log.info(
-            "compaction %s", result.path,
-            extra={"session": chat.session_id, "reason": reason, "tokens_before": result.tokens_before,
-                   "tokens_after": result.tokens_after, "compaction_id": result.compaction_id},
+        self._records.add_record(
+            chat.session_id,
+            {
+                "id": result.compaction_id,
+                "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "reason": reason,
+                "path": result.path,
+                "detail": result.reason,
+                "model": chat.model,
+                "window": chat.window,
+                "messages_before": len(view.messages),
+                "messages_after": len(result.messages),
+                "tokens_before": result.tokens_before,
+                "tokens_after": result.tokens_after,
+                "folded_messages": result.folded_count,
+                "folded_range": _folded_range(view, checkpoint),
+                "extends": view.base.compaction_id if view.base else None,
+                "summary_chars": len(result.summary_text),
+                "summary_preview": result.summary_text[:_PREVIEW_CHARS],
+                "memory_items": len(result.memory_items),
+                "quality": verification.quality if verification else None,
+                "key_decisions_preserved": verification.key_decisions_preserved
+                if verification
+                else None,
+                "key_decisions_total": verification.key_decisions_total if verification else None,
+                "fits": result.fits,
+                "duration_ms": round(result.duration_s * 1000, 1),
+                "errors": list(result.errors),
+            },
         )
-
+        log.info(
+            "compaction %s",
+            result.path,
+            extra={
+                "session": chat.session_id,
+                "reason": reason,
+                "tokens_before": result.tokens_before,
+                "tokens_after": result.tokens_after,
+                "compaction_id": result.compaction_id,
+            },
+        )
 
 
 def _conversation_key(chat: ChatRequest) -> bytes:

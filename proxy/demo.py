@@ -31,7 +31,10 @@ def _user_turns(prompt: list[Any]) -> list[str]:
     """The user entries of the transcript the proxy sent (its last message)."""
     text = str(prompt[-1].get("content", "")) if prompt else ""
     transcript = text.split("<transcript>", 1)[-1]
-    return [turn.strip() for turn in re.findall(r"\[user\]\n(.*?)(?=\n\n\[|\n</transcript>|$)", transcript, re.S)]
+    return [
+        turn.strip()
+        for turn in re.findall(r"\[user\]\n(.*?)(?=\n\n\[|\n</transcript>|$)", transcript, re.S)
+    ]
 
 
 def _fake_summary(prompt: list[Any]) -> str:
@@ -48,7 +51,12 @@ def _fake_summary(prompt: list[Any]) -> str:
 
 
 def _fake_memory(prompt: list[Any]) -> str:
-    kinds = (("prefer", "preference"), ("decided", "decision"), ("agreed", "decision"), ("todo", "todo"))
+    kinds = (
+        ("prefer", "preference"),
+        ("decided", "decision"),
+        ("agreed", "decision"),
+        ("todo", "todo"),
+    )
     items = [
         {"type": kind, "content": turn[:200]}
         for turn in _user_turns(prompt)
@@ -68,17 +76,28 @@ async def _fake_upstream(request: web.Request) -> web.Response:
         text = _fake_memory(prompt)
     else:
         text = "Understood. Continuing with the next step."
-    return web.json_response({
-        "id": "chatcmpl-demo", "object": "chat.completion", "model": payload.get("model"),
-        "choices": [{"index": 0, "finish_reason": "stop",
-                     "message": {"role": "assistant", "content": text}}],
-    })
+    return web.json_response(
+        {
+            "id": "chatcmpl-demo",
+            "object": "chat.completion",
+            "model": payload.get("model"),
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": text},
+                }
+            ],
+        }
+    )
 
 
 def _script() -> list[list[dict[str, Any]]]:
     """Turns of a coding agent: each turn is what gets appended before the next request."""
     log = "\n".join(f"tests/test_dates.py::test_case_{i} PASSED" for i in range(40))
-    source = "\n".join(f"def parse_{i}(text):\n    return text.split('-')[{i % 3}]" for i in range(30))
+    source = "\n".join(
+        f"def parse_{i}(text):\n    return text.split('-')[{i % 3}]" for i in range(30)
+    )
     turns: list[list[dict[str, Any]]] = []
     tasks = [
         "Fix the date parser in src/dates.py: it crashes on '2024-02-30'. I prefer pytest over unittest.",
@@ -96,16 +115,34 @@ def _script() -> list[list[dict[str, Any]]]:
     ]
     for n, task in enumerate(tasks):
         call_id = f"call_{n:04d}"
-        turns.append([
-            {"role": "user", "content": task},
-            {"role": "assistant", "content": None, "tool_calls": [{
-                "id": call_id, "type": "function",
-                "function": {"name": "bash", "arguments": orjson.dumps(
-                    {"command": f"cat src/dates.py && python -m pytest tests/test_dates.py -k case_{n}"}
-                ).decode()}}]},
-            {"role": "tool", "tool_call_id": call_id, "content": source + "\n" + log},
-            {"role": "assistant", "content": f"Step {n + 1} done: ran the tests, all 40 cases pass."},
-        ])
+        turns.append(
+            [
+                {"role": "user", "content": task},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {
+                                "name": "bash",
+                                "arguments": orjson.dumps(
+                                    {
+                                        "command": f"cat src/dates.py && python -m pytest tests/test_dates.py -k case_{n}"
+                                    }
+                                ).decode(),
+                            },
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": call_id, "content": source + "\n" + log},
+                {
+                    "role": "assistant",
+                    "content": f"Step {n + 1} done: ran the tests, all 40 cases pass.",
+                },
+            ]
+        )
     return turns
 
 
@@ -127,22 +164,35 @@ async def run_demo(out: Any = sys.stdout) -> int:
     upstream_app.router.add_post("/v1/chat/completions", _fake_upstream)
     upstream_runner, upstream_url = await serve_on_loopback(upstream_app)
     with tempfile.TemporaryDirectory(prefix="compaction-demo-") as memory_dir:
-        settings = Settings.model_validate({
-            "upstream": {"base_url": f"{upstream_url}/v1", "timeout_s": 30},
-            "models": {"default_context_window": WINDOW},
-            "compaction": {"keep_recent_rounds": 2, "summary_max_tokens": 400, "precompute_ratio": 0.7},
-            "memory": {"dir": memory_dir},
-            "admin": {"token": "demo-admin"},
-        })
+        settings = Settings.model_validate(
+            {
+                "upstream": {"base_url": f"{upstream_url}/v1", "timeout_s": 30},
+                "models": {"default_context_window": WINDOW},
+                "compaction": {
+                    "keep_recent_rounds": 2,
+                    "summary_max_tokens": 400,
+                    "precompute_ratio": 0.7,
+                },
+                "memory": {"dir": memory_dir},
+                "admin": {"token": "demo-admin"},
+            }
+        )
         proxy_runner, proxy_url = await serve_on_loopback(create_app(settings))
         say(f"fake upstream {upstream_url}  ·  proxy {proxy_url}  ·  window {WINDOW} tokens")
         say(f"memory dir {memory_dir}\n")
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": "You are a careful coding agent. Use the bash tool."},
         ]
-        tools = [{"type": "function", "function": {
-            "name": "bash", "description": "Run a shell command",
-            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "bash",
+                    "description": "Run a shell command",
+                    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+                },
+            }
+        ]
         url = f"{proxy_url}/s/demo-agent/v1/chat/completions"
         try:
             async with aiohttp.ClientSession() as client:
@@ -162,11 +212,19 @@ async def run_demo(out: Any = sys.stdout) -> int:
 
 
 async def _request(
-    client: aiohttp.ClientSession, url: str, messages: list[dict[str, Any]], tools: Any,
-    turn: int, turns: int, say: Any, seen: set[str],
+    client: aiohttp.ClientSession,
+    url: str,
+    messages: list[dict[str, Any]],
+    tools: Any,
+    turn: int,
+    turns: int,
+    say: Any,
+    seen: set[str],
 ) -> None:
     body = {"model": "demo-model", "messages": messages, "tools": tools}
-    async with client.post(url, json=body, headers={"Authorization": "Bearer demo-key"}) as response:
+    async with client.post(
+        url, json=body, headers={"Authorization": "Bearer demo-key"}
+    ) as response:
         await response.read()
         status = response.headers.get(STATUS, "?")
         before = response.headers.get(TOKENS_BEFORE)
@@ -177,7 +235,9 @@ async def _request(
     await _show_new_compactions(client, url, say, seen)
 
 
-async def _show_new_compactions(client: aiohttp.ClientSession, url: str, say: Any, seen: set[str]) -> None:
+async def _show_new_compactions(
+    client: aiohttp.ClientSession, url: str, say: Any, seen: set[str]
+) -> None:
     """Print the compaction records that appeared since the last request (precomputes included)."""
     await asyncio.sleep(0.05)  # a precompute started after the last request may land meanwhile
     admin = url.split("/s/")[0] + "/admin/sessions/demo-agent"
@@ -190,11 +250,15 @@ async def _show_new_compactions(client: aiohttp.ClientSession, url: str, say: An
             continue
         seen.add(record["id"])
         extends = f", extends {record['extends'][:8]}" if record["extends"] else ""
-        say(f"    ↳ compaction {record['id'][:8]} ({record['reason']}, {record['path']}{extends}): "
+        say(
+            f"    ↳ compaction {record['id'][:8]} ({record['reason']}, {record['path']}{extends}): "
             f"{record['tokens_before']} -> {record['tokens_after']} tokens, "
             f"{record['folded_messages']} messages folded, {record['memory_items']} memory items, "
-            f"quality {record['quality']}")
-        excerpt = " / ".join(line.strip() for line in record["summary_preview"].splitlines() if line.strip())
+            f"quality {record['quality']}"
+        )
+        excerpt = " / ".join(
+            line.strip() for line in record["summary_preview"].splitlines() if line.strip()
+        )
         say(f"      summary: {excerpt[:150]}…")
 
 

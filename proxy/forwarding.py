@@ -79,7 +79,9 @@ async def forward_chat(request: web.Request, path_session: str | None) -> web.St
                 retry = await _on_upstream_error(pipeline, ctx, prepared, response.status, decoded)
         if retry is not None:
             response.close()
-            log.info("retrying upstream once with the pipeline's body", extra={"path": request.path})
+            log.info(
+                "retrying upstream once with the pipeline's body", extra={"path": request.path}
+            )
             response = await _send(request, "POST", url, headers, retry)
             already_read = b""
 
@@ -119,7 +121,9 @@ async def forward_verbatim(request: web.Request, path_session: str | None) -> we
     headers, _ = upstream_request_headers(
         request.headers, settings.upstream.api_key, keep_length=True
     )
-    body = _LimitedBody(request, limit, app[keys.METRICS], info.route) if request.body_exists else None
+    body = (
+        _LimitedBody(request, limit, app[keys.METRICS], info.route) if request.body_exists else None
+    )
     try:
         response = await _send(request, request.method, url, headers, body)
     except ProxyError:
@@ -147,9 +151,7 @@ async def _send(
     return response
 
 
-async def _read_error(
-    request: web.Request, response: aiohttp.ClientResponse
-) -> tuple[bytes, bool]:
+async def _read_error(request: web.Request, response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
     info = request[keys.REQUEST_INFO]
     started = time.perf_counter()
     try:

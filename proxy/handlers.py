@@ -52,8 +52,7 @@ def _require_admin(request: web.Request) -> None:
     sent = request.headers.get("Authorization", "")
     scheme, _, value = sent.partition(" ")
     if not (
-        scheme.lower() == "bearer"
-        and hmac.compare_digest(value.strip().encode(), token.encode())
+        scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
     ):
         raise Unauthorized("missing or wrong admin token (Authorization: Bearer <admin.token>)")
 

@@ -101,6 +101,7 @@ def log_request(method: str, path: str, status: int, info: RequestInfo) -> None:
         fields["outcome"] = info.outcome
     # makeRecord + handle is logger.info() without its stack walk to find the caller, which
     # would only ever name this line.
-    record = _access.makeRecord(ACCESS_LOGGER, logging.INFO, __file__, 0, "request", (), None,
-                                extra=fields)
+    record = _access.makeRecord(
+        ACCESS_LOGGER, logging.INFO, __file__, 0, "request", (), None, extra=fields
+    )
     _access.handle(record)

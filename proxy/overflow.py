@@ -27,7 +27,11 @@ _OVER = re.compile(rf"{_N} tokens? > {_N}", re.IGNORECASE)
 # "requested 9000 tokens" (that one includes the completion).
 _PROMPT = tuple(
     re.compile(pattern, re.IGNORECASE)
-    for pattern in (rf"{_N} tokens in the messages", rf"resulted in {_N} tokens", rf"requested {_N} tokens")
+    for pattern in (
+        rf"{_N} tokens in the messages",
+        rf"resulted in {_N} tokens",
+        rf"requested {_N} tokens",
+    )
 )
 
 

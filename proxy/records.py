@@ -50,9 +50,7 @@ class SessionRecords:
 
     def list(self) -> dict[str, Any]:
         """Every session's summary, most recently seen first."""
-        sessions = [
-            self._summary(sid, s) for sid, s in reversed(self._sessions.items())
-        ]
+        sessions = [self._summary(sid, s) for sid, s in reversed(self._sessions.items())]
         return {"sessions": sessions, "count": len(sessions)}
 
     def get(self, session_id: str) -> dict[str, Any] | None:

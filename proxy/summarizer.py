@@ -19,7 +19,6 @@ from compaction.summarize import message_text
 from compaction.types import Purpose
 from proxy.upstream import post_json
 
-
 _ADAPTABLE = ("max_tokens", "temperature")
 _REFUSAL = re.compile(r"Unsupported (?:parameter|value): '(\w+)'")
 
@@ -49,7 +48,11 @@ class ModelParameters:
 
     def learn(self, model: str, status: int, answer: Any) -> bool:
         """True when a 400 refused a parameter we can adapt (so the call is worth retrying)."""
-        if status != 400 or not isinstance(answer, dict) or not isinstance(answer.get("error"), dict):
+        if (
+            status != 400
+            or not isinstance(answer, dict)
+            or not isinstance(answer.get("error"), dict)
+        ):
             return False
         error = answer["error"]
         refused = ""
@@ -91,7 +94,9 @@ class UpstreamLLM:
         headers = {**self._headers, "X-Compaction-Purpose": purpose}
         for _ in range(3):  # at most two parameters to learn
             body = self._parameters.body(self._model, messages, max_tokens)
-            status, answer = await post_json(self._client, self._url, body, headers, self._timeout_s)
+            status, answer = await post_json(
+                self._client, self._url, body, headers, self._timeout_s
+            )
             if not self._parameters.learn(self._model, status, answer):
                 break
         if status != 200:

@@ -8,7 +8,6 @@ sends can point the proxy at another host.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import re
 import time
@@ -84,13 +83,15 @@ class Upstream:
         except aiohttp.ClientConnectorError as exc:
             self._metrics.upstream_errors.labels("connect").inc()
             raise UpstreamUnreachable("cannot connect to the upstream") from exc
-        except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             self._metrics.upstream_errors.labels("timeout").inc()
             raise UpstreamTimeout("the upstream did not answer within the read timeout") from exc
         except aiohttp.ClientError as exc:
             self._metrics.upstream_errors.labels("connect").inc()
             raise UpstreamUnreachable("the upstream failed before answering") from exc
-        self._metrics.labelled(self._metrics.upstream_latency, route).observe(time.perf_counter() - started)
+        self._metrics.labelled(self._metrics.upstream_latency, route).observe(
+            time.perf_counter() - started
+        )
         return response
 
 
@@ -135,7 +136,7 @@ class BodyChunks:
     async def __anext__(self) -> bytes:
         try:
             chunk = await self._content.readany()
-        except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             self._metrics.upstream_errors.labels("stream_timeout").inc()
             raise UpstreamStreamCut("stream_timeout") from exc
         except (aiohttp.ClientError, ConnectionError) as exc:
@@ -184,7 +185,7 @@ async def post_json(
             status = response.status
     except aiohttp.ClientConnectorError as exc:
         raise UpstreamUnreachable("cannot connect to the upstream") from exc
-    except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise UpstreamTimeout(f"no complete answer within {timeout_s} s") from exc
     except aiohttp.ClientError as exc:
         raise UpstreamUnreachable("the upstream failed before answering") from exc

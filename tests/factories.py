@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 from compaction.marker import SUMMARY_MARKER
 from compaction.types import Message
 
-CJK_SAMPLE = "我们需要在周五之前完成数据库迁移。ファイルを確認してください。한국어 문장도 있습니다。"
+CJK_SAMPLE = (
+    "我们需要在周五之前完成数据库迁移。ファイルを確認してください。한국어 문장도 있습니다。"
+)
 ENGLISH_SAMPLE = "The quick brown fox jumps over the lazy dog while the build keeps failing. "
 CODE_SAMPLE = 'def handler(request):\n    return {"status": 200, "path": request.path}\n'
 
@@ -122,7 +124,9 @@ def simple_conversation(
     return head + [m for i in range(rounds) for m in simple_round(i, words=words)]
 
 
-def tool_round(i: int, *, blocks: int = 3, calls_per_block: int = 1, output_chars: int = 200) -> list[Message]:
+def tool_round(
+    i: int, *, blocks: int = 3, calls_per_block: int = 1, output_chars: int = 200
+) -> list[Message]:
     """A user request followed by `blocks` tool blocks and a final assistant answer."""
     output = ("line of output " * (output_chars // 15 + 1))[:output_chars]
     msgs = [user(f"Task {i}: edit src/module_{i}.py and run the tests")]
@@ -138,7 +142,9 @@ def agent_conversation(
     """A coding-agent history: system head, then rounds that are mostly tool blocks."""
     msgs = [system()]
     for i in range(rounds):
-        msgs += tool_round(i, blocks=blocks, calls_per_block=calls_per_block, output_chars=output_chars)
+        msgs += tool_round(
+            i, blocks=blocks, calls_per_block=calls_per_block, output_chars=output_chars
+        )
     return msgs
 
 
@@ -159,7 +165,7 @@ def texts(draw: st.DrawFn, max_repeat: int = 30) -> str:
     """English, code, CJK or mixed text of varying length."""
     base = draw(_TEXT_ALPHABETS)
     start = draw(st.integers(0, len(base) - 1))
-    return (base[start:] + base * draw(st.integers(0, max_repeat)))
+    return base[start:] + base * draw(st.integers(0, max_repeat))
 
 
 @st.composite
@@ -170,7 +176,9 @@ def blocks(draw: st.DrawFn, malformed: bool = False) -> list[Any]:
     if kind == "assistant":
         return [assistant(draw(texts()))]
     if kind == "tool":
-        return tool_block(draw(st.integers(1, 4)), output=draw(texts()), thought=draw(st.none() | texts(3)))
+        return tool_block(
+            draw(st.integers(1, 4)), output=draw(texts()), thought=draw(st.none() | texts(3))
+        )
     if kind == "parts":
         return [content_parts(draw(texts(5)), draw(st.sampled_from(["low", "high", "auto"])))]
     items = malformed_items()
@@ -209,7 +217,9 @@ def conversations(
 # ---------------------------------------------------------------- applying a plan
 
 
-def apply_plan(messages: list[Any], plan: Any, text: str = "Earlier: the user asked for fixes.") -> list[Any]:
+def apply_plan(
+    messages: list[Any], plan: Any, text: str = "Earlier: the user asked for fixes."
+) -> list[Any]:
     """The compacted list a plan describes, with a stand-in summary (same objects elsewhere)."""
     if plan.keep_from == plan.head_end and not plan.pinned:
         return list(messages)

@@ -29,7 +29,9 @@ def _summary(text: str) -> dict[str, Any]:
     return {"role": "user", "content": f"{SUMMARY_MARKER}\n{text}"}
 
 
-def _result(messages: list[Any], keep_from: int, prefix: list[Any], summary: dict[str, Any]) -> CompactionResult:
+def _result(
+    messages: list[Any], keep_from: int, prefix: list[Any], summary: dict[str, Any]
+) -> CompactionResult:
     return CompactionResult(
         messages=[*prefix, *messages[keep_from:]],
         path="llm",
@@ -75,7 +77,11 @@ def test_find_longest_prefers_the_longest_remembered_prefix() -> None:
     found = find_longest(store, digests)
     assert found is not None and found.cut == 7
     # Another conversation sharing only the first three messages finds the shorter one.
-    other = [*messages[:3], {"role": "user", "content": "something else"}, {"role": "user", "content": "x"}]
+    other = [
+        *messages[:3],
+        {"role": "user", "content": "something else"},
+        {"role": "user", "content": "x"},
+    ]
     found = find_longest(store, prefix_digests(other, b"seed"))
     assert found is not None and found.cut == 3
 
@@ -151,7 +157,9 @@ def test_unchanged_results_and_copied_messages_are_not_recorded() -> None:
     digests = prefix_digests(messages, b"seed")
     summary = _summary("s")
     unchanged = _result(messages, 0, [], summary)
-    unchanged = CompactionResult(**{**unchanged.__dict__, "path": "unchanged", "summary_message": None})
+    unchanged = CompactionResult(
+        **{**unchanged.__dict__, "path": "unchanged", "summary_message": None}
+    )
     assert checkpoint_after(View.of(messages, None), unchanged, digests) is None
     copied = _result(messages, 6, [messages[0], summary, dict(messages[5])], summary)
     assert checkpoint_after(View.of(messages, None), copied, digests) is None

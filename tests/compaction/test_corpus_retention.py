@@ -25,18 +25,39 @@ from typing import Any
 
 import pytest
 
+from bench.corpus import read_corpus
 from compaction import CompactionSettings, Compactor, is_summary_message
 from compaction.invariants import check_compacted, check_tool_pairing
 from tests.compaction.conftest import ScriptedLLM
-from bench.corpus import read_corpus
 
 WINDOWS = (4_000, 16_000)
 MAX_PER_FILE = 200
 """Conversations per file (evenly spaced, first and last included); 200 covers the whole corpus."""
 
 _SPLIT = re.compile(r"[\s'\"`;|&<>(){}\[\],=*!?]+")
-_EXTENSIONS = {"py", "js", "ts", "json", "yaml", "yml", "toml", "md", "txt", "cfg", "sh", "c",
-               "h", "rs", "go", "java", "html", "css", "sql", "ini", "rst"}
+_EXTENSIONS = {
+    "py",
+    "js",
+    "ts",
+    "json",
+    "yaml",
+    "yml",
+    "toml",
+    "md",
+    "txt",
+    "cfg",
+    "sh",
+    "c",
+    "h",
+    "rs",
+    "go",
+    "java",
+    "html",
+    "css",
+    "sql",
+    "ini",
+    "rst",
+}
 _FENCED_BASH = re.compile(r"```(?:bash|sh)\s*\n(.*?)```", re.DOTALL)
 _FENCE = re.compile(r"```.*?(?:```|$)", re.DOTALL)
 _NUMBER = re.compile(r"\b\d{3,}\b")
@@ -82,8 +103,11 @@ def expected_from(messages: list[Any], indices: list[int]) -> Expected:
         if message.get("role") == "assistant":
             commands += _FENCED_BASH.findall(content)
             for name, arguments in _calls(message):
-                want.paths.update(v.strip() for k, v in arguments.items()
-                                  if k in _PATH_KEYS and isinstance(v, str) and v.strip() and len(v) <= 200)
+                want.paths.update(
+                    v.strip()
+                    for k, v in arguments.items()
+                    if k in _PATH_KEYS and isinstance(v, str) and v.strip() and len(v) <= 200
+                )
                 if "bash" in name and isinstance(arguments.get("command"), str):
                     commands.append(arguments["command"])
             want.numbers.update(_NUMBER.findall(_FENCE.sub(" ", content)))
@@ -93,7 +117,9 @@ def expected_from(messages: list[Any], indices: list[int]) -> Expected:
             lines = [line for line in command.strip().splitlines() if line.strip()]
             if lines:
                 want.commands.add(" ".join(lines[0].split())[:60])
-            want.paths.update(t.rstrip(".:;,)") for t in _SPLIT.split(command) if _is_path(t.rstrip(".:;,)")))
+            want.paths.update(
+                t.rstrip(".:;,)") for t in _SPLIT.split(command) if _is_path(t.rstrip(".:;,)"))
+            )
     return want
 
 
@@ -103,7 +129,9 @@ class Tally:
     compacted: int = 0
     not_fitting: int = 0
     found: dict[str, int] = field(default_factory=lambda: {"paths": 0, "commands": 0, "numbers": 0})
-    in_summary: dict[str, int] = field(default_factory=lambda: {"paths": 0, "commands": 0, "numbers": 0})
+    in_summary: dict[str, int] = field(
+        default_factory=lambda: {"paths": 0, "commands": 0, "numbers": 0}
+    )
     total: dict[str, int] = field(default_factory=lambda: {"paths": 0, "commands": 0, "numbers": 0})
 
     def ratio(self, kind: str, counts: dict[str, int] | None = None) -> float:
@@ -133,7 +161,9 @@ def _sample(conversations: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [conversations[round(k * step)] for k in range(MAX_PER_FILE)]
 
 
-async def _measure(conversation: dict[str, Any], window: int, llm: ScriptedLLM | None, tally: Tally) -> None:
+async def _measure(
+    conversation: dict[str, Any], window: int, llm: ScriptedLLM | None, tally: Tally
+) -> None:
     messages, tools = conversation["messages"], conversation.get("tools") or None
     compactor = Compactor(settings=CompactionSettings(llm_timeout_s=5))
     tally.runs += 1
@@ -154,7 +184,11 @@ async def _measure(conversation: dict[str, Any], window: int, llm: ScriptedLLM |
         tally.not_fitting += 1
     want = expected_from(messages, list(plan.folded))
     everything = "\n".join([result.summary_text, *(i.content for i in result.memory_items)])
-    for kind, entries in (("paths", want.paths), ("commands", want.commands), ("numbers", want.numbers)):
+    for kind, entries in (
+        ("paths", want.paths),
+        ("commands", want.commands),
+        ("numbers", want.numbers),
+    ):
         tally.total[kind] += len(entries)
         tally.found[kind] += _count_present(kind, entries, everything)
         tally.in_summary[kind] += _count_present(kind, entries, result.summary_text)
@@ -179,16 +213,25 @@ def test_corpus_compacts_validly_and_retains_paths_commands_numbers(corpus_dir: 
     for path in files:
         conversations = _sample(list(read_corpus(path)))
         for window in WINDOWS:
-            for mode, llm in (("scripted", ScriptedLLM(summary="Summary of the earlier work: the agent "
-                                                      "investigated the task and made progress.")),
-                              ("no-llm", None)):
+            for mode, llm in (
+                (
+                    "scripted",
+                    ScriptedLLM(
+                        summary="Summary of the earlier work: the agent "
+                        "investigated the task and made progress."
+                    ),
+                ),
+                ("no-llm", None),
+            ):
                 tally = tallies.setdefault(f"{path.stem} {window // 1000}k {mode}", Tally())
                 for conversation in conversations:
                     asyncio.run(_measure(conversation, window, llm, tally))
     overall = Tally()
     print()
     print(f"{'':<48} {'':16}  {'summary + memory':<20}   summary alone")
-    print(f"{'corpus file, window, summarizer':<48} runs  done !fits  paths   cmds   nums    paths   cmds   nums")
+    print(
+        f"{'corpus file, window, summarizer':<48} runs  done !fits  paths   cmds   nums    paths   cmds   nums"
+    )
     for name, tally in tallies.items():
         print(tally.row(name))
         overall.add(tally)

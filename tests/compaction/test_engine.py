@@ -34,7 +34,11 @@ def _over(compactor: Compactor, messages: list[Any], ratio: float = 0.9) -> int:
 
 
 async def _compact(
-    messages: list[Any], llm: Any, *, compactor: Compactor | None = None, session_id: str | None = None
+    messages: list[Any],
+    llm: Any,
+    *,
+    compactor: Compactor | None = None,
+    session_id: str | None = None,
 ) -> Any:
     compactor = compactor or Compactor(settings=FAST)
     window = _over(compactor, messages)
@@ -46,10 +50,20 @@ def _seed_history(rounds: int) -> list[Message]:
     """The task card's history: Chinese rounds, no system message, a timestamp field."""
     history: list[Message] = []
     for i in range(rounds):
-        history.append({"role": "user", "content": f"第{i + 1}轮用户消息：请帮我分析问题{i + 1}",
-                        "timestamp": f"2026-02-25T10:{i:02d}:00"})
-        history.append({"role": "assistant", "content": f"第{i + 1}轮助手回复：关于问题{i + 1}的分析结果是..."
-                        + "详细内容" * 20, "timestamp": f"2026-02-25T10:{i:02d}:30"})
+        history.append(
+            {
+                "role": "user",
+                "content": f"第{i + 1}轮用户消息：请帮我分析问题{i + 1}",
+                "timestamp": f"2026-02-25T10:{i:02d}:00",
+            }
+        )
+        history.append(
+            {
+                "role": "assistant",
+                "content": f"第{i + 1}轮助手回复：关于问题{i + 1}的分析结果是..." + "详细内容" * 20,
+                "timestamp": f"2026-02-25T10:{i:02d}:30",
+            }
+        )
     return history
 
 
@@ -58,14 +72,14 @@ def _seed_history(rounds: int) -> list[Message]:
 
 async def test_llm_summary_path_builds_the_planned_list(llm: ScriptedLLM) -> None:
     messages = agent_conversation(8, blocks=4, output_chars=1500)
-    result, plan, window = await _compact(messages, llm)
+    result, plan, _window = await _compact(messages, llm)
     assert result.path == "llm"
     assert "keep the build green" in result.summary_text
     assert "## Ledger" in result.summary_text  # ledgers are appended to the model's text too
     head, kept = messages[: plan.head_end], messages[plan.keep_from :]
-    assert all(a is b for a, b in zip(result.messages, head))
+    assert all(a is b for a, b in zip(result.messages, head, strict=False))
     assert is_summary_message(result.messages[plan.head_end])
-    assert all(a is b for a, b in zip(result.messages[result.prefix_len :], kept))
+    assert all(a is b for a, b in zip(result.messages[result.prefix_len :], kept, strict=False))
     assert result.messages[result.prefix_len :] == kept and result.keep_from == plan.keep_from
     assert check_compacted(messages, result.messages, plan) == []
     assert result.tokens_after <= plan.target_tokens and result.fits
@@ -90,21 +104,32 @@ async def test_summary_and_memory_calls_overlap() -> None:
             started[mine].set()
             await asyncio.wait_for(started[other].wait(), timeout=5)
             return answer
+
         return reply
 
     llm = ScriptedLLM(
         summary=waits_for("memory", "summary", "Goals: overlap proven with both calls in flight."),
         memory=waits_for("summary", "memory", memory_reply(("fact", "Calls overlap"))),
     )
-    result, _, _ = await _compact(agent_conversation(8, blocks=4, output_chars=1500), llm,
-                                  compactor=Compactor(settings=CompactionSettings(llm_timeout_s=10)))
+    result, _, _ = await _compact(
+        agent_conversation(8, blocks=4, output_chars=1500),
+        llm,
+        compactor=Compactor(settings=CompactionSettings(llm_timeout_s=10)),
+    )
     assert result.path == "llm" and result.errors == ()
 
 
 @pytest.mark.parametrize(
     "reply",
-    [RuntimeError("upstream 500"), sleep_forever, "", "   ", "???!!! 42", "ok",
-     "I'm sorry, but I can't help with summarizing this conversation."],
+    [
+        RuntimeError("upstream 500"),
+        sleep_forever,
+        "",
+        "   ",
+        "???!!! 42",
+        "ok",
+        "I'm sorry, but I can't help with summarizing this conversation.",
+    ],
     ids=["raises", "times-out", "empty", "blank", "no-letters", "too-short", "refusal"],
 )
 async def test_a_failing_summarizer_falls_back_and_still_fits(reply: Any) -> None:
@@ -120,11 +145,20 @@ async def test_a_failing_summarizer_falls_back_and_still_fits(reply: Any) -> Non
 
 
 async def test_memory_items_come_from_the_model_and_reach_the_summary(tmp_path: Path) -> None:
-    llm = ScriptedLLM(memory="Sure!\n```json\n" + memory_reply(
-        ("decision", "Use PostgreSQL 16 for storage"), ("todo", "Add an index on users.email")) + "\n```")
+    llm = ScriptedLLM(
+        memory="Sure!\n```json\n"
+        + memory_reply(
+            ("decision", "Use PostgreSQL 16 for storage"), ("todo", "Add an index on users.email")
+        )
+        + "\n```"
+    )
     compactor = Compactor(settings=FAST, memory=MemoryWriter(tmp_path))
-    result, _, _ = await _compact(agent_conversation(8, blocks=4, output_chars=1500), llm,
-                                  compactor=compactor, session_id="agent-1")
+    result, _, _ = await _compact(
+        agent_conversation(8, blocks=4, output_chars=1500),
+        llm,
+        compactor=compactor,
+        session_id="agent-1",
+    )
     assert "Use PostgreSQL 16 for storage" in result.summary_text  # appended as "Also preserved"
     lines = (tmp_path / "agent-1" / "compaction_flush.jsonl").read_text().splitlines()
     contents = [json.loads(line)["content"] for line in lines]
@@ -134,15 +168,22 @@ async def test_memory_items_come_from_the_model_and_reach_the_summary(tmp_path: 
 
 async def test_without_llm_memory_comes_from_keywords() -> None:
     messages = simple_conversation(12)
-    messages[1] = {"role": "user", "content": "We decided to use Redis for caching. I prefer short answers."}
+    messages[1] = {
+        "role": "user",
+        "content": "We decided to use Redis for caching. I prefer short answers.",
+    }
     result, _, _ = await _compact(messages, None)
     assert result.path == "extractive"
     assert {(i.type, i.content) for i in result.memory_items} >= {
-        ("decision", "We decided to use Redis for caching."), ("preference", "I prefer short answers.")}
+        ("decision", "We decided to use Redis for caching."),
+        ("preference", "I prefer short answers."),
+    }
 
 
 async def test_tiny_summary_budget_drops_with_a_note() -> None:
-    compactor = Compactor(settings=CompactionSettings(summary_max_tokens=140, summary_window_ratio=1.0))
+    compactor = Compactor(
+        settings=CompactionSettings(summary_max_tokens=140, summary_window_ratio=1.0)
+    )
     messages = agent_conversation(8, blocks=4, output_chars=1500)
     plan = compactor.plan(messages, window=_over(compactor, messages))
     plan = type(plan)(**{**plan.__dict__, "summary_budget_tokens": 100})
@@ -200,7 +241,9 @@ async def test_identical_input_gives_a_byte_identical_summary_message() -> None:
 async def test_nothing_to_fold_is_unchanged(llm: ScriptedLLM) -> None:
     messages = simple_conversation(2)
     compactor = Compactor()
-    result = await compactor.run(messages, compactor.plan(messages, window=100_000), llm=llm, session_id=None)
+    result = await compactor.run(
+        messages, compactor.plan(messages, window=100_000), llm=llm, session_id=None
+    )
     assert result.path == "unchanged" and result.messages is messages and llm.calls == []
 
 
@@ -220,25 +263,35 @@ async def test_an_internal_error_returns_the_input_with_the_reason() -> None:
 
     messages = simple_conversation(20)
     compactor = Compactor(estimator=BrokenEstimator())
-    result = await compactor.run(messages, compactor.plan(messages, window=2000), llm=None, session_id=None)
+    result = await compactor.run(
+        messages, compactor.plan(messages, window=2000), llm=None, session_id=None
+    )
     assert result.path == "unchanged" and result.messages is messages
-    assert result.reason == "internal error" and "ZeroDivisionError: estimator bug" in result.errors[0]
+    assert (
+        result.reason == "internal error" and "ZeroDivisionError: estimator bug" in result.errors[0]
+    )
 
 
 async def test_a_bad_session_id_costs_the_flush_not_the_compaction(tmp_path: Path) -> None:
     compactor = Compactor(settings=FAST, memory=MemoryWriter(tmp_path))
-    result, _, _ = await _compact(simple_conversation(20), None, compactor=compactor, session_id="../x")
+    result, _, _ = await _compact(
+        simple_conversation(20), None, compactor=compactor, session_id="../x"
+    )
     assert result.path == "extractive" and any("memory flush failed" in e for e in result.errors)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversations(malformed=True), st.integers(300, 6000), st.booleans())
-def test_any_conversation_compacts_into_a_valid_list(messages: list[Any], window: int, with_llm: bool) -> None:
+def test_any_conversation_compacts_into_a_valid_list(
+    messages: list[Any], window: int, with_llm: bool
+) -> None:
     compactor = Compactor(settings=FAST)
     plan = compactor.plan(messages, window=window)
     llm = ScriptedLLM() if with_llm else None
     result = asyncio.run(compactor.run(messages, plan, llm=llm, session_id=None))
-    assert not result.errors or result.path != "unchanged" or result.reason != "internal error", result.errors
+    assert not result.errors or result.path != "unchanged" or result.reason != "internal error", (
+        result.errors
+    )
     if result.path == "unchanged":
         assert result.messages is messages
         return
@@ -262,12 +315,15 @@ async def test_should_compact_at_85_percent(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("with_llm", [True, False])
 async def test_twenty_rounds_keep_five(tmp_path: Path, with_llm: bool) -> None:
-    engine = CompactionEngine(ScriptedLLM(summary="这是压缩后的摘要。用户在讨论项目架构。") if with_llm else None, tmp_path)
+    engine = CompactionEngine(
+        ScriptedLLM(summary="这是压缩后的摘要。用户在讨论项目架构。") if with_llm else None,
+        tmp_path,
+    )
     history = _seed_history(20)
     result = await engine.compact(history, keep_recent=5)
     assert len(result["compacted_history"]) <= 11
     assert result["compacted_history"][1:] == history[-10:]
-    assert all(a is b for a, b in zip(result["compacted_history"][1:], history[-10:]))
+    assert all(a is b for a, b in zip(result["compacted_history"][1:], history[-10:], strict=False))
     assert result["summary"] and result["compression_ratio"] < 1.0
     assert result["path"] == ("llm" if with_llm else "extractive")
     assert result["compacted_tokens"] < result["original_tokens"]
@@ -291,7 +347,9 @@ async def test_three_rounds_come_back_unchanged(tmp_path: Path) -> None:
 async def test_flush_writes_the_memory_file(tmp_path: Path) -> None:
     memory_dir = tmp_path / "memory"
     reply = memory_reply(("decision", "使用 React"), ("preference", "简短回答"))
-    engine = CompactionEngine(ScriptedLLM(summary="项目讨论摘要", memory=reply), memory_dir, session_id="user")
+    engine = CompactionEngine(
+        ScriptedLLM(summary="项目讨论摘要", memory=reply), memory_dir, session_id="user"
+    )
     result = await engine.compact(_seed_history(20), keep_recent=5)
     assert len(result["flushed_to_memory"]) >= 1
     flush_file = memory_dir / "user" / "compaction_flush.jsonl"
@@ -305,14 +363,23 @@ async def test_verify_compaction_reports_quality(tmp_path: Path) -> None:
     engine = CompactionEngine(None, tmp_path)
     history = simple_conversation(12)
     call = tool_call(arguments={"command": "pytest tests/test_api.py"})
-    history[3:3] = [{"role": "assistant", "content": None, "tool_calls": [call]},
-                    {"role": "tool", "tool_call_id": call["id"], "content": "ValueError: boom"}]
+    history[3:3] = [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "ValueError: boom"},
+    ]
     result = await engine.compact(history, keep_recent=5)
     report = await engine.verify_compaction(history, result)
-    assert set(report) == {"quality", "missing_key_info", "key_decisions_preserved", "key_decisions_total"}
+    assert set(report) == {
+        "quality",
+        "missing_key_info",
+        "key_decisions_preserved",
+        "key_decisions_total",
+    }
     assert report["quality"] == "good" and report["key_decisions_total"] >= 3
     stripped = [m for m in result["compacted_history"] if not is_summary_message(m)]
-    bare = await engine.verify_compaction(history, [{"role": "user", "content": SUMMARY_MARKER + " nothing"}, *stripped])
+    bare = await engine.verify_compaction(
+        history, [{"role": "user", "content": SUMMARY_MARKER + " nothing"}, *stripped]
+    )
     assert bare["quality"] == "poor"
     assert "pytest tests/test_api.py" in bare["missing_key_info"]
 
@@ -326,10 +393,23 @@ async def test_too_little_to_fold_is_decided_before_any_model_call() -> None:
     from compaction.types import Plan
 
     llm = ScriptedLLM()
-    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"},
-                {"role": "assistant", "content": "hello"}, {"role": "user", "content": "x" * 4000}]
-    plan = Plan(head_end=1, keep_from=3, pinned=(), previous_summary=None, tokens_before=1020,
-                target_tokens=600, kept_tokens=1005, summary_budget_tokens=300, fits=False)
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "x" * 4000},
+    ]
+    plan = Plan(
+        head_end=1,
+        keep_from=3,
+        pinned=(),
+        previous_summary=None,
+        tokens_before=1020,
+        target_tokens=600,
+        kept_tokens=1005,
+        summary_budget_tokens=300,
+        fits=False,
+    )
     result = await Compactor().run(messages, plan, llm=llm, session_id=None)
     assert result.path == "unchanged" and "too little" in result.reason
     assert result.messages is messages

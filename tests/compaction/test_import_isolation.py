@@ -16,6 +16,11 @@ def test_importing_compaction_loads_neither_aiohttp_nor_proxy() -> None:
         "print(','.join(bad))\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True, timeout=30
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
     )
     assert done.stdout.strip() == ""

@@ -22,8 +22,12 @@ def _ledger(messages: list[dict[str, object]]) -> Ledger:
 
 
 def test_files_and_commands_come_from_tool_call_arguments() -> None:
-    edit = tool_call(name="str_replace_editor", arguments={"command": "view", "path": "/repo/src/app.py"})
-    run = tool_call(name="execute_bash", arguments={"command": "cd /repo && pytest tests/test_app.py -q"})
+    edit = tool_call(
+        name="str_replace_editor", arguments={"command": "view", "path": "/repo/src/app.py"}
+    )
+    run = tool_call(
+        name="execute_bash", arguments={"command": "cd /repo && pytest tests/test_app.py -q"}
+    )
     messages = [
         user("fix it"),
         assistant_calls(edit, run),
@@ -38,9 +42,14 @@ def test_files_and_commands_come_from_tool_call_arguments() -> None:
 
 
 def test_mini_swe_fenced_bash_blocks_are_commands() -> None:
-    reply = "THOUGHT: look at the model.\n\n```bash\nsed -n '100,140p' django/db/models/query.py\n```"
-    messages = [user("Fix the QuerySet bug"), assistant(reply),
-                user("<returncode>0</returncode><output>code</output>")]
+    reply = (
+        "THOUGHT: look at the model.\n\n```bash\nsed -n '100,140p' django/db/models/query.py\n```"
+    )
+    messages = [
+        user("Fix the QuerySet bug"),
+        assistant(reply),
+        user("<returncode>0</returncode><output>code</output>"),
+    ]
     ledger = _ledger(messages)
     assert ledger.commands == ("sed -n '100,140p' django/db/models/query.py",)
     assert "django/db/models/query.py" in ledger.files
@@ -51,15 +60,22 @@ def test_mini_swe_fenced_bash_blocks_are_commands() -> None:
 def test_error_lines_are_collected_from_tool_output_deduped() -> None:
     output = "Traceback (most recent call last):\n  File x\nValueError: bad input 42\n"
     call = tool_call()
-    messages = [assistant_calls(call), tool_result(call["id"], output),
-                user("<returncode>1</returncode><output>ValueError: bad input 42\nerror: build failed</output>")]
+    messages = [
+        assistant_calls(call),
+        tool_result(call["id"], output),
+        user(
+            "<returncode>1</returncode><output>ValueError: bad input 42\nerror: build failed</output>"
+        ),
+    ]
     ledger = _ledger(messages)
     assert ledger.errors == ("ValueError: bad input 42", "error: build failed</output>")
 
 
 def test_requests_values_and_prose_paths() -> None:
-    messages = [user("Please rename config/settings.yaml\nby Friday, ticket 4521"),
-                assistant("I will edit `src/conf.py`, reservation ZFA04Y costs 1286 dollars.")]
+    messages = [
+        user("Please rename config/settings.yaml\nby Friday, ticket 4521"),
+        assistant("I will edit `src/conf.py`, reservation ZFA04Y costs 1286 dollars."),
+    ]
     ledger = _ledger(messages)
     assert ledger.requests == ("Please rename config/settings.yaml / by Friday, ticket 4521",)
     assert {"config/settings.yaml", "src/conf.py"} <= set(ledger.files)
@@ -68,7 +84,12 @@ def test_requests_values_and_prose_paths() -> None:
 
 def test_find_paths_ignores_urls_fractions_and_plain_words() -> None:
     assert find_paths("see https://x.org/a/b.py and/or 1/2 or foo.bar") == []
-    assert find_paths("cat ./run.sh /etc/hosts a/b/c main.py") == ["./run.sh", "/etc/hosts", "a/b/c", "main.py"]
+    assert find_paths("cat ./run.sh /etc/hosts a/b/c main.py") == [
+        "./run.sh",
+        "/etc/hosts",
+        "a/b/c",
+        "main.py",
+    ]
 
 
 def test_command_key_is_first_line_collapsed_and_clipped() -> None:

@@ -33,7 +33,10 @@ def _lines(path: Path) -> list[dict[str, str]]:
 
 def test_parse_plain_array() -> None:
     text = '[{"type": "decision", "content": "Use Postgres"}, {"type": "todo", "content": "Add index"}]'
-    assert parse_memory_items(text) == [MemoryItem("decision", "Use Postgres"), MemoryItem("todo", "Add index")]
+    assert parse_memory_items(text) == [
+        MemoryItem("decision", "Use Postgres"),
+        MemoryItem("todo", "Add index"),
+    ]
 
 
 def test_parse_array_in_code_fence_with_prose_around() -> None:
@@ -42,17 +45,22 @@ def test_parse_array_in_code_fence_with_prose_around() -> None:
 
 
 def test_bad_and_unknown_items_are_dropped() -> None:
-    text = json.dumps([
-        {"type": "preference", "content": "  Short   answers "},
-        {"type": "opinion", "content": "unknown type"},
-        {"type": "fact"},
-        {"type": "fact", "content": 42},
-        {"type": "fact", "content": "   "},
-        "a string",
-        {"type": "TODO", "content": "Write docs"},
-        {"type": "preference", "content": "Short answers"},
-    ])
-    assert parse_memory_items(text) == [MemoryItem("preference", "Short answers"), MemoryItem("todo", "Write docs")]
+    text = json.dumps(
+        [
+            {"type": "preference", "content": "  Short   answers "},
+            {"type": "opinion", "content": "unknown type"},
+            {"type": "fact"},
+            {"type": "fact", "content": 42},
+            {"type": "fact", "content": "   "},
+            "a string",
+            {"type": "TODO", "content": "Write docs"},
+            {"type": "preference", "content": "Short answers"},
+        ]
+    )
+    assert parse_memory_items(text) == [
+        MemoryItem("preference", "Short answers"),
+        MemoryItem("todo", "Write docs"),
+    ]
 
 
 def test_no_array_is_none_and_empty_array_is_empty() -> None:
@@ -80,14 +88,18 @@ def test_heuristic_extraction_is_precise() -> None:
 
 
 def test_heuristic_extraction_reads_chinese() -> None:
-    items = extract_items_heuristically([user("我们决定使用 React 而不是 Vue。请不要写太长的回答。")])
+    items = extract_items_heuristically(
+        [user("我们决定使用 React 而不是 Vue。请不要写太长的回答。")]
+    )
     assert [i.type for i in items] == ["decision", "preference"]
 
 
 # ---------------------------------------------------------------- the file
 
 
-async def test_append_writes_whole_records_with_every_field(writer: MemoryWriter, memory_dir: Path) -> None:
+async def test_append_writes_whole_records_with_every_field(
+    writer: MemoryWriter, memory_dir: Path
+) -> None:
     written = await writer.append("s1", "c1", [MemoryItem("fact", "Port is 8080")])
     assert written == [MemoryItem("fact", "Port is 8080")]
     path = memory_dir / "s1" / "compaction_flush.jsonl"
@@ -106,10 +118,17 @@ async def test_file_is_private(writer: MemoryWriter, memory_dir: Path) -> None:
 async def test_duplicates_are_not_written_again_even_by_a_new_writer(memory_dir: Path) -> None:
     first = MemoryWriter(memory_dir)
     await first.append("s", "c1", [MemoryItem("decision", "Use React")])
-    again = await first.append("s", "c2", [MemoryItem("decision", "use  react."), MemoryItem("todo", "Ship")])
+    again = await first.append(
+        "s", "c2", [MemoryItem("decision", "use  react."), MemoryItem("todo", "Ship")]
+    )
     assert again == [MemoryItem("todo", "Ship")]
     fresh = MemoryWriter(memory_dir)
-    assert await fresh.append("s", "c3", [MemoryItem("decision", "Use React"), MemoryItem("todo", "Ship")]) == []
+    assert (
+        await fresh.append(
+            "s", "c3", [MemoryItem("decision", "Use React"), MemoryItem("todo", "Ship")]
+        )
+        == []
+    )
     assert len(_lines(memory_dir / "s" / "compaction_flush.jsonl")) == 2
 
 
@@ -124,11 +143,17 @@ async def test_fifty_concurrent_appends_leave_only_whole_lines(memory_dir: Path)
     await asyncio.gather(*(flush(n) for n in range(50)))
     records = _lines(memory_dir / "shared" / "compaction_flush.jsonl")
     assert len(records) == 200
-    assert {r["content"].split()[1] for r in records} == {f"{n}-{k}" for n in range(50) for k in range(4)}
+    assert {r["content"].split()[1] for r in records} == {
+        f"{n}-{k}" for n in range(50) for k in range(4)
+    }
 
 
-@pytest.mark.parametrize("session_id", ["..", ".hidden", "a/b", "../etc", "", "a" * 129, "x\x00y", "sp ace"])
-async def test_session_ids_that_could_escape_are_refused(writer: MemoryWriter, memory_dir: Path, session_id: str) -> None:
+@pytest.mark.parametrize(
+    "session_id", ["..", ".hidden", "a/b", "../etc", "", "a" * 129, "x\x00y", "sp ace"]
+)
+async def test_session_ids_that_could_escape_are_refused(
+    writer: MemoryWriter, memory_dir: Path, session_id: str
+) -> None:
     with pytest.raises(InvalidSessionId):
         await writer.append(session_id, "c", [MemoryItem("fact", "x")])
     assert not memory_dir.exists() or not any(memory_dir.rglob("*.jsonl"))
@@ -154,7 +179,9 @@ asyncio.run(main())
 def test_a_killed_writer_leaves_only_whole_lines(memory_dir: Path) -> None:
     process = subprocess.Popen(
         [sys.executable, "-c", _KILLED_WRITER, str(memory_dir)],
-        cwd=REPO, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     try:
         assert process.stdout is not None and process.stdout.readline() == b"ready\n"
@@ -169,7 +196,9 @@ def test_a_killed_writer_leaves_only_whole_lines(memory_dir: Path) -> None:
     assert all(r["content"].endswith("z" * 50_000) for r in records)
 
 
-async def test_evicted_sessions_reload_what_they_wrote_and_never_write_it_twice(tmp_path: Path) -> None:
+async def test_evicted_sessions_reload_what_they_wrote_and_never_write_it_twice(
+    tmp_path: Path,
+) -> None:
     writer = MemoryWriter(tmp_path, max_sessions=2)
     item = MemoryItem("fact", "The build uses Python 3.11.")
     assert len(await writer.append("first", "c1", [item])) == 1

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.corpus import read_corpus
 from compaction.invariants import check_compacted
 from compaction.plan import folded_spans, plan_compaction, should_compact, target_tokens
 from compaction.segment import split
 from compaction.tokens import HeuristicEstimator, estimate_request
 from compaction.types import Plan, Segments
 from tests import factories as f
-from bench.corpus import read_corpus
 
 EST = HeuristicEstimator()
 
@@ -26,9 +26,11 @@ def plan_for(messages: list[Any], window: int, **kwargs: Any) -> tuple[Segments,
 
 
 def block_bounds(segments: Segments) -> set[int]:
-    return {b.start for r in segments.rounds for b in r.blocks} | {
-        r.end for r in segments.rounds
-    } | {segments.head_end}
+    return (
+        {b.start for r in segments.rounds for b in r.blocks}
+        | {r.end for r in segments.rounds}
+        | {segments.head_end}
+    )
 
 
 def assert_block_aligned(segments: Segments, plan: Plan) -> None:
@@ -96,19 +98,19 @@ def test_fewer_rounds_are_kept_when_they_do_not_fit() -> None:
 
 
 def test_head_is_never_folded() -> None:
-    messages = [f.system(), f.developer()] + f.simple_conversation(12, system_prompt=None)
+    messages = [f.system(), f.developer(), *f.simple_conversation(12, system_prompt=None)]
     _, plan = plan_for(messages, 100_000)
     assert plan.head_end == 2 and min(plan.folded) == 2
 
 
 def test_an_earlier_summary_in_the_folded_span_is_reported() -> None:
-    messages = [f.system(), f.summary()] + f.simple_conversation(8, system_prompt=None)
+    messages = [f.system(), f.summary(), *f.simple_conversation(8, system_prompt=None)]
     _, plan = plan_for(messages, 100_000)
     assert plan.previous_summary == 1 and 1 in plan.folded
 
 
 def test_an_earlier_summary_with_few_rounds_under_target_is_left_alone() -> None:
-    messages = [f.system(), f.summary()] + f.simple_conversation(3, system_prompt=None)
+    messages = [f.system(), f.summary(), *f.simple_conversation(3, system_prompt=None)]
     _, plan = plan_for(messages, 100_000)
     assert plan.folded == () and plan.previous_summary is None
 
@@ -135,7 +137,12 @@ def test_a_huge_single_round_is_cut_inside_with_its_user_message_pinned() -> Non
 
 
 def test_a_single_giant_block_is_kept_whole_and_reported() -> None:
-    messages = [f.system(), *f.simple_round(0), f.user("go"), *f.tool_block(2, output="x" * 200_000)]
+    messages = [
+        f.system(),
+        *f.simple_round(0),
+        f.user("go"),
+        *f.tool_block(2, output="x" * 200_000),
+    ]
     segments, plan = plan_for(messages, 8_000)
     assert not plan.fits and plan.note
     assert plan.keep_from == 4 and plan.pinned == (3,)
@@ -175,7 +182,10 @@ def test_plans_are_block_aligned_deterministic_and_under_target(
 ) -> None:
     segments = split(messages, EST)
     kwargs: dict[str, Any] = dict(
-        window=window, keep_recent_rounds=keep, summary_budget_tokens=200, max_output_tokens=max_output
+        window=window,
+        keep_recent_rounds=keep,
+        summary_budget_tokens=200,
+        max_output_tokens=max_output,
     )
     plan = plan_compaction(segments, **kwargs)
     assert plan == plan_compaction(split(messages, EST), **kwargs)

@@ -41,7 +41,10 @@ def test_head_is_the_leading_system_and_developer_messages() -> None:
 def test_each_user_message_starts_a_round() -> None:
     segments = split(f.simple_conversation(4), EST)
     assert [(r.start, r.end, r.has_user) for r in segments.rounds] == [
-        (1, 3, True), (3, 5, True), (5, 7, True), (7, 9, True)
+        (1, 3, True),
+        (3, 5, True),
+        (5, 7, True),
+        (7, 9, True),
     ]
 
 
@@ -70,8 +73,12 @@ def test_no_preamble_round_when_a_user_message_follows_the_head() -> None:
 def test_a_stray_tool_message_between_answers_stays_inside_the_block() -> None:
     call_a, call_b = f.tool_call("a"), f.tool_call("b")
     messages = [
-        f.user(), f.assistant_calls(call_a, call_b), f.tool_result("a"),
-        f.tool_result("stray"), f.tool_result("b"), f.tool_result("trailing stray"),
+        f.user(),
+        f.assistant_calls(call_a, call_b),
+        f.tool_result("a"),
+        f.tool_result("stray"),
+        f.tool_result("b"),
+        f.tool_result("trailing stray"),
     ]
     assert block_spans(split(messages, EST)) == [(0, 1), (1, 5), (5, 6)]
 
@@ -81,7 +88,9 @@ def test_malformed_items_become_their_own_blocks_in_place() -> None:
     messages = [f.system(), f.user(), *items]
     segments = split(messages, EST)
     assert_partition(segments, len(messages))
-    assert len(segments.rounds[0].blocks) == 1 + len(items) - 1  # the trailing list user starts a round
+    assert (
+        len(segments.rounds[0].blocks) == 1 + len(items) - 1
+    )  # the trailing list user starts a round
     assert all(b.kind == "message" for r in segments.rounds for b in r.blocks)
 
 

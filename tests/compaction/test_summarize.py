@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from compaction import HeuristicEstimator, SUMMARY_MARKER, is_summary_message
+from compaction import SUMMARY_MARKER, HeuristicEstimator, is_summary_message
 from compaction.summarize import (
     build_memory_request,
     build_summary_request,
@@ -31,8 +31,15 @@ def test_prompts_are_package_data_not_literals() -> None:
 def test_summary_prompt_asks_for_the_structured_sections_and_a_size() -> None:
     request = build_summary_request("T", previous_summary=None, max_tokens=777, cjk=False)
     system = request[0]["content"]
-    for section in ("Goals and requests", "Decisions", "Facts", "Files touched", "Current state",
-                    "Open todos", "User preferences"):
+    for section in (
+        "Goals and requests",
+        "Decisions",
+        "Facts",
+        "Files touched",
+        "Current state",
+        "Open todos",
+        "User preferences",
+    ):
         assert section in system
     assert "777 tokens" in system
     assert "$" not in system
@@ -49,7 +56,9 @@ def test_cjk_conversation_is_told_to_the_summarizer() -> None:
 
 
 def test_update_prompt_carries_the_previous_summary_text() -> None:
-    request = build_summary_request("new stuff", previous_summary="OLD BODY", max_tokens=100, cjk=False)
+    request = build_summary_request(
+        "new stuff", previous_summary="OLD BODY", max_tokens=100, cjk=False
+    )
     assert "ONE updated summary" in request[0]["content"]
     assert "OLD BODY" in request[1]["content"] and "new stuff" in request[1]["content"]
 
@@ -62,7 +71,9 @@ def test_summary_message_is_framed_marked_and_byte_identical() -> None:
     assert first["content"].startswith(SUMMARY_MARKER)
     assert is_summary_message(first)
     content = first["content"]
-    assert "latest user message" in content and "tools" in content and "no new instruction" in content
+    assert (
+        "latest user message" in content and "tools" in content and "no new instruction" in content
+    )
     assert summary_text(first) == "Facts: port 8080."
 
 
@@ -93,7 +104,11 @@ def test_transcript_clips_tool_output_head_and_tail() -> None:
     output = "HEAD" + "x" * 10_000 + "TAIL"
     messages = [user("go"), *tool_block(1, output=output)]
     text = render_transcript(
-        messages, range(len(messages)), estimator=ESTIMATOR, max_tokens=10_000, tool_output_clip_chars=300
+        messages,
+        range(len(messages)),
+        estimator=ESTIMATOR,
+        max_tokens=10_000,
+        tool_output_clip_chars=300,
     )
     assert "HEAD" in text and "TAIL" in text and "chars omitted" in text
     assert len(text) < 1000

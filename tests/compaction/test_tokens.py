@@ -69,7 +69,10 @@ def test_text_parts_count_like_strings() -> None:
 
 
 def test_audio_and_file_parts_cost_something() -> None:
-    for part in ({"type": "input_audio", "input_audio": {"data": "x"}}, {"type": "file", "file": {}}):
+    for part in (
+        {"type": "input_audio", "input_audio": {"data": "x"}},
+        {"type": "file", "file": {}},
+    ):
         assert EST.count_message({"role": "user", "content": [part]}) > 50
 
 
@@ -78,19 +81,32 @@ def test_tool_calls_ids_and_names_are_counted() -> None:
     call = f.assistant_calls(f.tool_call("call_1", "bash", args))
     assert EST.count_message(call) > len(orjson.dumps(args)) / 4
     plain = {"role": "tool", "content": "ok"}
-    assert EST.count_message({**plain, "tool_call_id": "call_" + "x" * 80}) > EST.count_message(plain) + 15
+    assert (
+        EST.count_message({**plain, "tool_call_id": "call_" + "x" * 80})
+        > EST.count_message(plain) + 15
+    )
     assert EST.count_message({**plain, "name": "n" * 80}) > EST.count_message(plain) + 15
 
 
 def test_malformed_items_count_their_json_size_and_never_raise() -> None:
-    for item in f.malformed_items() + [{"role": "user", "content": {"odd": 1}}, {"role": "assistant", "tool_calls": "x"}, object()]:
+    for item in [
+        *f.malformed_items(),
+        {"role": "user", "content": {"odd": 1}},
+        {"role": "assistant", "tool_calls": "x"},
+        object(),
+    ]:
         assert EST.count_message(item) >= MESSAGE_OVERHEAD_TOKENS
     big = {"role": "user", "content": {"blob": "z" * 4000}}
     assert EST.count_message(big) >= 1000
 
 
 def test_tools_count_their_json_definitions() -> None:
-    tools = [{"type": "function", "function": {"name": "bash", "description": "d" * 400, "parameters": {}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "bash", "description": "d" * 400, "parameters": {}},
+        }
+    ]
     assert EST.count_tools(None) == 0
     assert EST.count_tools([]) == 0
     assert EST.count_tools(tools) >= 100
@@ -99,7 +115,9 @@ def test_tools_count_their_json_definitions() -> None:
 def test_estimate_request_adds_messages_tools_and_priming() -> None:
     messages = f.simple_conversation(3)
     tools = [{"type": "function", "function": {"name": "bash"}}]
-    expected = sum(EST.count_message(m) for m in messages) + EST.count_tools(tools) + REPLY_PRIMING_TOKENS
+    expected = (
+        sum(EST.count_message(m) for m in messages) + EST.count_tools(tools) + REPLY_PRIMING_TOKENS
+    )
     assert estimate_request(messages, tools, EST) == expected
 
 

@@ -15,7 +15,10 @@ def test_all_preserved_is_good() -> None:
 
 
 def test_key_token_overlap_counts_as_preserved() -> None:
-    result = check_preserved(["The user decided to use PostgreSQL version 16"], "Decision: PostgreSQL 16 chosen (user decided), version pinned, to use it")
+    result = check_preserved(
+        ["The user decided to use PostgreSQL version 16"],
+        "Decision: PostgreSQL 16 chosen (user decided), version pinned, to use it",
+    )
     assert result.key_decisions_preserved == 1
 
 
@@ -26,7 +29,11 @@ def test_grades_follow_the_preserved_ratio() -> None:
         return check_preserved(keys, " ".join(keys[:kept])).quality
 
     assert (quality(10), quality(9), quality(8), quality(6), quality(5)) == (
-        "good", "good", "acceptable", "acceptable", "poor"
+        "good",
+        "good",
+        "acceptable",
+        "acceptable",
+        "poor",
     )
 
 
@@ -40,7 +47,10 @@ def test_no_keys_is_good() -> None:
 
 
 def test_cjk_items_match_by_character_pairs() -> None:
-    items = [MemoryItem("decision", "用户决定使用 React"), MemoryItem("fact", "截止日期是三月十五日")]
+    items = [
+        MemoryItem("decision", "用户决定使用 React"),
+        MemoryItem("fact", "截止日期是三月十五日"),
+    ]
     assert missing_items(items, "摘要：用户决定使用 React。") == [items[1]]
 
 

@@ -149,9 +149,7 @@ def raw_reply(
     return answer
 
 
-def json_reply(
-    payload: Any, status: int = 200, headers: Mapping[str, str] | None = None
-) -> Reply:
+def json_reply(payload: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Reply:
     return raw_reply(orjson.dumps(payload), status=status, headers=headers)
 
 
@@ -179,13 +177,17 @@ def chat_reply(content: str, usage: Mapping[str, int] | None = None) -> Reply:
 
 
 def chat_chunk(content: str | None, *, finish: bool = False, usage: Any = None) -> dict[str, Any]:
-    choices = [] if content is None and not finish else [
-        {
-            "index": 0,
-            "delta": {} if content is None else {"content": content},
-            "finish_reason": "stop" if finish else None,
-        }
-    ]
+    choices = (
+        []
+        if content is None and not finish
+        else [
+            {
+                "index": 0,
+                "delta": {} if content is None else {"content": content},
+                "finish_reason": "stop" if finish else None,
+            }
+        ]
+    )
     chunk: dict[str, Any] = {
         "id": "chatcmpl-fake",
         "object": "chat.completion.chunk",

@@ -124,12 +124,19 @@ def test_calibration_moves_towards_observed_ratio_and_is_clamped() -> None:
             8000,
         ),
         (400, b'{"error": {"message": "x", "code": "context_length_exceeded"}}', None, None),
-        (400, b'{"error": {"message": "prompt is too long: 210000 tokens > 200000 maximum"}}', 200000, 210000),
+        (
+            400,
+            b'{"error": {"message": "prompt is too long: 210000 tokens > 200000 maximum"}}',
+            200000,
+            210000,
+        ),
         (413, b"Request exceeds the maximum context window", None, None),
         (400, b'{"detail": "This model\'s maximum context length is 4096 tokens"}', 4096, None),
     ],
 )
-def test_overflow_errors_are_recognised(status: int, body: bytes, limit: int | None, requested: int | None) -> None:
+def test_overflow_errors_are_recognised(
+    status: int, body: bytes, limit: int | None, requested: int | None
+) -> None:
     overflow = parse_overflow(status, body)
     assert overflow is not None
     assert (overflow.limit, overflow.requested) == (limit, requested)
@@ -139,7 +146,10 @@ def test_overflow_errors_are_recognised(status: int, body: bytes, limit: int | N
     ("status", "body"),
     [
         (400, b'{"error": {"message": "Invalid value for temperature", "code": "invalid_value"}}'),
-        (401, b'{"error": {"message": "maximum context length", "code": "context_length_exceeded"}}'),
+        (
+            401,
+            b'{"error": {"message": "maximum context length", "code": "context_length_exceeded"}}',
+        ),
         (400, b"not json at all"),
         (400, b"[1, 2]"),
     ],

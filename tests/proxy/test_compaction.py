@@ -14,11 +14,11 @@ import orjson
 import pytest
 from aiohttp import web
 
+from bench.corpus import read_corpus
 from compaction import SUMMARY_MARKER, HeuristicEstimator, is_summary_message
 from compaction.invariants import check_tool_pairing
 from compaction.tokens import estimate_request
 from tests import factories as f
-from bench.corpus import read_corpus
 from tests.fakes.upstream import FakeUpstream, Recorded, chat_completion
 from tests.proxy.conftest import RunningProxy, StartProxy
 
@@ -37,13 +37,17 @@ class Script:
 
     def __init__(self, upstream: FakeUpstream) -> None:
         self.upstream = upstream
-        self.summary: Callable[[web.Request], Awaitable[web.StreamResponse]] = self.answer(SUMMARY_TEXT)
+        self.summary: Callable[[web.Request], Awaitable[web.StreamResponse]] = self.answer(
+            SUMMARY_TEXT
+        )
         self.memory = self.answer(MEMORY_TEXT)
         self.chat = self.counted("Done.")
         upstream.reply(self._dispatch)
 
     @staticmethod
-    def answer(text: str, usage: dict[str, int] | None = None) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    def answer(
+        text: str, usage: dict[str, int] | None = None
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def reply(request: web.Request) -> web.StreamResponse:
             return web.json_response(chat_completion(text, usage))
 
@@ -88,7 +92,11 @@ def start(start_proxy: StartProxy, tmp_path: Path) -> Callable[..., Awaitable[Ru
     async def run(**sections: Any) -> RunningProxy:
         settings: dict[str, dict[str, Any]] = {
             "models": {"default_context_window": WINDOW},
-            "compaction": {"keep_recent_rounds": 2, "summary_max_tokens": 300, "precompute_ratio": 0},
+            "compaction": {
+                "keep_recent_rounds": 2,
+                "summary_max_tokens": 300,
+                "precompute_ratio": 0,
+            },
             "memory": {"dir": str(tmp_path / "memory")},
             "admin": {"token": "admin-secret"},
         }
@@ -103,7 +111,9 @@ def tokens(messages: list[Any], tools: Any = None) -> int:
     return estimate_request(messages, tools, ESTIMATOR)
 
 
-def conversation_of(target_tokens: int, *, grow: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def conversation_of(
+    target_tokens: int, *, grow: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """A coding-agent history of roughly `target_tokens` ending in a user message; with `grow`,
     that history (its last message dropped) continued."""
     messages: list[dict[str, Any]] = grow[:-1] if grow else [f.system()]
@@ -116,12 +126,19 @@ def conversation_of(target_tokens: int, *, grow: list[dict[str, Any]] | None = N
 
 
 async def post(
-    client: aiohttp.ClientSession, proxy: RunningProxy, messages: list[Any], *,
-    session: str = "agent-1", auth: str = "Bearer sk-client", **fields: Any,
+    client: aiohttp.ClientSession,
+    proxy: RunningProxy,
+    messages: list[Any],
+    *,
+    session: str = "agent-1",
+    auth: str = "Bearer sk-client",
+    **fields: Any,
 ) -> aiohttp.ClientResponse:
     body = orjson.dumps({"model": "gpt-test", "messages": messages, **fields})
     headers = {"Content-Type": "application/json", "Authorization": auth, "X-Session-Id": session}
-    async with client.post(f"{proxy.url}/v1/chat/completions", data=body, headers=headers) as response:
+    async with client.post(
+        f"{proxy.url}/v1/chat/completions", data=body, headers=headers
+    ) as response:
         await response.read()
         return response
 
@@ -130,13 +147,18 @@ def forwarded(script: Script) -> list[dict[str, Any]]:
     return [r.json() for r in script.calls(None)]
 
 
-async def test_below_the_trigger_the_bytes_go_upstream_untouched(start: Any, script: Script, client: Any) -> None:
+async def test_below_the_trigger_the_bytes_go_upstream_untouched(
+    start: Any, script: Script, client: Any
+) -> None:
     proxy = await start()
     messages = conversation_of(int(WINDOW * 0.75))
-    body = orjson.dumps({"model": "gpt-test", "messages": messages, "vendor_knob": {"x": [1, 2.50]}})
+    body = orjson.dumps(
+        {"model": "gpt-test", "messages": messages, "vendor_knob": {"x": [1, 2.50]}}
+    )
     body = body.replace(b'"model"', b' "model" ')  # odd spacing survives too
-    async with client.post(f"{proxy.url}/v1/chat/completions", data=body,
-                           headers={"Content-Type": "application/json"}) as response:
+    async with client.post(
+        f"{proxy.url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    ) as response:
         assert response.status == 200
         assert response.headers["x-compaction-status"] == "none"
     assert script.calls(None)[0].body == body
@@ -152,7 +174,9 @@ async def test_over_the_trigger_head_tools_and_recent_rounds_are_kept(
     response = await post(client, proxy, messages, tools=tools, tool_choice="auto", vendor_knob=[1])
     assert response.status == 200
     assert response.headers["x-compaction-status"] == "applied"
-    assert int(response.headers["x-compaction-tokens-after"]) < int(response.headers["x-compaction-tokens-before"])
+    assert int(response.headers["x-compaction-tokens-after"]) < int(
+        response.headers["x-compaction-tokens-before"]
+    )
 
     sent = forwarded(script)[0]
     assert sent["tools"] == tools and sent["tool_choice"] == "auto" and sent["vendor_knob"] == [1]
@@ -173,7 +197,10 @@ async def test_over_the_trigger_head_tools_and_recent_rounds_are_kept(
 
     memory_file = tmp_path / "memory" / "agent-1" / "compaction_flush.jsonl"
     lines = [orjson.loads(line) for line in memory_file.read_bytes().splitlines()]
-    assert lines and all(set(line) == {"type", "content", "session_id", "compaction_id", "timestamp"} for line in lines)
+    assert lines and all(
+        set(line) == {"type", "content", "session_id", "compaction_id", "timestamp"}
+        for line in lines
+    )
     assert {"decision"} <= {line["type"] for line in lines}
     assert all(line["session_id"] == "agent-1" for line in lines)
     assert stat.S_IMODE(os.stat(memory_file).st_mode) == 0o600
@@ -194,7 +221,9 @@ async def test_follow_up_requests_reuse_the_checkpoint_with_a_byte_identical_pre
     assert second_out[-2:] == messages[-2:]
 
 
-async def test_concurrent_identical_requests_share_one_summarization(start: Any, script: Script, client: Any) -> None:
+async def test_concurrent_identical_requests_share_one_summarization(
+    start: Any, script: Script, client: Any
+) -> None:
     from proxy import keys
 
     proxy = await start()
@@ -228,7 +257,9 @@ def _failing(kind: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]
 
 
 @pytest.mark.parametrize("kind", ["down", "slow", "empty", "nonsense"])
-async def test_a_failing_summarizer_never_fails_the_request(kind: str, start: Any, script: Script, client: Any) -> None:
+async def test_a_failing_summarizer_never_fails_the_request(
+    kind: str, start: Any, script: Script, client: Any
+) -> None:
     proxy = await start(compaction={"summary_timeout_s": 0.5})
     script.summary = _failing(kind)
     script.memory = _failing(kind)
@@ -242,24 +273,39 @@ async def test_a_failing_summarizer_never_fails_the_request(kind: str, start: An
     assert tokens(out) < 0.85 * WINDOW
 
 
-async def test_repeated_summarizer_failures_cool_down(start: Any, script: Script, client: Any) -> None:
+async def test_repeated_summarizer_failures_cool_down(
+    start: Any, script: Script, client: Any
+) -> None:
     proxy = await start(compaction={"failure_threshold": 2, "failure_cooldown_s": 600})
     script.summary = _failing("down")
     for n in range(4):
-        response = await post(client, proxy, conversation_of(int(WINDOW * 1.2)) + [f.user(f"new {n}")],
-                              session=f"s{n}")
+        response = await post(
+            client,
+            proxy,
+            [*conversation_of(int(WINDOW * 1.2)), f.user(f"new {n}")],
+            session=f"s{n}",
+        )
         assert response.status == 200 and response.headers["x-compaction-status"] == "applied"
     assert len(script.calls("summary")) == 2
     # Another tenant's key is not cooled down by the first one's failures.
-    await post(client, proxy, conversation_of(int(WINDOW * 1.2)), session="t", auth="Bearer sk-other")
+    await post(
+        client, proxy, conversation_of(int(WINDOW * 1.2)), session="t", auth="Bearer sk-other"
+    )
     assert len(script.calls("summary")) == 3
 
 
-async def test_a_context_length_error_is_retried_once_compacted(start: Any, script: Script, client: Any) -> None:
+async def test_a_context_length_error_is_retried_once_compacted(
+    start: Any, script: Script, client: Any
+) -> None:
     proxy = await start()
-    overflow = {"error": {"message": "This model's maximum context length is 2000 tokens. However, your "
-                                     "messages resulted in 3100 tokens.", "type": "invalid_request_error",
-                          "code": "context_length_exceeded"}}
+    overflow = {
+        "error": {
+            "message": "This model's maximum context length is 2000 tokens. However, your "
+            "messages resulted in 3100 tokens.",
+            "type": "invalid_request_error",
+            "code": "context_length_exceeded",
+        }
+    }
     chat = script.chat
     seen = 0
 
@@ -280,7 +326,9 @@ async def test_a_context_length_error_is_retried_once_compacted(start: Any, scri
     assert tokens(second["messages"]) < 2000
 
 
-async def test_a_second_context_length_error_is_relayed_not_retried_again(start: Any, script: Script, client: Any) -> None:
+async def test_a_second_context_length_error_is_relayed_not_retried_again(
+    start: Any, script: Script, client: Any
+) -> None:
     proxy = await start()
     overflow = orjson.dumps({"error": {"message": "too long", "code": "context_length_exceeded"}})
 
@@ -288,8 +336,10 @@ async def test_a_second_context_length_error_is_relayed_not_retried_again(start:
         return web.Response(status=400, body=overflow, content_type="application/json")
 
     script.chat = always
-    async with client.post(f"{proxy.url}/v1/chat/completions",
-                           json={"model": "m", "messages": conversation_of(int(WINDOW * 0.7))}) as response:
+    async with client.post(
+        f"{proxy.url}/v1/chat/completions",
+        json={"model": "m", "messages": conversation_of(int(WINDOW * 0.7))},
+    ) as response:
         assert response.status == 400
         assert await response.read() == overflow
     assert len(script.calls(None)) == 2
@@ -308,7 +358,9 @@ async def test_two_sessions_never_share_summaries_or_memory(
     async def echo_memory(request: web.Request) -> web.StreamResponse:
         transcript = orjson.dumps(await request.json()).decode()
         secret = "AZURE-42" if "AZURE-42" in transcript else "CRIMSON-7"
-        return web.json_response(chat_completion(orjson.dumps([{"type": "fact", "content": secret}]).decode()))
+        return web.json_response(
+            chat_completion(orjson.dumps([{"type": "fact", "content": secret}]).decode())
+        )
 
     script.summary, script.memory = echo_summary, echo_memory
     for session, secret in (("alice", "AZURE-42"), ("bob", "CRIMSON-7")):
@@ -334,7 +386,9 @@ async def _wait_for(condition: Callable[[], bool], timeout_s: float = 5) -> None
     raise AssertionError("condition not reached in time")
 
 
-async def test_precompute_prepares_the_checkpoint_before_the_trigger(start: Any, script: Script, client: Any) -> None:
+async def test_precompute_prepares_the_checkpoint_before_the_trigger(
+    start: Any, script: Script, client: Any
+) -> None:
     proxy = await start(compaction={"precompute_ratio": 0.6, "summary_timeout_s": 5})
     messages = conversation_of(int(WINDOW * 0.7))
     response = await post(client, proxy, messages)
@@ -363,11 +417,15 @@ def _records_key() -> Any:
     return keys.RECORDS
 
 
-async def test_upstream_usage_calibrates_the_estimate(start: Any, script: Script, client: Any) -> None:
+async def test_upstream_usage_calibrates_the_estimate(
+    start: Any, script: Script, client: Any
+) -> None:
     proxy = await start()
     messages = conversation_of(int(WINDOW * 0.5))
     raw = tokens(messages)
-    script.chat = Script.answer("ok", usage={"prompt_tokens": raw * 2, "completion_tokens": 1, "total_tokens": raw * 2})
+    script.chat = Script.answer(
+        "ok", usage={"prompt_tokens": raw * 2, "completion_tokens": 1, "total_tokens": raw * 2}
+    )
     first = await post(client, proxy, messages)
     assert first.headers["x-compaction-status"] == "none"
     # The upstream counts twice what we estimate: the same size now crosses the trigger.
@@ -376,7 +434,9 @@ async def test_upstream_usage_calibrates_the_estimate(start: Any, script: Script
     assert second.headers["x-compaction-status"] == "applied"
 
 
-async def test_admin_records_and_metrics_describe_compactions(start: Any, script: Script, client: Any) -> None:
+async def test_admin_records_and_metrics_describe_compactions(
+    start: Any, script: Script, client: Any
+) -> None:
     proxy = await start()
     await post(client, proxy, conversation_of(int(WINDOW * 1.2)))
     admin = {"Authorization": "Bearer admin-secret"}
@@ -393,8 +453,10 @@ async def test_admin_records_and_metrics_describe_compactions(start: Any, script
     assert "compaction_proxy_tokens_saved_total" in text
 
 
-async def test_a_streamed_request_is_compacted_and_streamed_back(start: Any, script: Script, client: Any) -> None:
-    from tests.fakes.upstream import sse_events, stream_reply, chat_chunk
+async def test_a_streamed_request_is_compacted_and_streamed_back(
+    start: Any, script: Script, client: Any
+) -> None:
+    from tests.fakes.upstream import chat_chunk, sse_events, stream_reply
 
     proxy = await start()
     streaming = stream_reply(sse_events(chat_chunk("Hel"), chat_chunk("lo", finish=True)))
@@ -404,7 +466,12 @@ async def test_a_streamed_request_is_compacted_and_streamed_back(start: Any, scr
 
     script.chat = chat
     messages = conversation_of(int(WINDOW * 1.2))
-    body = {"model": "gpt-test", "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "gpt-test",
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with client.post(f"{proxy.url}/v1/chat/completions", json=body) as response:
         assert response.headers["x-compaction-status"] == "applied"
         payload = await response.read()
@@ -413,12 +480,21 @@ async def test_a_streamed_request_is_compacted_and_streamed_back(start: Any, scr
     assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
 
 
-@pytest.mark.parametrize("body", [b"{not json" + b" " * 5000, b"[1, 2, 3]" + b" " * 5000,
-                                  orjson.dumps({"model": "m", "messages": "nope", "pad": "x" * 5000})])
-async def test_odd_chat_bodies_are_forwarded_untouched(body: bytes, start: Any, script: Script, client: Any) -> None:
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{not json" + b" " * 5000,
+        b"[1, 2, 3]" + b" " * 5000,
+        orjson.dumps({"model": "m", "messages": "nope", "pad": "x" * 5000}),
+    ],
+)
+async def test_odd_chat_bodies_are_forwarded_untouched(
+    body: bytes, start: Any, script: Script, client: Any
+) -> None:
     proxy = await start()
-    async with client.post(f"{proxy.url}/v1/chat/completions", data=body,
-                           headers={"Content-Type": "application/json"}) as response:
+    async with client.post(
+        f"{proxy.url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    ) as response:
         assert response.status == 200
     assert script.calls(None)[0].body == body
 
@@ -427,14 +503,20 @@ async def test_a_coding_trajectory_replays_within_the_window(
     start: Any, script: Script, client: Any, corpus_dir: Path
 ) -> None:
     window = 8000
-    proxy = await start(models={"default_context_window": window},
-                        compaction={"keep_recent_rounds": 5, "summary_max_tokens": 2000})
+    proxy = await start(
+        models={"default_context_window": window},
+        compaction={"keep_recent_rounds": 5, "summary_max_tokens": 2000},
+    )
     conversations = list(read_corpus(corpus_dir / "swe_mini_gemini3pro_toolcalls.jsonl"))
     conversations.sort(key=lambda c: len(c["messages"]))
     trajectory = conversations[len(conversations) * 3 // 4]
     history = trajectory["messages"]
-    prefixes = [history[: i + 1] for i, m in enumerate(history) if m["role"] in ("user", "tool")
-                and (i + 1 == len(history) or history[i + 1]["role"] != "tool")]
+    prefixes = [
+        history[: i + 1]
+        for i, m in enumerate(history)
+        if m["role"] in ("user", "tool")
+        and (i + 1 == len(history) or history[i + 1]["role"] != "tool")
+    ]
     for prefix in prefixes:
         response = await post(client, proxy, prefix, session="replay", tools=trajectory["tools"])
         assert response.status == 200
@@ -490,15 +572,18 @@ async def test_an_overflow_that_cannot_be_compacted_further_is_relayed_without_a
     start: Any, script: Script, client: Any
 ) -> None:
     proxy = await start()
-    overflow = orjson.dumps({"error": {"message": "prompt is too long", "code": "context_length_exceeded"}})
+    overflow = orjson.dumps(
+        {"error": {"message": "prompt is too long", "code": "context_length_exceeded"}}
+    )
 
     async def always(request: web.Request) -> web.StreamResponse:
         return web.Response(status=400, body=overflow, content_type="application/json")
 
     script.chat = always
     messages = [f.system(), f.user("x " * 5000)]  # one round: nothing can be folded
-    async with client.post(f"{proxy.url}/v1/chat/completions",
-                           json={"model": "m", "messages": messages}) as response:
+    async with client.post(
+        f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": messages}
+    ) as response:
         assert response.status == 400 and await response.read() == overflow
     assert len(script.calls(None)) == 1
 
@@ -515,10 +600,20 @@ async def test_calibration_after_an_overflow_retry_reads_the_retried_request(
         payload = await request.json()
         prompt = int(tokens(payload["messages"]) * 1.5)
         if seen == 1:
-            return web.json_response({"error": {"message": f"prompt is too long: {prompt} tokens > 4000 maximum",
-                                                "code": "context_length_exceeded"}}, status=400)
-        return web.json_response(chat_completion("ok", {"prompt_tokens": prompt, "completion_tokens": 1,
-                                                        "total_tokens": prompt + 1}))
+            return web.json_response(
+                {
+                    "error": {
+                        "message": f"prompt is too long: {prompt} tokens > 4000 maximum",
+                        "code": "context_length_exceeded",
+                    }
+                },
+                status=400,
+            )
+        return web.json_response(
+            chat_completion(
+                "ok", {"prompt_tokens": prompt, "completion_tokens": 1, "total_tokens": prompt + 1}
+            )
+        )
 
     script.chat = heavy_tokenizer
     response = await post(client, proxy, conversation_of(int(WINDOW * 0.75)))
@@ -526,11 +621,15 @@ async def test_calibration_after_an_overflow_retry_reads_the_retried_request(
     assert _calibration(proxy).factor("gpt-test") == pytest.approx(1.5, rel=0.05)
 
 
-async def test_azure_style_keys_reach_the_summarizer(start: Any, script: Script, client: Any) -> None:
+async def test_azure_style_keys_reach_the_summarizer(
+    start: Any, script: Script, client: Any
+) -> None:
     proxy = await start()
     body = orjson.dumps({"model": "gpt-test", "messages": conversation_of(int(WINDOW * 1.2))})
     headers = {"Content-Type": "application/json", "api-key": "azure-secret", "X-Session-Id": "az"}
-    async with client.post(f"{proxy.url}/v1/chat/completions", data=body, headers=headers) as response:
+    async with client.post(
+        f"{proxy.url}/v1/chat/completions", data=body, headers=headers
+    ) as response:
         assert response.headers["x-compaction-status"] == "applied"
     summary = script.calls("summary")[0]
     assert summary.headers["api-key"] == "azure-secret"
@@ -553,7 +652,9 @@ async def test_a_quiet_conversation_does_not_silence_another_in_the_same_session
     assert [r["reason"] for r in records.get("agent-1")["records"]] == ["precompute", "precompute"]
 
 
-async def test_a_client_that_leaves_during_a_summary_does_not_waste_it(start: Any, script: Script, client: Any) -> None:
+async def test_a_client_that_leaves_during_a_summary_does_not_waste_it(
+    start: Any, script: Script, client: Any
+) -> None:
     proxy = await start()
     release = asyncio.Event()
     answer = Script.answer(SUMMARY_TEXT)
@@ -577,12 +678,16 @@ async def test_a_client_that_leaves_during_a_summary_does_not_waste_it(start: An
     assert len(script.calls("summary")) == 1
 
 
-async def test_many_sessions_compact_at_once_each_with_its_own_summary(start: Any, script: Script, client: Any) -> None:
+async def test_many_sessions_compact_at_once_each_with_its_own_summary(
+    start: Any, script: Script, client: Any
+) -> None:
     proxy = await start()
 
     async def echo_session(request: web.Request) -> web.StreamResponse:
         transcript = (await request.json())["messages"][-1]["content"]
-        marker = next(word.rstrip(".") for word in transcript.split() if word.startswith("session-"))
+        marker = next(
+            word.rstrip(".") for word in transcript.split() if word.startswith("session-")
+        )
         await asyncio.sleep(0.05)
         return web.json_response(chat_completion(f"## Facts\n- This is {marker} and nothing else."))
 
@@ -592,7 +697,9 @@ async def test_many_sessions_compact_at_once_each_with_its_own_summary(start: An
         messages = conversation_of(int(WINDOW * 1.2))
         messages[1] = f.user(f"I am session-{n:02d}. Please fix the failing test.")
         conversations[f"s{n:02d}"] = messages
-    responses = await asyncio.gather(*(post(client, proxy, m, session=s) for s, m in conversations.items()))
+    responses = await asyncio.gather(
+        *(post(client, proxy, m, session=s) for s, m in conversations.items())
+    )
     assert all(r.headers["x-compaction-status"] == "applied" for r in responses)
     assert len(script.calls("summary")) == 20
     for request in script.calls(None):
@@ -611,11 +718,22 @@ async def test_a_reasoning_model_that_refuses_max_tokens_and_temperature_still_s
 
     async def strict(request: web.Request) -> web.StreamResponse:
         payload = await request.json()
-        for param, code in (("max_tokens", "unsupported_parameter"), ("temperature", "unsupported_value")):
+        for param, code in (
+            ("max_tokens", "unsupported_parameter"),
+            ("temperature", "unsupported_value"),
+        ):
             if param in payload:
-                return web.json_response({"error": {
-                    "message": f"Unsupported parameter: '{param}' is not supported with this model.",
-                    "type": "invalid_request_error", "param": param, "code": code}}, status=400)
+                return web.json_response(
+                    {
+                        "error": {
+                            "message": f"Unsupported parameter: '{param}' is not supported with this model.",
+                            "type": "invalid_request_error",
+                            "param": param,
+                            "code": code,
+                        }
+                    },
+                    status=400,
+                )
         assert "max_completion_tokens" in payload
         return await answer(request)
 
@@ -643,7 +761,10 @@ async def test_a_summary_that_outlives_its_request_is_used_once_it_lands(
     messages = conversation_of(int(WINDOW * 1.2))
     first = await post(client, proxy, messages)
     assert first.headers["x-compaction-status"] == "applied"
-    assert "The user wants the failing tests fixed" not in forwarded(script)[0]["messages"][1]["content"]
+    assert (
+        "The user wants the failing tests fixed"
+        not in forwarded(script)[0]["messages"][1]["content"]
+    )
     records = proxy.app[_records_key()]
     await _wait_for(lambda: bool((records.get("agent-1") or {"records": []})["records"]))
     record = records.get("agent-1")["records"][0]
@@ -651,4 +772,6 @@ async def test_a_summary_that_outlives_its_request_is_used_once_it_lands(
     second = await post(client, proxy, [*messages, f.assistant("ok"), f.user("go on")])
     assert second.headers["x-compaction-status"] == "reused"
     assert second.headers["x-compaction-id"] == record["id"]
-    assert "The user wants the failing tests fixed" in forwarded(script)[1]["messages"][1]["content"]
+    assert (
+        "The user wants the failing tests fixed" in forwarded(script)[1]["messages"][1]["content"]
+    )

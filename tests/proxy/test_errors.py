@@ -87,8 +87,9 @@ async def test_oversize_chunked_body_on_the_generic_route_is_a_413(
 async def test_invalid_session_ids_are_refused_with_400(
     proxy: RunningProxy, upstream: FakeUpstream, session: str
 ) -> None:
-    status, body = await raw_request(proxy.port, "POST", f"/s/{session}/v1/chat/completions",
-                                     body=b"{}")
+    status, body = await raw_request(
+        proxy.port, "POST", f"/s/{session}/v1/chat/completions", body=b"{}"
+    )
     assert status == 400, body
     assert_openai_error(body, "invalid_session_id")
     assert upstream.requests == []

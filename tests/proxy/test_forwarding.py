@@ -109,8 +109,15 @@ async def test_hop_by_hop_headers_are_stripped_both_ways(
     proxy: RunningProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:
     upstream.reply(
-        raw_reply(b"{}", headers={"Keep-Alive": "timeout=5", "X-Upstream-Secret-Hop": "1",
-                                  "Connection": "X-Upstream-Secret-Hop", "x-end-to-end": "yes"})
+        raw_reply(
+            b"{}",
+            headers={
+                "Keep-Alive": "timeout=5",
+                "X-Upstream-Secret-Hop": "1",
+                "Connection": "X-Upstream-Secret-Hop",
+                "x-end-to-end": "yes",
+            },
+        )
     )
     async with client.post(
         f"{proxy.url}/v1/chat/completions",
@@ -161,12 +168,27 @@ async def test_upstream_errors_are_relayed_with_body_and_headers(
     proxy: RunningProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:
     cases = [
-        (401, {"error": {"message": "Incorrect API key", "type": "invalid_request_error",
-                         "code": "invalid_api_key"}}, {"www-authenticate": "Bearer"}),
-        (429, {"error": {"message": "Rate limit", "type": "requests", "code": "rate_limit"}},
-         {"retry-after": "7", "x-ratelimit-remaining-requests": "0"}),
-        (500, {"error": {"message": "The server had an error", "type": "server_error"}},
-         {"x-request-id": "req-500"}),
+        (
+            401,
+            {
+                "error": {
+                    "message": "Incorrect API key",
+                    "type": "invalid_request_error",
+                    "code": "invalid_api_key",
+                }
+            },
+            {"www-authenticate": "Bearer"},
+        ),
+        (
+            429,
+            {"error": {"message": "Rate limit", "type": "requests", "code": "rate_limit"}},
+            {"retry-after": "7", "x-ratelimit-remaining-requests": "0"},
+        ),
+        (
+            500,
+            {"error": {"message": "The server had an error", "type": "server_error"}},
+            {"x-request-id": "req-500"},
+        ),
     ]
     for status, payload, headers in cases:
         upstream.reply(json_reply(payload, status=status, headers=headers))
@@ -180,8 +202,13 @@ async def test_upstream_errors_are_relayed_with_body_and_headers(
 async def test_invalid_json_chat_request_is_forwarded_and_the_upstream_400_relayed(
     proxy: RunningProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:
-    error = {"error": {"message": "We could not parse the JSON body", "type":
-                       "invalid_request_error", "code": None}}
+    error = {
+        "error": {
+            "message": "We could not parse the JSON body",
+            "type": "invalid_request_error",
+            "code": None,
+        }
+    }
     upstream.reply(json_reply(error, status=400))
     broken = b'{"model": "gpt-4o", "messages": [,,,'
     async with client.post(f"{proxy.url}/v1/chat/completions", data=broken) as response:
@@ -214,9 +241,11 @@ async def test_compressed_responses_pass_through_untouched_and_requests_arrive_d
 async def test_proxy_adds_no_accept_encoding_the_client_did_not_send(
     proxy: RunningProxy, upstream: FakeUpstream
 ) -> None:
-    async with aiohttp.ClientSession(skip_auto_headers=("Accept-Encoding", "User-Agent")) as bare:
-        async with bare.post(f"{proxy.url}/v1/chat/completions", data=b"{}") as response:
-            assert response.status == 200
+    async with (
+        aiohttp.ClientSession(skip_auto_headers=("Accept-Encoding", "User-Agent")) as bare,
+        bare.post(f"{proxy.url}/v1/chat/completions", data=b"{}") as response,
+    ):
+        assert response.status == 200
     sent = upstream.requests[-1].headers
     assert "Accept-Encoding" not in sent
     assert "User-Agent" not in sent

@@ -40,8 +40,9 @@ async def test_sdk_non_streaming_round_trip(sdk: AsyncOpenAI, upstream: FakeUpst
 
 
 async def test_sdk_streaming_round_trip(sdk: AsyncOpenAI, upstream: FakeUpstream) -> None:
-    upstream.reply(stream_reply(sse_events(chat_chunk("Hel"), chat_chunk("lo"),
-                                           chat_chunk(None, finish=True))))
+    upstream.reply(
+        stream_reply(sse_events(chat_chunk("Hel"), chat_chunk("lo"), chat_chunk(None, finish=True)))
+    )
     stream = await sdk.chat.completions.create(
         model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True
     )
@@ -57,8 +58,12 @@ async def test_sdk_sees_upstream_errors_as_the_upstream_sent_them(
 
     from tests.fakes.upstream import json_reply
 
-    upstream.reply(json_reply({"error": {"message": "slow down", "type": "requests",
-                                         "code": "rate_limit_exceeded"}}, status=429))
+    upstream.reply(
+        json_reply(
+            {"error": {"message": "slow down", "type": "requests", "code": "rate_limit_exceeded"}},
+            status=429,
+        )
+    )
     with pytest.raises(RateLimitError) as raised:
         await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
     assert raised.value.code == "rate_limit_exceeded"

@@ -50,14 +50,16 @@ async def test_admin_endpoints_do_not_exist_without_a_token(
     proxy: RunningProxy, client: aiohttp.ClientSession
 ) -> None:
     for path in ("/admin/sessions", "/admin/sessions/abc"):
-        async with client.get(f"{proxy.url}{path}",
-                              headers={"Authorization": "Bearer anything"}) as response:
+        async with client.get(
+            f"{proxy.url}{path}", headers={"Authorization": "Bearer anything"}
+        ) as response:
             assert response.status == 404
             assert (await response.json())["error"]["code"] == "not_found"
 
 
 @pytest.mark.parametrize(
-    "authorization", [None, "Bearer wrong", "Bearer admin-secre", "Basic admin-secret", "admin-secret"]
+    "authorization",
+    [None, "Bearer wrong", "Bearer admin-secre", "Basic admin-secret", "admin-secret"],
 )
 async def test_admin_endpoints_refuse_a_wrong_token(
     start_proxy: StartProxy, client: aiohttp.ClientSession, authorization: str | None
@@ -98,8 +100,11 @@ async def test_logs_carry_one_line_per_request_and_no_credential_or_body(
     proxy = await start_proxy(upstream={"api_key": SECRET_KEY})
     body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": SECRET_CONTENT}]})
     upstream.reply(json_reply({"echo": SECRET_CONTENT}))
-    async with client.post(f"{proxy.url}/s/sess-9/v1/chat/completions?key=q", data=body,
-                           headers={"Authorization": f"Bearer {SECRET_KEY}x"}):
+    async with client.post(
+        f"{proxy.url}/s/sess-9/v1/chat/completions?key=q",
+        data=body,
+        headers={"Authorization": f"Bearer {SECRET_KEY}x"},
+    ):
         pass
     async with client.get(f"{proxy.url}/v1/models"):  # the injected key is used here
         pass

@@ -21,8 +21,13 @@ from tests.fakes.upstream import (
 )
 from tests.proxy.conftest import StartProxy
 
-OVERFLOW = {"error": {"message": "This model's maximum context length is 8192 tokens",
-                      "type": "invalid_request_error", "code": "context_length_exceeded"}}
+OVERFLOW = {
+    "error": {
+        "message": "This model's maximum context length is 8192 tokens",
+        "type": "invalid_request_error",
+        "code": "context_length_exceeded",
+    }
+}
 
 
 class RecordingPipeline:
@@ -40,8 +45,10 @@ class RecordingPipeline:
         session = ctx.session_id or fingerprint(payload)
         payload["messages"] = payload["messages"][-1:]
         return Prepared(
-            body=orjson.dumps(payload), headers={"x-compaction-status": "applied"},
-            session_id=session, wants_usage=True,
+            body=orjson.dumps(payload),
+            headers={"x-compaction-status": "applied"},
+            session_id=session,
+            wants_usage=True,
         )
 
     async def on_upstream_error(
@@ -56,9 +63,16 @@ class RecordingPipeline:
         self.responses.append((status, usage))
 
 
-LONG = orjson.dumps({"model": "m", "messages": [
-    {"role": "system", "content": "s"}, {"role": "user", "content": "old"},
-    {"role": "user", "content": "new"}]})
+LONG = orjson.dumps(
+    {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "old"},
+            {"role": "user", "content": "new"},
+        ],
+    }
+)
 
 
 async def test_the_pipeline_body_is_sent_and_its_headers_reach_the_client(
@@ -67,7 +81,8 @@ async def test_the_pipeline_body_is_sent_and_its_headers_reach_the_client(
     pipeline = RecordingPipeline()
     proxy = await start_proxy(pipeline=pipeline, upstream={"api_key": "sk-injected"})
     async with client.post(
-        f"{proxy.url}/s/agent-1/v1/chat/completions?q=1", data=LONG,
+        f"{proxy.url}/s/agent-1/v1/chat/completions?q=1",
+        data=LONG,
         headers={"X-Trace": "t"},
     ) as response:
         assert response.headers["x-compaction-status"] == "applied"
@@ -80,8 +95,9 @@ async def test_the_pipeline_body_is_sent_and_its_headers_reach_the_client(
     assert ctx.credential == "Bearer sk-injected"
     assert ctx.path == "/s/agent-1/v1/chat/completions"
     assert ctx.headers["X-Trace"] == "t"
-    assert pipeline.responses == [(200, {"prompt_tokens": 10, "completion_tokens": 2,
-                                          "total_tokens": 12})]
+    assert pipeline.responses == [
+        (200, {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12})
+    ]
 
 
 async def test_header_session_wins_over_the_path(
@@ -89,8 +105,11 @@ async def test_header_session_wins_over_the_path(
 ) -> None:
     pipeline = RecordingPipeline()
     proxy = await start_proxy(pipeline=pipeline)
-    async with client.post(f"{proxy.url}/s/from-path/v1/chat/completions", data=LONG,
-                           headers={"X-Session-Id": "from-header"}):
+    async with client.post(
+        f"{proxy.url}/s/from-path/v1/chat/completions",
+        data=LONG,
+        headers={"X-Session-Id": "from-header"},
+    ):
         pass
     assert pipeline.contexts[-1].session_id == "from-header"
 
@@ -156,8 +175,13 @@ async def test_usage_is_found_at_the_end_of_a_stream(
     pipeline = RecordingPipeline()
     proxy = await start_proxy(pipeline=pipeline)
     usage = {"prompt_tokens": 1234, "completion_tokens": 5, "total_tokens": 1239}
-    upstream.reply(stream_reply(sse_events(
-        chat_chunk("a"), chat_chunk(None, finish=True), chat_chunk(None, usage=usage))))
+    upstream.reply(
+        stream_reply(
+            sse_events(
+                chat_chunk("a"), chat_chunk(None, finish=True), chat_chunk(None, usage=usage)
+            )
+        )
+    )
     async with client.post(f"{proxy.url}/v1/chat/completions", data=LONG) as response:
         await response.read()
     assert pipeline.responses == [(200, usage)]
@@ -182,7 +206,8 @@ async def test_the_resolved_session_is_touched_in_the_records(
         async with client.post(f"{proxy.url}/v1/chat/completions", data=LONG):
             pass
     expected = fingerprint(orjson.loads(LONG))
-    async with client.get(f"{proxy.url}/admin/sessions/{expected}",
-                          headers={"Authorization": "Bearer t0k"}) as response:
+    async with client.get(
+        f"{proxy.url}/admin/sessions/{expected}", headers={"Authorization": "Bearer t0k"}
+    ) as response:
         assert response.status == 200
         assert (await response.json())["requests"] == 2

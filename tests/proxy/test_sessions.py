@@ -11,7 +11,9 @@ from proxy.records import SessionRecords
 from proxy.sessions import fingerprint, is_valid_session_id, resolve_session_id
 
 
-def conversation(system: str, first: str, *later: str, tools: tuple[str, ...] = ()) -> dict[str, Any]:
+def conversation(
+    system: str, first: str, *later: str, tools: tuple[str, ...] = ()
+) -> dict[str, Any]:
     messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
     for text in later:
         messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": text}]
@@ -27,7 +29,9 @@ def test_valid_session_ids(value: str) -> None:
     assert is_valid_session_id(value)
 
 
-@pytest.mark.parametrize("value", ["", ".", "..", ".a", "a/b", "a\\b", "a b", "é", "x" * 129, "a\n"])
+@pytest.mark.parametrize(
+    "value", ["", ".", "..", ".a", "a/b", "a\\b", "a b", "é", "x" * 129, "a\n"]
+)
 def test_invalid_session_ids(value: str) -> None:
     assert not is_valid_session_id(value)
 
@@ -48,14 +52,20 @@ def test_fingerprint_is_stable_as_the_conversation_grows() -> None:
 
 
 def test_fingerprint_tells_conversations_of_one_agent_apart() -> None:
-    assert fingerprint(conversation("sys", "task one")) != fingerprint(conversation("sys", "task two"))
+    assert fingerprint(conversation("sys", "task one")) != fingerprint(
+        conversation("sys", "task two")
+    )
     assert fingerprint(conversation("sys", "t")) != fingerprint(conversation("other", "t"))
     assert fingerprint(conversation("s", "t", tools=("a",))) != fingerprint(conversation("s", "t"))
 
 
 def test_fingerprint_survives_odd_payloads() -> None:
-    for payload in ({}, {"messages": "x"}, {"messages": [1, None, {"role": "user"}]},
-                    {"tools": [None, {"function": 3}]}):
+    for payload in (
+        {},
+        {"messages": "x"},
+        {"messages": [1, None, {"role": "user"}]},
+        {"tools": [None, {"function": 3}]},
+    ):
         assert fingerprint(payload).startswith("fp-")
 
 

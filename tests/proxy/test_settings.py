@@ -57,8 +57,12 @@ def test_environment_beats_the_file_and_flags_beat_both(tmp_path: Path) -> None:
 
 def test_context_window_exact_then_glob_then_default() -> None:
     settings = Settings.build(
-        {"models": {"default_context_window": 1000,
-                    "context_windows": {"gpt-4o*": 128000, "gpt-4o-mini": 64000}}}
+        {
+            "models": {
+                "default_context_window": 1000,
+                "context_windows": {"gpt-4o*": 128000, "gpt-4o-mini": 64000},
+            }
+        }
     )
     models = settings.models
     assert models.context_window_for("gpt-4o-mini") == 64000
@@ -100,10 +104,15 @@ def test_a_missing_config_file_is_a_settings_error(tmp_path: Path) -> None:
         load_settings(str(tmp_path / "nope.yaml"), {}, {})
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "proxy", *args],
-        capture_output=True, text=True, timeout=30, cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=cwd,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **(env or {})},
     )
 

@@ -15,9 +15,11 @@ from tests.fakes.upstream import FakeUpstream, hang_reply, json_reply, raw_reply
 
 
 async def test_post_json_returns_status_and_parsed_answer(upstream: FakeUpstream) -> None:
-    upstream.reply_once(json_reply({"ok": 1}, status=201),
-                        raw_reply(gzip.compress(b'{"z": 2}'), headers={"Content-Encoding": "gzip"}),
-                        raw_reply(b"not json", status=500))
+    upstream.reply_once(
+        json_reply({"ok": 1}, status=201),
+        raw_reply(gzip.compress(b'{"z": 2}'), headers={"Content-Encoding": "gzip"}),
+        raw_reply(b"not json", status=500),
+    )
     async with open_session(UpstreamSettings(base_url=upstream.base_url)) as session:
         url = f"{upstream.base_url}/chat/completions"
         headers = {"X-Compaction-Purpose": "summary", "Content-Type": "application/json"}
