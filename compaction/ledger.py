@@ -13,14 +13,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from compaction.summarize import (
+from compaction.messages import (
     ToolCall,
+    is_message,
     is_observation,
     is_user_request,
     message_text,
     tool_calls,
 )
-from compaction.types import MemoryItem, TokenEstimator, is_message
+from compaction.types import MemoryItem, TokenEstimator
 
 MAX_REQUESTS = 40
 MAX_FILES = 400

@@ -1,4 +1,4 @@
-"""The memory flush: items worth keeping, parsed or guessed, appended to a per-session file.
+"""The memory file: items worth keeping, appended to a per-session file, each once.
 
 `{root}/{session_id}/compaction_flush.jsonl` holds one JSON object per line. Each line goes out
 in a single `os.write` on a descriptor opened with O_APPEND, so concurrent writers (tasks or
@@ -9,26 +9,20 @@ directories created 0700. The only file I/O in the library lives here.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import orjson
 from cachetools import LRUCache
 
-from compaction.summarize import is_user_request, message_text
-from compaction.types import MemoryItem, MemoryType, is_message
+from compaction.types import MemoryItem, as_memory_type
 
 FILE_NAME = "compaction_flush.jsonl"
-MEMORY_TYPES: frozenset[str] = frozenset({"decision", "fact", "preference", "todo"})
-MAX_CONTENT_CHARS = 1000
 SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
-_FENCE_LINE = re.compile(r"^\s*```[\w-]*\s*$", re.MULTILINE)
 _WHITESPACE = re.compile(r"\s+")
 
 
@@ -39,127 +33,6 @@ class InvalidSessionId(ValueError):
 def is_valid_session_id(value: str) -> bool:
     """The one rule for session ids (DESIGN §5): 1-128 of [A-Za-z0-9._-], no leading dot."""
     return SESSION_ID.fullmatch(value) is not None and not value.startswith(".")
-
-
-# ---------------------------------------------------------------- parsing the LLM's answer
-
-
-def parse_memory_reply(text: str) -> list[MemoryItem] | None:
-    """The items of the first JSON array in `text`; None when there is no array at all.
-
-    Code fences and prose around the array are ignored; items that are not objects with a known
-    `type` and a non-empty string `content` are dropped.
-    """
-    found = _first_json_array(_FENCE_LINE.sub("", text))
-    if found is None:
-        return None
-    items: list[MemoryItem] = []
-    for entry in found:
-        item = _memory_item(entry)
-        if item is not None and item not in items:
-            items.append(item)
-    return items
-
-
-def parse_memory_items(text: str) -> list[MemoryItem]:
-    """Like parse_memory_reply, with [] when the text holds no array."""
-    return parse_memory_reply(text) or []
-
-
-def _first_json_array(text: str) -> list[Any] | None:
-    """The first JSON array holding an object (prose like "see [1]" is skipped), else the first
-    array of any kind, else None."""
-    decoder = json.JSONDecoder()
-    first: list[Any] | None = None
-    start = text.find("[")
-    while start != -1:
-        try:
-            value, _ = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
-            value = None
-        if isinstance(value, list):
-            if any(isinstance(entry, dict) for entry in value):
-                return value
-            first = value if first is None else first
-        start = text.find("[", start + 1)
-    return first
-
-
-def _memory_item(entry: Any) -> MemoryItem | None:
-    if not isinstance(entry, dict):
-        return None
-    kind = entry.get("type")
-    content = entry.get("content")
-    if not isinstance(kind, str) or not isinstance(content, str):
-        return None
-    kind = kind.strip().lower()
-    content = _WHITESPACE.sub(" ", content).strip()[:MAX_CONTENT_CHARS]
-    if kind not in MEMORY_TYPES or not content:
-        return None
-    return MemoryItem(_as_type(kind), content)
-
-
-def _as_type(kind: str) -> MemoryType:
-    if kind == "decision":
-        return "decision"
-    if kind == "preference":
-        return "preference"
-    if kind == "todo":
-        return "todo"
-    return "fact"
-
-
-# ---------------------------------------------------------------- extraction without an LLM
-
-_PREFERENCE = re.compile(
-    r"\b(?:i prefer|prefer|always|never|don't|do not|avoid|please use)\b|偏好|喜欢|总是|不要|别用|请用",
-    re.IGNORECASE,
-)
-_DECISION = re.compile(
-    r"\b(?:decided|we decide|let's use|let's go with|we will|we'll use|going with)\b|决定|就用|我们用",
-    re.IGNORECASE,
-)
-_TODO = re.compile(r"\bTODO\b|(?i:\bnext step\b|\bneed to\b|\bstill have to\b)|待办|下一步|需要")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])\s*|\n+")
-MAX_HEURISTIC_ITEMS = 30
-MAX_HEURISTIC_CHARS = 300
-
-
-def extract_items_heuristically(messages: Iterable[Any]) -> list[MemoryItem]:
-    """Items guessed from keywords in what the user and assistant wrote (no tool output).
-
-    Preferences come only from the user; decisions and todos from either side. One sentence,
-    one item; at most MAX_HEURISTIC_ITEMS.
-    """
-    items: list[MemoryItem] = []
-    for message in messages:
-        from_user = is_user_request(message)
-        if not from_user and not (is_message(message) and message["role"] == "assistant"):
-            continue
-        for sentence in _sentences(message_text(message)):
-            item = _classify(sentence, from_user)
-            if item is not None and item not in items:
-                items.append(item)
-            if len(items) >= MAX_HEURISTIC_ITEMS:
-                return items
-    return items
-
-
-def _sentences(text: str) -> list[str]:
-    prose = re.sub(r"```.*?(?:```|$)", " ", text, flags=re.DOTALL)
-    return [
-        s.strip() for s in _SENTENCE_END.split(prose) if 6 <= len(s.strip()) <= MAX_HEURISTIC_CHARS
-    ]
-
-
-def _classify(sentence: str, from_user: bool) -> MemoryItem | None:
-    if from_user and _PREFERENCE.search(sentence):
-        return MemoryItem("preference", sentence)
-    if _DECISION.search(sentence):
-        return MemoryItem("decision", sentence)
-    if _TODO.search(sentence):
-        return MemoryItem("todo", sentence)
-    return None
 
 
 # ---------------------------------------------------------------- the file
@@ -207,7 +80,7 @@ class MemoryWriter:
     ) -> list[MemoryItem]:
         """Write the items not already in the session's file; return those written."""
         records = await self.write(session_id, compaction_id, items)
-        return [MemoryItem(_as_type(r["type"]), r["content"]) for r in records]
+        return [MemoryItem(as_memory_type(r["type"]), r["content"]) for r in records]
 
     async def write(
         self, session_id: str, compaction_id: str, items: Sequence[MemoryItem]

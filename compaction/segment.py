@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from compaction.marker import is_summary_message
+from compaction.messages import is_message
 from compaction.tokens import REPLY_PRIMING_TOKENS
-from compaction.types import Block, Round, Segments, TokenEstimator, is_message
+from compaction.types import Block, Round, Segments, TokenEstimator
 
 HEAD_ROLES = frozenset({"system", "developer"})
 BlockKind = Literal["tool", "message"]

@@ -17,6 +17,19 @@ Purpose = Literal["summary", "memory"]
 """Why the library calls the LLM; the proxy turns it into `X-Compaction-Purpose`."""
 
 MemoryType = Literal["decision", "fact", "preference", "todo"]
+MEMORY_TYPES: frozenset[str] = frozenset({"decision", "fact", "preference", "todo"})
+
+
+def as_memory_type(kind: str) -> MemoryType:
+    """`kind` as a MemoryType; anything unknown is a fact."""
+    if kind == "decision":
+        return "decision"
+    if kind == "preference":
+        return "preference"
+    if kind == "todo":
+        return "todo"
+    return "fact"
+
 
 Quality = Literal["good", "acceptable", "poor"]
 """How much of the key information a summary kept: the verification's grade."""
@@ -167,8 +180,3 @@ class CompactionResult:
     @property
     def compression_ratio(self) -> float:
         return self.tokens_after / self.tokens_before if self.tokens_before else 1.0
-
-
-def is_message(item: object) -> bool:
-    """True for a dict with a string role: the only shape the library looks inside."""
-    return isinstance(item, dict) and isinstance(item.get("role"), str)

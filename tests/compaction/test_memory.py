@@ -1,4 +1,4 @@
-"""Memory items: robust parsing, keyword extraction, and a file that only ever holds whole lines."""
+"""The memory file: whole lines only, private, each item once."""
 
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ from pathlib import Path
 import pytest
 
 from compaction import InvalidSessionId, MemoryItem, MemoryWriter
-from compaction.memory import extract_items_heuristically, parse_memory_items, parse_memory_reply
-from tests.factories import assistant, tool_result, user
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,72 +24,6 @@ def _lines(path: Path) -> list[dict[str, str]]:
     raw = path.read_bytes()
     assert raw == b"" or raw.endswith(b"\n"), "last line is torn"
     return [json.loads(line) for line in raw.splitlines()]
-
-
-# ---------------------------------------------------------------- parsing
-
-
-def test_parse_plain_array() -> None:
-    text = '[{"type": "decision", "content": "Use Postgres"}, {"type": "todo", "content": "Add index"}]'
-    assert parse_memory_items(text) == [
-        MemoryItem("decision", "Use Postgres"),
-        MemoryItem("todo", "Add index"),
-    ]
-
-
-def test_parse_array_in_code_fence_with_prose_around() -> None:
-    text = 'Here you go:\n```json\n[{"type": "fact", "content": "Port is 8080"}]\n```\nHope it helps [1].'
-    assert parse_memory_items(text) == [MemoryItem("fact", "Port is 8080")]
-
-
-def test_bad_and_unknown_items_are_dropped() -> None:
-    text = json.dumps(
-        [
-            {"type": "preference", "content": "  Short   answers "},
-            {"type": "opinion", "content": "unknown type"},
-            {"type": "fact"},
-            {"type": "fact", "content": 42},
-            {"type": "fact", "content": "   "},
-            "a string",
-            {"type": "TODO", "content": "Write docs"},
-            {"type": "preference", "content": "Short answers"},
-        ]
-    )
-    assert parse_memory_items(text) == [
-        MemoryItem("preference", "Short answers"),
-        MemoryItem("todo", "Write docs"),
-    ]
-
-
-def test_no_array_is_none_and_empty_array_is_empty() -> None:
-    assert parse_memory_reply("Sorry, nothing [here") is None
-    assert parse_memory_items("no array at all") == []
-    assert parse_memory_reply("[]") == []
-    found = [MemoryItem("fact", "x y")]
-    assert parse_memory_reply('[not json] then [{"type": "fact", "content": "x y"}]') == found
-    assert parse_memory_reply('As noted [1], here: [{"type": "fact", "content": "x y"}]') == found
-
-
-def test_heuristic_extraction_is_precise() -> None:
-    messages = [
-        user("I prefer tabs over spaces. What time is it?"),
-        assistant("We decided to use SQLite for the tests. The sky is blue."),
-        assistant("Next step: wire the cache. Nothing else."),
-        tool_result("call_x", "we will never see tool output as a preference"),
-        assistant("Never mind, all good here."),  # not from the user: no preference
-    ]
-    assert extract_items_heuristically(messages) == [
-        MemoryItem("preference", "I prefer tabs over spaces."),
-        MemoryItem("decision", "We decided to use SQLite for the tests."),
-        MemoryItem("todo", "Next step: wire the cache."),
-    ]
-
-
-def test_heuristic_extraction_reads_chinese() -> None:
-    items = extract_items_heuristically(
-        [user("我们决定使用 React 而不是 Vue。请不要写太长的回答。")]
-    )
-    assert [i.type for i in items] == ["decision", "preference"]
 
 
 # ---------------------------------------------------------------- the file

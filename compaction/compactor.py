@@ -1,0 +1,426 @@
+"""The compaction run: plan, summarize and extract concurrently, fall back, verify, check.
+
+`Compactor` is what the proxy calls: `plan()` decides where to cut, `run()` produces the new
+message list and a CompactionResult, and never raises.
+
+Paths, in order of preference:
+- "llm": the model's summary, plus the code-built ledger and any missing key items.
+- "extractive": the model failed (raised, timed out, or answered empty, too short, without
+  letters, or with a refusal); the summary is built by code from the ledger (user requests,
+  files, commands, errors, values), the previous summary and the extracted items.
+- "dropped": not even the extractive summary fits its budget; a one-line note says how many
+  messages were left out.
+- "unchanged": nothing to fold, no gain, a failed check, or an internal error; the input as is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compaction.extract import extract_items_heuristically, parse_memory_reply
+from compaction.invariants import check_compacted
+from compaction.ledger import (
+    Ledger,
+    build_ledger,
+    overflow_items,
+    render_ledger,
+)
+from compaction.marker import is_summary_message
+from compaction.memory import MemoryWriter
+from compaction.plan import plan_compaction, should_compact
+from compaction.segment import split
+from compaction.summarize import (
+    CJK_CHARS,
+    build_memory_request,
+    build_summary_request,
+    is_cjk_dominant,
+    prose_texts,
+    summary_message,
+    summary_text,
+)
+from compaction.tokens import HeuristicEstimator, estimate_request
+from compaction.transcript import clip_middle, render_transcript
+from compaction.types import (
+    ChatLLM,
+    CompactionResult,
+    MemoryItem,
+    Message,
+    Path,
+    Plan,
+    Purpose,
+    TokenEstimator,
+)
+from compaction.verify import append_missing, check_preserved, missing_items
+
+logger = logging.getLogger(__name__)
+
+MIN_SUMMARY_TOKENS = 256
+"""The smallest summary budget a plan asks for, however small the window."""
+
+MIN_BODY_TOKENS = 200
+"""A summary may take half of what it replaces, but never needs to be smaller than this."""
+
+LLM_SHARE = 0.65
+"""Of the summary body, the part the model's text may take; the ledger gets the rest."""
+
+_REFUSAL = re.compile(
+    r"^\s*(?:i'?m sorry|i am sorry|sorry,|i can(?:no|')t|i'?m unable|i am unable|as an ai)",
+    re.IGNORECASE,
+)
+_WORDS = re.compile(r"[^\W\d_]{2,}")
+_CJK_CHAR = re.compile(f"[{CJK_CHARS}]")
+
+
+@dataclass(frozen=True)
+class CompactionSettings:
+    trigger_ratio: float = 0.85
+    target_ratio: float = 0.6
+    keep_recent_rounds: int = 5
+    summary_max_tokens: int = 2000
+    summary_window_ratio: float = 0.15
+    """The summary never takes more than this share of the window (small windows)."""
+    transcript_max_tokens: int = 24000
+    tool_output_clip_chars: int = 2000
+    memory_max_tokens: int = 1500
+    llm_timeout_s: float = 60.0
+
+
+def is_substantive(text: str) -> bool:
+    """A usable model answer: three words or more (a CJK character counts as one), no refusal."""
+    stripped = text.strip()
+    if not stripped or _REFUSAL.match(stripped):
+        return False
+    return len(_WORDS.findall(stripped)) + len(_CJK_CHAR.findall(stripped)) >= 3
+
+
+@dataclass(frozen=True)
+class _Reply:
+    text: str | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class _Summary:
+    body: str
+    path: Path
+    overflow: Ledger
+
+
+class Compactor:
+    """Plans and runs compactions with one set of settings; holds no per-conversation state."""
+
+    def __init__(
+        self,
+        *,
+        settings: CompactionSettings = CompactionSettings(),
+        estimator: TokenEstimator | None = None,
+        memory: MemoryWriter | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.estimator: TokenEstimator = estimator or HeuristicEstimator()
+        self.memory = memory
+        self.clock = clock
+
+    # ------------------------------------------------------------ deciding
+
+    def estimate(
+        self, messages: Sequence[Any], tools: Any = None, *, estimator: TokenEstimator | None = None
+    ) -> int:
+        return estimate_request(messages, tools, estimator or self.estimator)
+
+    def needs_compaction(
+        self, tokens: int, window: int, max_output_tokens: int | None = None
+    ) -> bool:
+        return should_compact(
+            tokens,
+            window,
+            trigger_ratio=self.settings.trigger_ratio,
+            max_output_tokens=max_output_tokens,
+        )
+
+    def summary_budget(self, window: int) -> int:
+        """Tokens the summary message may take: the setting, capped by the window's share."""
+        share = int(window * self.settings.summary_window_ratio)
+        return max(MIN_SUMMARY_TOKENS, min(self.settings.summary_max_tokens, share))
+
+    def plan(
+        self,
+        messages: Sequence[Any],
+        *,
+        window: int,
+        tools: Any = None,
+        max_output_tokens: int | None = None,
+        estimator: TokenEstimator | None = None,
+    ) -> Plan:
+        segments = split(messages, estimator or self.estimator, tools)
+        return plan_compaction(
+            segments,
+            window=window,
+            target_ratio=self.settings.target_ratio,
+            keep_recent_rounds=self.settings.keep_recent_rounds,
+            summary_budget_tokens=self.summary_budget(window),
+            max_output_tokens=max_output_tokens,
+        )
+
+    # ------------------------------------------------------------ running
+
+    async def run(
+        self,
+        messages: list[Any],
+        plan: Plan,
+        *,
+        llm: ChatLLM | None,
+        session_id: str | None,
+        tools: Any = None,
+        estimator: TokenEstimator | None = None,
+    ) -> CompactionResult:
+        """Apply `plan` to `messages`; on any failure the input comes back unchanged, with why."""
+        run = _Run(self, messages, plan, tools, estimator or self.estimator)
+        try:
+            return await run.execute(llm, session_id)
+        except Exception as exc:  # fail open: the agent's request must go out regardless
+            logger.warning("compaction failed, forwarding unchanged: %r", exc, exc_info=True)
+            return run.unchanged("internal error", errors=(f"{type(exc).__name__}: {exc}",))
+
+
+class _Run:
+    """One compaction of one message list (keeps the per-run values out of Compactor)."""
+
+    def __init__(
+        self,
+        compactor: Compactor,
+        messages: list[Any],
+        plan: Plan,
+        tools: Any,
+        estimator: TokenEstimator,
+    ) -> None:
+        self.compactor = compactor
+        self.settings = compactor.settings
+        self.messages = messages
+        self.plan = plan
+        self.tools = tools
+        self.estimator = estimator
+        self.started = compactor.clock()
+        self.compaction_id = uuid.uuid4().hex
+        self.errors: list[str] = []
+
+    def unchanged(self, reason: str, *, errors: tuple[str, ...] = ()) -> CompactionResult:
+        return CompactionResult(
+            messages=self.messages,
+            path="unchanged",
+            reason=reason,
+            keep_from=0,
+            prefix_len=0,
+            summary_text="",
+            summary_message=None,
+            memory_items=(),
+            verification=None,
+            tokens_before=self.plan.tokens_before,
+            tokens_after=self.plan.tokens_before,
+            fits=self.plan.tokens_before <= self.plan.target_tokens,
+            compaction_id=self.compaction_id,
+            duration_s=self.compactor.clock() - self.started,
+            errors=(*self.errors, *errors),
+        )
+
+    async def execute(self, llm: ChatLLM | None, session_id: str | None) -> CompactionResult:
+        plan, messages = self.plan, self.messages
+        folded = plan.folded
+        if not folded:
+            return self.unchanged(plan.note or "nothing to fold")
+        if self._too_little(folded):
+            # Decide before paying for two model calls whose result would be thrown away.
+            return self.unchanged("too little to fold: a summary would not be smaller")
+        previous = [summary_text(messages[i]) for i in folded if is_summary_message(messages[i])]
+        previous_summary = "\n\n".join(t for t in previous if t) or None
+        fresh = [i for i in folded if not is_summary_message(messages[i])]
+
+        cjk = is_cjk_dominant([*prose_texts(messages, fresh), previous_summary or ""])
+        transcript = render_transcript(
+            messages,
+            fresh,
+            estimator=self.estimator,
+            max_tokens=self.settings.transcript_max_tokens,
+            tool_output_clip_chars=self.settings.tool_output_clip_chars,
+        )
+        ledger = build_ledger(messages, fresh)
+        body_budget = self._body_budget(fresh)
+        summary_reply, memory_reply = await self._ask_both(
+            llm, transcript, previous_summary, cjk, body_budget
+        )
+        items = self._memory_items(memory_reply, [messages[i] for i in fresh])
+        summary = self._compose(
+            summary_reply, previous_summary, ledger, items, body_budget, len(folded)
+        )
+        verification = check_preserved(
+            [i.content for i in items] + ledger.key_entries(), summary.body
+        )
+
+        inserted = summary_message(summary.body)
+        compacted = [
+            *messages[: plan.head_end],
+            inserted,
+            *(messages[i] for i in plan.pinned),
+            *messages[plan.keep_from :],
+        ]
+        problems = check_compacted(messages, compacted, plan)
+        if problems:
+            logger.warning("compacted list failed its check: %s", "; ".join(problems))
+            return self.unchanged("check failed: " + "; ".join(problems[:3]))
+        tokens_after = estimate_request(compacted, self.tools, self.estimator)
+        if tokens_after >= plan.tokens_before:
+            return self.unchanged("compaction would not make the request smaller")
+
+        memory_items = tuple(items + overflow_items(summary.overflow))
+        await self._flush(session_id, memory_items)
+        return CompactionResult(
+            messages=compacted,
+            path=summary.path,
+            reason=plan.note or f"folded {len(folded)} messages",
+            keep_from=plan.keep_from,
+            prefix_len=plan.head_end + 1 + len(plan.pinned),
+            summary_text=summary.body,
+            summary_message=inserted,
+            memory_items=memory_items,
+            verification=verification,
+            tokens_before=plan.tokens_before,
+            tokens_after=tokens_after,
+            fits=plan.fits and tokens_after <= plan.target_tokens,
+            compaction_id=self.compaction_id,
+            duration_s=self.compactor.clock() - self.started,
+            folded_count=len(folded),
+            errors=tuple(self.errors),
+        )
+
+    def _too_little(self, folded: Sequence[int]) -> bool:
+        """True when the folded messages are no bigger than the smallest summary replacing them."""
+        smallest = self.estimator.count_message(summary_message("")) + MIN_BODY_TOKENS
+        return sum(self.estimator.count_message(self.messages[i]) for i in folded) <= smallest
+
+    def _body_budget(self, fresh: Sequence[int]) -> int:
+        """Tokens for the summary body: the plan's budget minus the framing, and at most half of
+        what it replaces (but never below MIN_BODY_TOKENS), so a compaction always shrinks."""
+        framing = self.estimator.count_message(summary_message(""))
+        folded_tokens = sum(self.estimator.count_message(self.messages[i]) for i in fresh)
+        budget = self.plan.summary_budget_tokens - framing
+        return min(budget, max(MIN_BODY_TOKENS, folded_tokens // 2))
+
+    # ------------------------------------------------------------ the two model calls
+
+    async def _ask_both(
+        self,
+        llm: ChatLLM | None,
+        transcript: str,
+        previous_summary: str | None,
+        cjk: bool,
+        body_budget: int,
+    ) -> tuple[_Reply, _Reply]:
+        if llm is None:
+            none = _Reply(None, None)
+            return none, none
+        summary_request = build_summary_request(
+            transcript,
+            previous_summary=previous_summary,
+            max_tokens=max(64, int(body_budget * LLM_SHARE)),
+            cjk=cjk,
+        )
+        memory_request = build_memory_request(transcript, cjk=cjk)
+        summary, memory = await asyncio.gather(
+            self._ask(llm, summary_request, "summary", max(64, int(body_budget * LLM_SHARE))),
+            self._ask(llm, memory_request, "memory", self.settings.memory_max_tokens),
+        )
+        return summary, memory
+
+    async def _ask(
+        self, llm: ChatLLM, request: list[Message], purpose: Purpose, max_tokens: int
+    ) -> _Reply:
+        try:
+            async with asyncio.timeout(self.settings.llm_timeout_s):
+                text = await llm.complete(request, purpose=purpose, max_tokens=max_tokens)
+        except TimeoutError:
+            return self._failed(purpose, f"timed out after {self.settings.llm_timeout_s:g} s")
+        except Exception as exc:  # any failure of the summarizer means: fall back
+            return self._failed(purpose, f"{type(exc).__name__}: {exc}")
+        if not isinstance(text, str) or (purpose == "summary" and not is_substantive(text)):
+            return self._failed(purpose, "empty or nonsensical answer")
+        return _Reply(text, None)
+
+    def _failed(self, purpose: Purpose, why: str) -> _Reply:
+        error = f"{purpose} call failed: {why}"
+        self.errors.append(error)
+        return _Reply(None, error)
+
+    def _memory_items(self, reply: _Reply, folded: Sequence[Any]) -> list[MemoryItem]:
+        parsed = parse_memory_reply(reply.text) if reply.text is not None else None
+        if parsed is not None:
+            return parsed
+        if reply.text is not None:
+            self.errors.append("memory call failed: no JSON array in the answer")
+        return extract_items_heuristically(folded)
+
+    # ------------------------------------------------------------ composing the summary
+
+    def _fits(self, budget: int) -> Callable[[str], bool]:
+        return lambda text: self.estimator.count_text(text) <= budget
+
+    def _compose(
+        self,
+        reply: _Reply,
+        previous_summary: str | None,
+        ledger: Ledger,
+        items: list[MemoryItem],
+        budget: int,
+        folded_count: int,
+    ) -> _Summary:
+        path: Path = "llm" if reply.text is not None else "extractive"
+        if reply.text is not None:
+            lead = self._clip_to(reply.text.strip(), int(budget * LLM_SHARE))
+        else:
+            lead = self._extractive_lead(previous_summary, folded_count, budget)
+        if not lead or not self._fits(budget)(lead):
+            note = f"{folded_count} earlier messages were omitted to fit the context window."
+            return _Summary(note, "dropped", ledger)
+        reserve = min(
+            int(budget * 0.15), sum(self.estimator.count_text(i.content) + 4 for i in items)
+        )
+        ledger_budget = budget - self.estimator.count_text(lead) - reserve - 2
+        ledger_text, overflow = render_ledger(
+            ledger, estimator=self.estimator, max_tokens=ledger_budget
+        )
+        body = f"{lead}\n\n{ledger_text}" if ledger_text else lead
+        body = append_missing(body, missing_items(items, body), fits=self._fits(budget))
+        return _Summary(body, path, overflow)
+
+    def _extractive_lead(self, previous_summary: str | None, folded_count: int, budget: int) -> str:
+        lead = f"(Built without the model from {folded_count} condensed messages.)"
+        if previous_summary:
+            earlier = self._clip_to(previous_summary, int(budget * 0.4))
+            lead = f"{lead}\n\n## Earlier summary\n{earlier}"
+        return lead
+
+    def _clip_to(self, text: str, max_tokens: int) -> str:
+        """`text` cut in the middle until it fits `max_tokens` (an estimate, so twice at most)."""
+        for _ in range(3):
+            tokens = self.estimator.count_text(text)
+            if tokens <= max_tokens:
+                return text
+            text = clip_middle(text, max(0, int(len(text) * max_tokens / tokens * 0.9)))
+        return text if self.estimator.count_text(text) <= max_tokens else ""
+
+    async def _flush(self, session_id: str | None, items: Sequence[MemoryItem]) -> None:
+        memory = self.compactor.memory
+        if memory is None or session_id is None or not items:
+            return
+        try:
+            await memory.append(session_id, self.compaction_id, items)
+        except Exception as exc:  # a memory file problem must not cost the compaction
+            logger.warning("memory flush failed for session %r: %r", session_id, exc)
+            self.errors.append(f"memory flush failed: {type(exc).__name__}: {exc}")

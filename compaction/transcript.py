@@ -1,0 +1,106 @@
+"""The folded messages as a bounded transcript for the summarizer.
+
+Tool outputs are clipped first, then assistant text; user requests last and never dropped.
+Earlier summaries are left out: the update request carries them separately.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compaction.marker import is_summary_message
+from compaction.messages import is_message, is_observation, message_text, tool_calls
+from compaction.types import TokenEstimator
+
+# Successive clipping limits in characters: (tool output, assistant text, user request).
+# Tool outputs give way first, then assistant prose; user requests only at the end, and only
+# down to a readable head and tail, never away.
+_STAGES: tuple[tuple[int, int | None, int | None], ...] = (
+    (2000, None, None),
+    (800, 4000, None),
+    (300, 1500, None),
+    (120, 500, 4000),
+    (60, 200, 1500),
+    (0, 100, 600),
+)
+
+
+def clip_middle(text: str, limit: int) -> str:
+    """`text` cut to about `limit` characters, keeping its head and tail and saying how much went."""
+    if len(text) <= limit:
+        return text
+    if limit <= 0:
+        return f"[… {len(text)} chars omitted …]"
+    head = limit * 2 // 3
+    tail = limit - head
+    omitted = len(text) - head - tail
+    return f"{text[:head]}\n[… {omitted} chars omitted …]\n{text[len(text) - tail :]}"
+
+
+@dataclass(frozen=True)
+class _Entry:
+    kind: str  # "user" | "assistant" | "tool" | "other"
+    label: str
+    text: str
+    calls: str = ""
+
+    def render(self, limits: tuple[int, int | None, int | None]) -> str:
+        tool_limit, assistant_limit, user_limit = limits
+        limit = {"tool": tool_limit, "assistant": assistant_limit, "user": user_limit}.get(
+            self.kind, assistant_limit
+        )
+        body = self.text if limit is None else clip_middle(self.text, limit)
+        if self.calls:
+            calls = (
+                self.calls if assistant_limit is None else clip_middle(self.calls, assistant_limit)
+            )
+            body = f"{body}\n{calls}" if body else calls
+        return f"[{self.label}]\n{body}".rstrip()
+
+
+def _entry(message: Any) -> _Entry:
+    if not is_message(message):
+        return _Entry("other", "malformed item", clip_middle(repr(message), 200))
+    role = message["role"]
+    text = message_text(message)
+    if role == "tool":
+        return _Entry("tool", "tool result", text)
+    if is_observation(message):
+        return _Entry("tool", "command output", text)
+    if role == "user":
+        return _Entry("user", "user", text)
+    if role == "assistant":
+        calls = "\n".join(f"→ {c.name}({c.arguments})" for c in tool_calls(message))
+        return _Entry("assistant", "assistant", text, calls)
+    return _Entry("other", role, text)
+
+
+def render_transcript(
+    messages: Sequence[Any],
+    indices: Iterable[int],
+    *,
+    estimator: TokenEstimator,
+    max_tokens: int,
+    tool_output_clip_chars: int = 2000,
+) -> str:
+    """The messages at `indices` as a labelled transcript of at most about `max_tokens` tokens.
+
+    Each stage clips harder until the transcript fits; if even the last stage does not, only the
+    user requests (clipped) remain, and then the whole text is cut in the middle.
+    """
+    entries = [_entry(messages[i]) for i in indices if not is_summary_message(messages[i])]
+    stages = [(tool_output_clip_chars, None, None), *_STAGES[1:]]
+    text = ""
+    for limits in stages:
+        text = "\n\n".join(e.render(limits) for e in entries)
+        if estimator.count_text(text) <= max_tokens:
+            return text
+    users = [e.render(_STAGES[-1]) for e in entries if e.kind == "user"]
+    omitted = len(entries) - len(users)
+    text = f"[… {omitted} non-user messages omitted …]\n\n" + "\n\n".join(users)
+    tokens = estimator.count_text(text)
+    if tokens > max_tokens:
+        text = clip_middle(text, int(len(text) * max_tokens / tokens * 0.95))
+    return text

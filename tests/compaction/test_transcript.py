@@ -1,0 +1,68 @@
+"""Transcript rendering: labels, clipping under pressure, user requests kept."""
+
+from __future__ import annotations
+
+from compaction import HeuristicEstimator
+from compaction.transcript import clip_middle, render_transcript
+from tests.factories import assistant, summary, tool_block, user
+
+ESTIMATOR = HeuristicEstimator()
+
+
+def test_clip_middle_keeps_head_and_tail_and_says_how_much_went() -> None:
+    text = "A" * 500 + "B" * 500
+    clipped = clip_middle(text, 100)
+    assert clipped.startswith("A") and clipped.endswith("B")
+    assert "[… 900 chars omitted …]" in clipped
+    assert clip_middle("short", 100) == "short"
+
+
+def test_transcript_labels_roles_and_shows_calls_with_arguments() -> None:
+    block = tool_block(1, output="result text")
+    messages = [user("please list"), *block, assistant("all done")]
+    text = render_transcript(messages, range(len(messages)), estimator=ESTIMATOR, max_tokens=10_000)
+    assert "[user]\nplease list" in text
+    assert '→ bash({"command":"ls -la src/"})' in text
+    assert "[tool result]\nresult text" in text
+    assert "[assistant]\nall done" in text
+
+
+def test_transcript_clips_tool_output_head_and_tail() -> None:
+    output = "HEAD" + "x" * 10_000 + "TAIL"
+    messages = [user("go"), *tool_block(1, output=output)]
+    text = render_transcript(
+        messages,
+        range(len(messages)),
+        estimator=ESTIMATOR,
+        max_tokens=10_000,
+        tool_output_clip_chars=300,
+    )
+    assert "HEAD" in text and "TAIL" in text and "chars omitted" in text
+    assert len(text) < 1000
+
+
+def test_transcript_under_pressure_keeps_every_user_request() -> None:
+    messages = []
+    for i in range(30):
+        messages += [user(f"request number {i}: please do thing {i}")]
+        messages += tool_block(2, output="noise " * 2000)
+        messages += [assistant("thinking " * 400)]
+    text = render_transcript(messages, range(len(messages)), estimator=ESTIMATOR, max_tokens=3000)
+    assert ESTIMATOR.count_text(text) <= 3000
+    for i in range(30):
+        assert f"request number {i}: please do thing {i}" in text
+
+
+def test_transcript_skips_earlier_summaries() -> None:
+    messages = [summary("OLD"), user("new request")]
+    text = render_transcript(messages, range(2), estimator=ESTIMATOR, max_tokens=1000)
+    assert "OLD" not in text and "new request" in text
+
+
+def test_mini_swe_observations_are_clipped_like_tool_output() -> None:
+    observation = user("<returncode>0</returncode><output>" + "y" * 9000 + "</output>")
+    messages = [user("fix the bug"), observation]
+    text = render_transcript(
+        messages, range(2), estimator=ESTIMATOR, max_tokens=10_000, tool_output_clip_chars=200
+    )
+    assert "[command output]" in text and "chars omitted" in text
