@@ -34,7 +34,7 @@ from compaction import HeuristicEstimator
 from compaction.invariants import check_tool_pairing
 from compaction.tokens import estimate_request
 from proxy.app import create_app
-from proxy.demo import serve_on_loopback
+from proxy.http.serving import serve_on_loopback
 from proxy.settings import Settings
 
 SOURCES = {

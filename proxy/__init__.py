@@ -1,1 +1,2 @@
-"""proxy: the HTTP layer of compaction-proxy (routing, sessions, forwarding, streaming, metrics)."""
+"""proxy: the service. `http/` moves requests, `compacting/` decides what to send (through the
+protocol in `hook.py`); the top-level modules build and run the app."""

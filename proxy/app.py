@@ -6,15 +6,16 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from proxy import handlers, keys
-from proxy.compacting import create_pipeline
+from proxy import keys
+from proxy.compacting.hook import create_pipeline
+from proxy.hook import ChatPipeline
+from proxy.http import admin, handlers
+from proxy.http.middlewares import error_middleware, observe_middleware
+from proxy.http.sessions import SessionRecords
+from proxy.http.upstream import Upstream, open_session
 from proxy.metrics import Metrics
-from proxy.middlewares import error_middleware, observe_middleware
-from proxy.pipeline import ChatPipeline
-from proxy.records import SessionRecords
 from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks
-from proxy.upstream import Upstream, open_session
 
 
 def create_app(
@@ -70,5 +71,5 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_route("*", "/s/{session}/v1/{tail:.*}", handlers.forward, name="session_forward")
     router.add_get("/healthz", handlers.healthz, name="healthz")
     router.add_get("/metrics", handlers.metrics, name="metrics")
-    router.add_get("/admin/sessions", handlers.admin_sessions, name="admin")
-    router.add_get("/admin/sessions/{session}", handlers.admin_session, name="admin_session")
+    router.add_get("/admin/sessions", admin.admin_sessions, name="admin")
+    router.add_get("/admin/sessions/{session}", admin.admin_session, name="admin_session")

@@ -21,7 +21,8 @@ from aiohttp import web
 
 from compaction import SUMMARY_MARKER
 from proxy.app import create_app
-from proxy.compacting import STATUS, TOKENS_AFTER, TOKENS_BEFORE
+from proxy.compacting.hook import STATUS, TOKENS_AFTER, TOKENS_BEFORE
+from proxy.http.serving import serve_on_loopback
 from proxy.settings import Settings
 
 WINDOW = 6000
@@ -144,16 +145,6 @@ def _script() -> list[list[dict[str, Any]]]:
             ]
         )
     return turns
-
-
-async def serve_on_loopback(app: web.Application) -> tuple[web.AppRunner, str]:
-    """Serve `app` on a free 127.0.0.1 port, as the CLI would; return its runner and base URL."""
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    return runner, f"http://{host}:{port}"
 
 
 async def run_demo(out: Any = sys.stdout) -> int:

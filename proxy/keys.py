@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from proxy.hook import ChatPipeline
+from proxy.http.sessions import SessionRecords
+from proxy.http.upstream import Upstream
 from proxy.logs import RequestInfo
 from proxy.metrics import Metrics
-from proxy.pipeline import ChatPipeline
-from proxy.records import SessionRecords
 from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks
-from proxy.upstream import Upstream
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from proxy.app import create_app
-from proxy.pipeline import ChatPipeline
+from proxy.hook import ChatPipeline
 from proxy.settings import Settings
 from tests.fakes.upstream import FakeUpstream
 

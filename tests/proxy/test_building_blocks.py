@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from proxy.calibration import Calibration
-from proxy.cooldown import Cooldown
-from proxy.flight import SingleFlight, wait_shielded
-from proxy.overflow import parse_overflow
+from proxy.compacting.calibration import Calibration
+from proxy.compacting.cooldown import Cooldown
+from proxy.compacting.flight import SingleFlight, wait_shielded
+from proxy.compacting.overflow import parse_overflow
 from proxy.tasks import BackgroundTasks
 
 

@@ -8,7 +8,7 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.pipeline import ChatContext, Prepared
+from proxy.hook import ChatContext, Prepared
 from tests.fakes.upstream import FakeUpstream, hang_reply
 from tests.proxy.conftest import RunningProxy, StartProxy
 from tests.proxy.rawhttp import raw_request

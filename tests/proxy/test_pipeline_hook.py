@@ -8,8 +8,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.pipeline import ChatContext, Prepared
-from proxy.sessions import fingerprint
+from proxy.compacting.chat import fingerprint
+from proxy.hook import ChatContext, Prepared
 from tests.fakes.upstream import (
     FakeUpstream,
     chat_chunk,

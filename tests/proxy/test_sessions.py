@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from proxy.compacting.chat import fingerprint
 from proxy.errors import InvalidSessionId
-from proxy.records import SessionRecords
-from proxy.sessions import fingerprint, is_valid_session_id, resolve_session_id
+from proxy.http.sessions import SessionRecords, is_valid_session_id, resolve_session_id
 
 
 def conversation(

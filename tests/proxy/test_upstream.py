@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
+from proxy.http.upstream import open_session, post_json
 from proxy.settings import UpstreamSettings
-from proxy.upstream import open_session, post_json
 from tests.fakes.upstream import FakeUpstream, hang_reply, json_reply, raw_reply
 
 

@@ -25,9 +25,9 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from proxy.http.encodings import decode_body
 from proxy.metrics import Metrics
 from proxy.settings import UpstreamSettings
-from proxy.usage import decode_body
 
 _SCHEME_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _FORBIDDEN_CHARS = re.compile(r"[\\@#\s\x00-\x1f\x7f]")

@@ -11,7 +11,7 @@ The chat handler reads the whole body, builds a `ChatContext`, and calls the app
 
 The handler fails open around every call: an exception other than a `ProxyError` is logged and
 treated as "pass through" (the original body, no retry). The default is the compacting pipeline
-(proxy.compacting); tests pass in their own.
+(proxy.compacting.hook); tests pass in their own.
 """
 
 from __future__ import annotations

@@ -21,13 +21,14 @@ from aiohttp import web
 
 from proxy import keys
 from proxy.errors import BodyTooLarge, InvalidPath, ProxyError
-from proxy.headers import upstream_request_headers
+from proxy.hook import ChatContext, ChatPipeline, Prepared
+from proxy.http.encodings import decode_body
+from proxy.http.headers import upstream_request_headers
+from proxy.http.relay import relay
+from proxy.http.sessions import resolve_session_id
+from proxy.http.upstream import read_bounded
+from proxy.http.usage import UsageProbe
 from proxy.metrics import Metrics
-from proxy.pipeline import ChatContext, ChatPipeline, Prepared
-from proxy.sessions import resolve_session_id
-from proxy.streaming import relay
-from proxy.upstream import read_bounded
-from proxy.usage import UsageProbe, decode_body
 
 log = logging.getLogger(__name__)
 

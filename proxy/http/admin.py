@@ -1,4 +1,7 @@
-"""Thin handlers, one per endpoint: each picks its inputs from the request and delegates."""
+"""The admin endpoints: sessions, their compaction records and totals (`admin.token` required).
+
+They do not exist (404) while `admin.token` is null.
+"""
 
 from __future__ import annotations
 
@@ -9,30 +12,12 @@ from aiohttp import web
 
 from proxy import keys
 from proxy.errors import NotFound, Unauthorized
-from proxy.forwarding import forward_chat, forward_verbatim
-from proxy.sessions import check_session_id
-
-
-async def chat(request: web.Request) -> web.StreamResponse:
-    return await forward_chat(request, request.match_info.get("session"))
-
-
-async def forward(request: web.Request) -> web.StreamResponse:
-    return await forward_verbatim(request, request.match_info.get("session"))
-
-
-async def healthz(request: web.Request) -> web.Response:
-    return _json({"status": "ok"})
-
-
-async def metrics(request: web.Request) -> web.Response:
-    registry = request.app[keys.METRICS]
-    return web.Response(body=registry.render(), headers={"Content-Type": registry.content_type})
+from proxy.http.sessions import check_session_id
 
 
 async def admin_sessions(request: web.Request) -> web.Response:
     _require_admin(request)
-    return _json(request.app[keys.RECORDS].list())
+    return json_response(request.app[keys.RECORDS].list())
 
 
 async def admin_session(request: web.Request) -> web.Response:
@@ -41,7 +26,7 @@ async def admin_session(request: web.Request) -> web.Response:
     found = request.app[keys.RECORDS].get(session_id)
     if found is None:
         raise NotFound(f"no session {session_id!r} seen (or it was evicted)")
-    return _json(found)
+    return json_response(found)
 
 
 def _require_admin(request: web.Request) -> None:
@@ -57,5 +42,5 @@ def _require_admin(request: web.Request) -> None:
         raise Unauthorized("missing or wrong admin token (Authorization: Bearer <admin.token>)")
 
 
-def _json(payload: object) -> web.Response:
+def json_response(payload: object) -> web.Response:
     return web.Response(body=orjson.dumps(payload), content_type="application/json")

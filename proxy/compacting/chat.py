@@ -7,7 +7,9 @@ exception and are looked for), and only bodies that could reach the lowest ratio
 
 from __future__ import annotations
 
+import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -15,6 +17,7 @@ import orjson
 
 from compaction import HeuristicEstimator
 
+_HEAD_ROLES = ("system", "developer")
 _FIXED_COST_PARTS = (b'"image_url"', b'"input_audio"', b'"file"')
 _MAX_OUTPUT = re.compile(rb'"max(?:_completion)?_tokens"\s*:\s*(\d{1,9})')
 
@@ -88,3 +91,44 @@ def max_output_of(payload: dict[str, Any]) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
+
+
+def fingerprint(payload: Mapping[str, Any]) -> str:
+    """A stable session id for a chat request that names none: a digest of the conversation's
+    opening (the head system/developer messages, the tool names and the first user message).
+
+    The first user message is part of it because the system prompt alone is the same for every
+    conversation of one agent."""
+    messages = payload.get("messages")
+    messages = messages if isinstance(messages, list) else []
+    first_user = next(
+        (m.get("content") for m in messages if isinstance(m, Mapping) and m.get("role") == "user"),
+        None,
+    )
+    opening = {"head": _head_contents(messages), "tools": _tool_names(payload), "user": first_user}
+    try:
+        canonical = orjson.dumps(opening, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits from a lenient parser
+        canonical = repr(opening).encode()
+    return f"fp-{hashlib.sha256(canonical).hexdigest()[:32]}"
+
+
+def _head_contents(messages: list[Any]) -> list[Any]:
+    head = []
+    for message in messages:
+        if isinstance(message, Mapping) and message.get("role") in _HEAD_ROLES:
+            head.append(message.get("content"))
+        else:
+            break
+    return head
+
+
+def _tool_names(payload: Mapping[str, Any]) -> list[str]:
+    tools = payload.get("tools")
+    names = []
+    for tool in tools if isinstance(tools, list) else []:
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if isinstance(name, str):
+            names.append(name)
+    return sorted(names)

@@ -16,11 +16,11 @@ import aiohttp
 from aiohttp import web
 
 from proxy.errors import UpstreamStreamCut
-from proxy.headers import client_response_headers
+from proxy.http.headers import client_response_headers
+from proxy.http.upstream import BodyChunks
+from proxy.http.usage import UsageProbe
 from proxy.logs import RequestInfo
 from proxy.metrics import Metrics
-from proxy.upstream import BodyChunks
-from proxy.usage import UsageProbe
 
 log = logging.getLogger(__name__)
 

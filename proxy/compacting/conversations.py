@@ -29,13 +29,13 @@ from compaction.checkpoints import (
     find_longest,
     prefix_digests,
 )
-from proxy.chat import ChatRequest
-from proxy.cooldown import Cooldown
-from proxy.flight import SingleFlight, wait_shielded
+from proxy.compacting.chat import ChatRequest
+from proxy.compacting.cooldown import Cooldown
+from proxy.compacting.flight import SingleFlight, wait_shielded
+from proxy.compacting.llm_client import ModelParameters, UpstreamLLM
+from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
-from proxy.records import SessionRecords
 from proxy.settings import CompactionSettings
-from proxy.summarizer import ModelParameters, UpstreamLLM
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)

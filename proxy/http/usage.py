@@ -8,15 +8,15 @@ only when the bytes mention `"usage"`. Anything odd gives None.
 
 from __future__ import annotations
 
-import zlib
 from collections import deque
 from typing import Any
 
 import orjson
 
+from proxy.http.encodings import decode_body
+
 MAX_JSON_BYTES = 1024 * 1024
 _SSE_TAIL_BYTES = 64 * 1024
-_MAX_DECODED_BYTES = 8 * 1024 * 1024
 _MAX_SSE_EVENTS = 8
 _USAGE = b'"usage"'
 
@@ -50,26 +50,6 @@ class UsageProbe:
         if data is None or _USAGE not in data:
             return None
         return _from_sse(data) if self._sse else _from_json(data)
-
-
-def decode_body(data: bytes, encoding: str) -> bytes | None:
-    """`data` without its gzip/deflate content coding (bounded); None for other codings."""
-    if encoding in ("", "identity"):
-        return data
-    if encoding not in ("gzip", "x-gzip", "deflate"):
-        return None
-    wbits = 47 if encoding != "deflate" else 15  # 47: gzip or zlib header, auto-detected
-    try:
-        decoder = zlib.decompressobj(wbits)
-        out = decoder.decompress(data, _MAX_DECODED_BYTES)
-    except zlib.error:
-        if encoding != "deflate":
-            return None
-        try:  # some servers send raw deflate without the zlib header
-            out = zlib.decompressobj(-15).decompress(data, _MAX_DECODED_BYTES)
-        except zlib.error:
-            return None
-    return out
 
 
 def _usage_of(document: Any) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ import orjson
 from compaction import Message
 from compaction.summarize import message_text
 from compaction.types import Purpose
-from proxy.upstream import post_json
+from proxy.http.upstream import post_json
 
 _ADAPTABLE = ("max_tokens", "temperature")
 _REFUSAL = re.compile(r"Unsupported (?:parameter|value): '(\w+)'")

@@ -1,18 +1,50 @@
-"""Per-session records served by the admin endpoints, bounded in both directions.
+"""Sessions: who a request belongs to (DESIGN §5), and what the proxy remembers about each.
 
-At most `max_sessions` sessions (least recently seen evicted first) and `records_per_session`
-records each (oldest dropped first). Records are plain JSON-able dicts: the proxy counts requests,
-and the compaction pipeline adds one record per compaction.
+Identity: `X-Session-Id`, then the `/s/{session}/` path, then (decided by the hook, which parses
+the body) a fingerprint of the conversation's opening.
+
+Ids become directory names under `memory.dir`, so they are validated strictly here: the
+pattern leaves no room for separators, and a leading dot is refused (no `.`, `..`, hidden dirs).
+
+`SessionRecords` keeps per-session counters and compaction records for /admin, bounded in both
+directions: at most `max_sessions` sessions (least recently seen evicted first) and
+`records_per_session` records each (oldest dropped first). Records are plain JSON-able dicts.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from compaction.memory import is_valid_session_id
+from proxy.errors import InvalidSessionId
+
+SESSION_HEADER = "X-Session-Id"
+
+
+def check_session_id(value: str, source: str) -> str:
+    """`value` if it is a valid id; InvalidSessionId (400) naming `source` otherwise."""
+    if not is_valid_session_id(value):
+        raise InvalidSessionId(
+            f"invalid session id in {source}: use 1-128 characters from [A-Za-z0-9._-], "
+            "not starting with a dot"
+        )
+    return value
+
+
+def resolve_session_id(headers: Mapping[str, str], path_session: str | None) -> str | None:
+    """The explicit session id of a request (header first, then path), validated; None if the
+    request names none. Both are checked when both are present: a bad id is a bad request."""
+    header = headers.get(SESSION_HEADER)
+    if path_session is not None:
+        check_session_id(path_session, "the path")
+    if header is not None:
+        return check_session_id(header, f"the {SESSION_HEADER} header")
+    return path_session
 
 
 @dataclass

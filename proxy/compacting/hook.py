@@ -1,7 +1,7 @@
 """The compacting chat pipeline: the proxy's per-request compaction decision.
 
 Bodies that cannot reach the lowest ratio are not parsed; below the trigger the original bytes go
-upstream untouched. At the trigger the conversation's compactions (proxy.compactions) give the
+upstream untouched. At the trigger the conversation's compactions (proxy.compacting.conversations) give the
 view to forward: a remembered checkpoint, or a new compaction. Here also: the informational
 headers, the one retry after a context-length error, and calibration from upstream usage.
 Anything that fails here forwards the original request; it never fails the agent's request.
@@ -22,13 +22,19 @@ from compaction.checkpoints import (
     conversation_seed,
 )
 from proxy import keys
-from proxy.calibration import Calibration
-from proxy.chat import ChatRequest, NotAChat, max_output_of, may_need_parsing, model_of
-from proxy.compactions import Compactions, Decision
+from proxy.compacting.calibration import Calibration
+from proxy.compacting.chat import (
+    ChatRequest,
+    NotAChat,
+    fingerprint,
+    max_output_of,
+    may_need_parsing,
+    model_of,
+)
+from proxy.compacting.conversations import Compactions, Decision
+from proxy.compacting.overflow import parse_overflow
+from proxy.hook import ChatContext, Prepared
 from proxy.metrics import CompactionMetrics
-from proxy.overflow import parse_overflow
-from proxy.pipeline import ChatContext, Prepared
-from proxy.sessions import fingerprint
 from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks
 

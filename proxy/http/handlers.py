@@ -1,0 +1,27 @@
+"""Thin handlers, one per endpoint: each picks its inputs from the request and delegates.
+The admin endpoints are in proxy.http.admin."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy import keys
+from proxy.http.admin import json_response
+from proxy.http.forwarding import forward_chat, forward_verbatim
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    return await forward_chat(request, request.match_info.get("session"))
+
+
+async def forward(request: web.Request) -> web.StreamResponse:
+    return await forward_verbatim(request, request.match_info.get("session"))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    registry = request.app[keys.METRICS]
+    return web.Response(body=registry.render(), headers={"Content-Type": registry.content_type})
