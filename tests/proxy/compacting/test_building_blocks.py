@@ -1,5 +1,5 @@
-"""The small pieces the compacting pipeline is built from: tasks, single-flight, cooldown,
-calibration and overflow recognition."""
+"""The small pieces the compacting hook is built from: single-flight, cooldown, calibration and
+overflow recognition."""
 
 from __future__ import annotations
 
@@ -12,24 +12,6 @@ from proxy.compacting.cooldown import Cooldown
 from proxy.compacting.flight import SingleFlight, wait_shielded
 from proxy.compacting.overflow import parse_overflow
 from proxy.tasks import BackgroundTasks
-
-
-async def test_background_tasks_are_cancelled_at_close() -> None:
-    tasks = BackgroundTasks()
-    started = asyncio.Event()
-
-    async def forever() -> None:
-        started.set()
-        await asyncio.sleep(3600)
-
-    task = tasks.spawn(forever(), name="forever")
-    await started.wait()
-    assert len(tasks) == 1
-    await tasks.close()
-    assert task.cancelled()
-    assert len(tasks) == 0
-    with pytest.raises(RuntimeError):
-        tasks.spawn(forever(), name="late")
 
 
 async def test_single_flight_runs_the_work_once_for_concurrent_callers() -> None:

@@ -9,9 +9,9 @@ import orjson
 import pytest
 
 from proxy.hook import ChatContext, Prepared
+from tests.fakes.rawhttp import raw_request
 from tests.fakes.upstream import FakeUpstream, hang_reply
 from tests.proxy.conftest import RunningProxy, StartProxy
-from tests.proxy.rawhttp import raw_request
 
 
 def assert_openai_error(body: bytes, code: str | None) -> None:

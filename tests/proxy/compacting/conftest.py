@@ -1,0 +1,91 @@
+"""Fixtures for compaction through the real proxy: a scripted upstream, a proxy with a small
+window, and conversations of a chosen size."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from tests import factories as f
+from tests.fakes.script import Script, tokens
+from tests.fakes.upstream import FakeUpstream
+from tests.proxy.conftest import RunningProxy, StartProxy
+
+WINDOW = 4000
+
+
+@pytest.fixture
+def script(upstream: FakeUpstream) -> Script:
+    return Script(upstream)
+
+
+@pytest.fixture
+def start(start_proxy: StartProxy, tmp_path: Path) -> Callable[..., Awaitable[RunningProxy]]:
+    """A proxy with a small window, memory under tmp_path, and an admin token."""
+
+    async def run(**sections: Any) -> RunningProxy:
+        settings: dict[str, dict[str, Any]] = {
+            "models": {"default_context_window": WINDOW},
+            "compaction": {
+                "keep_recent_rounds": 2,
+                "summary_max_tokens": 300,
+                "precompute_ratio": 0,
+            },
+            "memory": {"dir": str(tmp_path / "memory")},
+            "admin": {"token": "admin-secret"},
+        }
+        for section, values in sections.items():
+            settings.setdefault(section, {}).update(values)
+        return await start_proxy(**settings)
+
+    return run
+
+
+def conversation_of(
+    target_tokens: int, *, grow: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """A coding-agent history of roughly `target_tokens` ending in a user message; with `grow`,
+    that history (its last message dropped) continued."""
+    messages: list[dict[str, Any]] = grow[:-1] if grow else [f.system()]
+    i = len(messages)
+    while tokens(messages) < target_tokens:
+        messages += f.tool_round(i, blocks=1, output_chars=300)
+        i += 1
+    messages.append(f.user(f"Now summarize round {i} for me."))
+    return messages
+
+
+async def post(
+    client: aiohttp.ClientSession,
+    proxy: RunningProxy,
+    messages: list[Any],
+    *,
+    session: str = "agent-1",
+    auth: str = "Bearer sk-client",
+    **fields: Any,
+) -> aiohttp.ClientResponse:
+    body = orjson.dumps({"model": "gpt-test", "messages": messages, **fields})
+    headers = {"Content-Type": "application/json", "Authorization": auth, "X-Session-Id": session}
+    async with client.post(
+        f"{proxy.url}/v1/chat/completions", data=body, headers=headers
+    ) as response:
+        await response.read()
+        return response
+
+
+def forwarded(script: Script) -> list[dict[str, Any]]:
+    return [r.json() for r in script.calls(None)]
+
+
+async def wait_for(condition: Callable[[], bool], timeout_s: float = 5) -> None:
+    for _ in range(int(timeout_s / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not reached in time")

@@ -1,0 +1,185 @@
+"""Checkpoints through the real proxy: reuse, single-flight, precompute, summaries that outlive their request."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+
+from proxy import keys
+from tests import factories as f
+from tests.fakes.script import SUMMARY_TEXT, Script, tokens
+from tests.proxy.compacting.conftest import (
+    WINDOW,
+    conversation_of,
+    forwarded,
+    post,
+    wait_for,
+)
+
+
+async def test_follow_up_requests_reuse_the_checkpoint_with_a_byte_identical_prefix(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start()
+    messages = conversation_of(int(WINDOW * 1.1))
+    await post(client, proxy, messages)
+    messages = [*messages, f.assistant("Here it is."), f.user("Thanks, one more thing.")]
+    second = await post(client, proxy, messages)
+    assert second.headers["x-compaction-status"] == "reused"
+    assert len(script.calls("summary")) == 1
+    first_out, second_out = (sent["messages"] for sent in forwarded(script))
+    assert orjson.dumps(first_out[:2]) == orjson.dumps(second_out[:2])
+    assert second_out[-2:] == messages[-2:]
+
+
+async def test_concurrent_identical_requests_share_one_summarization(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start()
+    answer = Script.answer(SUMMARY_TEXT)
+    in_flight = proxy.app[keys.METRICS].in_flight
+
+    async def held_summary(request: web.Request) -> web.StreamResponse:
+        # Answer only once all ten requests are inside the proxy, so they surely overlap.
+        await wait_for(lambda: in_flight._value.get() == 10)
+        return await answer(request)
+
+    script.summary = held_summary
+    messages = conversation_of(int(WINDOW * 1.2))
+    responses = await asyncio.gather(*(post(client, proxy, messages) for _ in range(10)))
+    assert [r.status for r in responses] == [200] * 10
+    assert len(script.calls("summary")) == 1
+    bodies = {orjson.dumps(sent["messages"]) for sent in forwarded(script)}
+    assert len(bodies) == 1
+
+
+async def test_precompute_prepares_the_checkpoint_before_the_trigger(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start(compaction={"precompute_ratio": 0.6, "summary_timeout_s": 5})
+    messages = conversation_of(int(WINDOW * 0.7))
+    response = await post(client, proxy, messages)
+    assert response.headers["x-compaction-status"] == "none"
+    assert script.calls(None)[0].body == orjson.dumps({"model": "gpt-test", "messages": messages})
+    await wait_for(lambda: len(proxy.app[keys.RECORDS].get("agent-1")["records"]) == 1)
+
+    blocked = asyncio.Event()
+
+    async def never(request: web.Request) -> web.StreamResponse:
+        await blocked.wait()
+        raise AssertionError("unreachable")
+
+    script.summary = never  # a request that had to summarize now would time out
+    grown = conversation_of(int(WINDOW * 0.88), grow=messages)
+    response = await post(client, proxy, grown)
+    assert response.headers["x-compaction-status"] == "reused", response.headers
+    assert len(script.calls("summary")) == 1
+    record = proxy.app[keys.RECORDS].get("agent-1")["records"][0]
+    assert record["reason"] == "precompute"
+
+
+async def test_a_precomputed_checkpoint_waits_in_reserve_until_the_trigger(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start(compaction={"precompute_ratio": 0.6})
+    records = proxy.app[keys.RECORDS]
+    messages = conversation_of(int(WINDOW * 0.9))
+    first = await post(client, proxy, messages)  # over the trigger: compacted now
+    assert first.headers["x-compaction-status"] == "applied"
+    first_id = first.headers["x-compaction-id"]
+    # Grow until the forwarded view passes the precompute ratio, so a reserve gets prepared.
+    while True:
+        messages = conversation_of(tokens(messages) + 150, grow=messages)
+        response = await post(client, proxy, messages)
+        if int(response.headers["x-compaction-tokens-after"]) >= 0.6 * WINDOW:
+            break
+    await wait_for(lambda: len(records.get("agent-1")["records"]) == 2)
+    assert records.get("agent-1")["records"][1]["reason"] == "precompute"
+    # Below the trigger, the view built on the first checkpoint is still what goes upstream.
+    messages = [*messages, f.assistant("ok"), f.user("next")]
+    response = await post(client, proxy, messages)
+    assert int(response.headers["x-compaction-tokens-after"]) < 0.85 * WINDOW
+    assert response.headers["x-compaction-id"] == first_id
+    # Once that view reaches the trigger, the reserve is used without a new summary.
+    summaries = len(script.calls("summary"))
+    messages = conversation_of(int(tokens(messages) + 0.3 * WINDOW), grow=messages)
+    response = await post(client, proxy, messages)
+    assert response.headers["x-compaction-status"] == "reused"
+    assert response.headers["x-compaction-id"] == records.get("agent-1")["records"][1]["id"]
+    assert len(script.calls("summary")) == summaries
+
+
+async def test_a_quiet_conversation_does_not_silence_another_in_the_same_session(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start(compaction={"precompute_ratio": 0.6})
+    records = proxy.app[keys.RECORDS]
+    a = conversation_of(int(WINDOW * 0.75))
+    await post(client, proxy, a)
+    await wait_for(lambda: len(records.get("agent-1")["records"]) == 1)
+    await post(client, proxy, conversation_of(tokens(a) + 100, grow=a))  # finds the reserve: quiet
+    b = conversation_of(int(WINDOW * 0.7))
+    b[1] = f.user("A different task altogether.")
+    await post(client, proxy, b)
+    await wait_for(lambda: len(records.get("agent-1")["records"]) == 2)
+    assert [r["reason"] for r in records.get("agent-1")["records"]] == ["precompute", "precompute"]
+
+
+async def test_a_client_that_leaves_during_a_summary_does_not_waste_it(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start()
+    release = asyncio.Event()
+    answer = Script.answer(SUMMARY_TEXT)
+
+    async def gated(request: web.Request) -> web.StreamResponse:
+        await release.wait()
+        return await answer(request)
+
+    script.summary = gated
+    messages = conversation_of(int(WINDOW * 1.2))
+    leaving = asyncio.ensure_future(post(client, proxy, messages))
+    await wait_for(lambda: len(script.calls("summary")) == 1)
+    leaving.cancel()  # the client goes away while its request waits for the summary
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    release.set()
+    records = proxy.app[keys.RECORDS]
+    await wait_for(lambda: len((records.get("agent-1") or {"records": []})["records"]) == 1)
+    again = await post(client, proxy, [*messages, f.assistant("ok"), f.user("go on")])
+    assert again.headers["x-compaction-status"] == "reused"
+    assert len(script.calls("summary")) == 1
+
+
+async def test_a_summary_that_outlives_its_request_is_used_once_it_lands(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start(compaction={"summary_timeout_s": 0.3})
+    answer = Script.answer(SUMMARY_TEXT)
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(0.6)  # longer than a request waits, shorter than the call may take
+        return await answer(request)
+
+    script.summary = slow
+    messages = conversation_of(int(WINDOW * 1.2))
+    first = await post(client, proxy, messages)
+    assert first.headers["x-compaction-status"] == "applied"
+    assert (
+        "The user wants the failing tests fixed"
+        not in forwarded(script)[0]["messages"][1]["content"]
+    )
+    records = proxy.app[keys.RECORDS]
+    await wait_for(lambda: bool((records.get("agent-1") or {"records": []})["records"]))
+    record = records.get("agent-1")["records"][0]
+    assert record["path"] == "llm"
+    second = await post(client, proxy, [*messages, f.assistant("ok"), f.user("go on")])
+    assert second.headers["x-compaction-status"] == "reused"
+    assert second.headers["x-compaction-id"] == record["id"]
+    assert (
+        "The user wants the failing tests fixed" in forwarded(script)[1]["messages"][1]["content"]
+    )

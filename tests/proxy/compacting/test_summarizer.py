@@ -1,0 +1,126 @@
+"""The summarizer's calls through the real proxy: failures fall back, cool down, credentials and model quirks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+
+from compaction import is_summary_message
+from compaction.invariants import check_tool_pairing
+from proxy import keys
+from tests import factories as f
+from tests.fakes.script import SUMMARY_TEXT, Script, tokens
+from tests.fakes.upstream import chat_completion
+from tests.proxy.compacting.conftest import (
+    WINDOW,
+    conversation_of,
+    forwarded,
+    post,
+)
+
+
+def _failing(kind: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def reply(request: web.Request) -> web.StreamResponse:
+        if kind == "down":
+            return web.json_response({"error": {"message": "boom"}}, status=500)
+        if kind == "slow":
+            await asyncio.sleep(5)
+        text = {"empty": "", "nonsense": "!!!", "slow": SUMMARY_TEXT}[kind]
+        return web.json_response(chat_completion(text))
+
+    return reply
+
+
+@pytest.mark.parametrize("kind", ["down", "slow", "empty", "nonsense"])
+async def test_a_failing_summarizer_never_fails_the_request(
+    kind: str, start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start(compaction={"summary_timeout_s": 0.5})
+    script.summary = _failing(kind)
+    script.memory = _failing(kind)
+    messages = conversation_of(int(WINDOW * 1.3))
+    response = await post(client, proxy, messages)
+    assert response.status == 200
+    assert response.headers["x-compaction-status"] == "applied"
+    out = forwarded(script)[0]["messages"]
+    assert is_summary_message(out[1])
+    assert check_tool_pairing(out) == []
+    assert tokens(out) < 0.85 * WINDOW
+
+
+async def test_repeated_summarizer_failures_cool_down(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start(compaction={"failure_threshold": 2, "failure_cooldown_s": 600})
+    script.summary = _failing("down")
+    for n in range(4):
+        response = await post(
+            client,
+            proxy,
+            [*conversation_of(int(WINDOW * 1.2)), f.user(f"new {n}")],
+            session=f"s{n}",
+        )
+        assert response.status == 200 and response.headers["x-compaction-status"] == "applied"
+    assert len(script.calls("summary")) == 2
+    # Another tenant's key is not cooled down by the first one's failures.
+    await post(
+        client, proxy, conversation_of(int(WINDOW * 1.2)), session="t", auth="Bearer sk-other"
+    )
+    assert len(script.calls("summary")) == 3
+
+
+async def test_azure_style_keys_reach_the_summarizer(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start()
+    body = orjson.dumps({"model": "gpt-test", "messages": conversation_of(int(WINDOW * 1.2))})
+    headers = {"Content-Type": "application/json", "api-key": "azure-secret", "X-Session-Id": "az"}
+    async with client.post(
+        f"{proxy.url}/v1/chat/completions", data=body, headers=headers
+    ) as response:
+        assert response.headers["x-compaction-status"] == "applied"
+    summary = script.calls("summary")[0]
+    assert summary.headers["api-key"] == "azure-secret"
+    assert "Authorization" not in summary.headers
+
+
+async def test_a_reasoning_model_that_refuses_max_tokens_and_temperature_still_summarizes(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start()
+    answer = Script.answer(SUMMARY_TEXT)
+
+    async def strict(request: web.Request) -> web.StreamResponse:
+        payload = await request.json()
+        for param, code in (
+            ("max_tokens", "unsupported_parameter"),
+            ("temperature", "unsupported_value"),
+        ):
+            if param in payload:
+                return web.json_response(
+                    {
+                        "error": {
+                            "message": f"Unsupported parameter: '{param}' is not supported with this model.",
+                            "type": "invalid_request_error",
+                            "param": param,
+                            "code": code,
+                        }
+                    },
+                    status=400,
+                )
+        assert "max_completion_tokens" in payload
+        return await answer(request)
+
+    script.summary = strict
+    response = await post(client, proxy, conversation_of(int(WINDOW * 1.2)))
+    assert response.headers["x-compaction-status"] == "applied"
+    assert proxy.app[keys.RECORDS].get("agent-1")["records"][0]["path"] == "llm"
+    # Learned once per model: the next conversation's summary call is right the first time.
+    calls = len(script.calls("summary"))
+    await post(client, proxy, conversation_of(int(WINDOW * 1.2)), session="second")
+    assert len(script.calls("summary")) == calls + 1
