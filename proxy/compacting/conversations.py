@@ -3,14 +3,13 @@
 Checkpoints are looked up by prefix digest and substituted; a conversation still over the trigger
 is compacted further once, however many requests wait (single-flight); past the precompute ratio
 the next checkpoint is prepared in the background and held in reserve until the trigger. Each
-compaction is recorded for /admin and counted in the metrics. The HTTP-facing decisions (parsing,
+compaction is recorded (proxy.compacting.records). The HTTP-facing decisions (parsing,
 headers, retries) live in proxy.compacting.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -33,15 +32,13 @@ from proxy.compacting.chat import ChatRequest
 from proxy.compacting.cooldown import Cooldown
 from proxy.compacting.flight import SingleFlight, wait_shielded
 from proxy.compacting.llm_client import ModelParameters, UpstreamLLM
+from proxy.compacting.records import record_compaction
 from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
 from proxy.settings import CompactionSettings
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
-
-# How much of each summary the admin records show.
-_PREVIEW_CHARS = 400
 
 
 @dataclass(frozen=True)
@@ -278,72 +275,12 @@ class Compactions:
         checkpoint = checkpoint_after(view, result, digests, precomputed=reason == "precompute")
         if checkpoint is not None:
             self._store.put(checkpoint)
-        self._record(chat, view, result, reason, checkpoint)
+        record_compaction(
+            self._records, self._metrics, chat, view, result, reason=reason, checkpoint=checkpoint
+        )
         return result
-
-    def _record(
-        self,
-        chat: ChatRequest,
-        view: View,
-        result: CompactionResult,
-        reason: str,
-        checkpoint: Checkpoint | None,
-    ) -> None:
-        self._metrics.compactions.labels(reason=reason, path=result.path).inc()
-        if result.path != "unchanged":
-            self._metrics.tokens_saved.inc(max(0, result.tokens_before - result.tokens_after))
-        verification = result.verification
-        self._records.add_record(
-            chat.session_id,
-            {
-                "id": result.compaction_id,
-                "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                "reason": reason,
-                "path": result.path,
-                "detail": result.reason,
-                "model": chat.model,
-                "window": chat.window,
-                "messages_before": len(view.messages),
-                "messages_after": len(result.messages),
-                "tokens_before": result.tokens_before,
-                "tokens_after": result.tokens_after,
-                "folded_messages": result.folded_count,
-                "folded_range": _folded_range(view, checkpoint),
-                "extends": view.base.compaction_id if view.base else None,
-                "summary_chars": len(result.summary_text),
-                "summary_preview": result.summary_text[:_PREVIEW_CHARS],
-                "memory_items": len(result.memory_items),
-                "quality": verification.quality if verification else None,
-                "key_decisions_preserved": verification.key_decisions_preserved
-                if verification
-                else None,
-                "key_decisions_total": verification.key_decisions_total if verification else None,
-                "fits": result.fits,
-                "duration_ms": round(result.duration_s * 1000, 1),
-                "errors": list(result.errors),
-            },
-        )
-        log.info(
-            "compaction %s",
-            result.path,
-            extra={
-                "session": chat.session_id,
-                "reason": reason,
-                "tokens_before": result.tokens_before,
-                "tokens_after": result.tokens_after,
-                "compaction_id": result.compaction_id,
-            },
-        )
 
 
 def _conversation_key(chat: ChatRequest) -> bytes:
     """One conversation of one caller: its seed and the fingerprint of its opening."""
     return chat.seed + chat.opening.encode()
-
-
-def _folded_range(view: View, checkpoint: Checkpoint | None) -> list[int] | None:
-    """Original message indices [start, end) this compaction folded for the first time."""
-    if checkpoint is None:
-        return None
-    start = view.base.cut if view.base is not None else checkpoint.head_end
-    return [start, checkpoint.cut]
