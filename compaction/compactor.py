@@ -36,6 +36,7 @@ from compaction.marker import is_summary_message
 from compaction.memory import MemoryWriter
 from compaction.plan import plan_compaction, should_compact
 from compaction.segment import split
+from compaction.settings import CompactionSettings
 from compaction.summarize import (
     CJK_CHARS,
     build_memory_request,
@@ -78,20 +79,6 @@ _WORDS = re.compile(r"[^\W\d_]{2,}")
 _CJK_CHAR = re.compile(f"[{CJK_CHARS}]")
 
 
-@dataclass(frozen=True)
-class CompactionSettings:
-    trigger_ratio: float = 0.85
-    target_ratio: float = 0.6
-    keep_recent_rounds: int = 5
-    summary_max_tokens: int = 2000
-    summary_window_ratio: float = 0.15
-    """The summary never takes more than this share of the window (small windows)."""
-    transcript_max_tokens: int = 24000
-    tool_output_clip_chars: int = 2000
-    memory_max_tokens: int = 1500
-    llm_timeout_s: float = 60.0
-
-
 def is_substantive(text: str) -> bool:
     """A usable model answer: three words or more (a CJK character counts as one), no refusal."""
     stripped = text.strip()
@@ -119,12 +106,12 @@ class Compactor:
     def __init__(
         self,
         *,
-        settings: CompactionSettings = CompactionSettings(),
+        settings: CompactionSettings | None = None,
         estimator: TokenEstimator | None = None,
         memory: MemoryWriter | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.settings = settings
+        self.settings = settings or CompactionSettings()
         self.estimator: TokenEstimator = estimator or HeuristicEstimator()
         self.memory = memory
         self.clock = clock

@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from compaction.compactor import CompactionSettings, Compactor
+from compaction.compactor import Compactor
 from compaction.extract import extract_items_heuristically
 from compaction.ledger import build_ledger, is_overflow_item
 from compaction.marker import is_summary_message
 from compaction.memory import MemoryWriter
 from compaction.plan import should_compact
 from compaction.segment import split
+from compaction.settings import KEEP_RECENT_ROUNDS, CompactionSettings
 from compaction.summarize import summary_text
 from compaction.tokens import REPLY_PRIMING_TOKENS, HeuristicEstimator
 from compaction.types import ChatLLM, TokenEstimator, Verification
@@ -55,7 +56,7 @@ class CompactionEngine:
         return should_compact(current_tokens, budget, trigger_ratio=self.settings.trigger_ratio)
 
     async def compact(
-        self, conversation_history: list[Any], keep_recent: int = 5
+        self, conversation_history: list[Any], keep_recent: int = KEEP_RECENT_ROUNDS
     ) -> dict[str, Any]:
         compactor = Compactor(
             settings=replace(self.settings, keep_recent_rounds=keep_recent),

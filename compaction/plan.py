@@ -12,12 +12,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from compaction.settings import KEEP_RECENT_ROUNDS, SUMMARY_MAX_TOKENS, TARGET_RATIO, TRIGGER_RATIO
 from compaction.tokens import REPLY_PRIMING_TOKENS
 from compaction.types import Block, Plan, Round, Segments
 
 
 def should_compact(
-    tokens: int, window: int, *, trigger_ratio: float = 0.85, max_output_tokens: int | None = None
+    tokens: int,
+    window: int,
+    *,
+    trigger_ratio: float = TRIGGER_RATIO,
+    max_output_tokens: int | None = None,
 ) -> bool:
     """True at `trigger_ratio` of the window, or when prompt plus requested output overflows."""
     if tokens >= trigger_ratio * window:
@@ -53,9 +58,9 @@ def plan_compaction(
     segments: Segments,
     *,
     window: int,
-    target_ratio: float = 0.6,
-    keep_recent_rounds: int = 5,
-    summary_budget_tokens: int = 2000,
+    target_ratio: float = TARGET_RATIO,
+    keep_recent_rounds: int = KEEP_RECENT_ROUNDS,
+    summary_budget_tokens: int = SUMMARY_MAX_TOKENS,
     max_output_tokens: int | None = None,
 ) -> Plan:
     """Where to cut `segments` so that head + summary + kept part reaches the target.

@@ -12,13 +12,14 @@ from typing import Any
 
 from compaction.marker import is_summary_message
 from compaction.messages import is_message, is_observation, message_text, tool_calls
+from compaction.settings import TOOL_OUTPUT_CLIP_CHARS
 from compaction.types import TokenEstimator
 
 # Successive clipping limits in characters: (tool output, assistant text, user request).
 # Tool outputs give way first, then assistant prose; user requests only at the end, and only
 # down to a readable head and tail, never away.
 _STAGES: tuple[tuple[int, int | None, int | None], ...] = (
-    (2000, None, None),
+    (TOOL_OUTPUT_CLIP_CHARS, None, None),
     (800, 4000, None),
     (300, 1500, None),
     (120, 500, 4000),
@@ -83,7 +84,7 @@ def render_transcript(
     *,
     estimator: TokenEstimator,
     max_tokens: int,
-    tool_output_clip_chars: int = 2000,
+    tool_output_clip_chars: int = TOOL_OUTPUT_CLIP_CHARS,
 ) -> str:
     """The messages at `indices` as a labelled transcript of at most about `max_tokens` tokens.
 

@@ -1,0 +1,49 @@
+"""The library's settings and the one place each default lives.
+
+The proxy's configuration section mirrors these fields; it takes its defaults from the constants
+here, so a default changes in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TRIGGER_RATIO = 0.85
+"""Compact when the request reaches this share of the context window."""
+
+TARGET_RATIO = 0.6
+"""Aim the compacted request at this share of the window, well below the trigger."""
+
+KEEP_RECENT_ROUNDS = 5
+"""Rounds (a user message and what follows it) kept verbatim when they fit."""
+
+SUMMARY_MAX_TOKENS = 2000
+"""The largest summary message a compaction inserts."""
+
+SUMMARY_WINDOW_RATIO = 0.15
+"""The summary never takes more than this share of the window (small windows)."""
+
+TRANSCRIPT_MAX_TOKENS = 24000
+"""The largest transcript of folded messages sent to the summarizer."""
+
+TOOL_OUTPUT_CLIP_CHARS = 2000
+"""A tool output in the transcript is clipped to this many characters before anything else."""
+
+MEMORY_MAX_TOKENS = 1500
+"""The answer budget of the memory-extraction call."""
+
+LLM_TIMEOUT_S = 60.0
+"""How long one summarizer call may take before the compaction falls back."""
+
+
+@dataclass(frozen=True)
+class CompactionSettings:
+    trigger_ratio: float = TRIGGER_RATIO
+    target_ratio: float = TARGET_RATIO
+    keep_recent_rounds: int = KEEP_RECENT_ROUNDS
+    summary_max_tokens: int = SUMMARY_MAX_TOKENS
+    summary_window_ratio: float = SUMMARY_WINDOW_RATIO
+    transcript_max_tokens: int = TRANSCRIPT_MAX_TOKENS
+    tool_output_clip_chars: int = TOOL_OUTPUT_CLIP_CHARS
+    memory_max_tokens: int = MEMORY_MAX_TOKENS
+    llm_timeout_s: float = LLM_TIMEOUT_S
