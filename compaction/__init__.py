@@ -13,14 +13,14 @@ A pure library: no HTTP, no environment, no files except the memory writer. What
 
 from __future__ import annotations
 
-from compaction.compactor import Compactor, is_substantive
+from compaction.compactor import Compactor
 from compaction.engine import CompactionEngine
 from compaction.extract import extract_items_heuristically, parse_memory_items
 from compaction.ledger import Ledger, build_ledger, render_ledger
 from compaction.marker import SUMMARY_MARKER, is_summary_message
 from compaction.memory import InvalidSessionId, MemoryWriter
 from compaction.settings import CompactionSettings
-from compaction.summarize import summary_message, summary_text
+from compaction.summarize import is_substantive, summary_message, summary_text
 from compaction.tokens import HeuristicEstimator, estimate_request
 from compaction.transcript import render_transcript
 from compaction.types import (

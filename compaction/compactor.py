@@ -17,20 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from compaction.composition import LLM_SHARE, compose_summary
 from compaction.extract import extract_items_heuristically, parse_memory_reply
 from compaction.invariants import check_compacted
 from compaction.ledger import (
-    Ledger,
     build_ledger,
     overflow_items,
-    render_ledger,
 )
 from compaction.marker import is_summary_message
 from compaction.memory import MemoryWriter
@@ -38,7 +35,8 @@ from compaction.plan import plan_compaction, should_compact
 from compaction.segment import split
 from compaction.settings import CompactionSettings
 from compaction.summarize import (
-    CJK_CHARS,
+    Reply,
+    ask,
     build_memory_request,
     build_summary_request,
     is_cjk_dominant,
@@ -47,18 +45,17 @@ from compaction.summarize import (
     summary_text,
 )
 from compaction.tokens import HeuristicEstimator, estimate_request
-from compaction.transcript import clip_middle, render_transcript
+from compaction.transcript import render_transcript
 from compaction.types import (
     ChatLLM,
     CompactionResult,
     MemoryItem,
     Message,
-    Path,
     Plan,
     Purpose,
     TokenEstimator,
 )
-from compaction.verify import append_missing, check_preserved, missing_items
+from compaction.verify import check_preserved
 
 logger = logging.getLogger(__name__)
 
@@ -67,37 +64,6 @@ MIN_SUMMARY_TOKENS = 256
 
 MIN_BODY_TOKENS = 200
 """A summary may take half of what it replaces, but never needs to be smaller than this."""
-
-LLM_SHARE = 0.65
-"""Of the summary body, the part the model's text may take; the ledger gets the rest."""
-
-_REFUSAL = re.compile(
-    r"^\s*(?:i'?m sorry|i am sorry|sorry,|i can(?:no|')t|i'?m unable|i am unable|as an ai)",
-    re.IGNORECASE,
-)
-_WORDS = re.compile(r"[^\W\d_]{2,}")
-_CJK_CHAR = re.compile(f"[{CJK_CHARS}]")
-
-
-def is_substantive(text: str) -> bool:
-    """A usable model answer: three words or more (a CJK character counts as one), no refusal."""
-    stripped = text.strip()
-    if not stripped or _REFUSAL.match(stripped):
-        return False
-    return len(_WORDS.findall(stripped)) + len(_CJK_CHAR.findall(stripped)) >= 3
-
-
-@dataclass(frozen=True)
-class _Reply:
-    text: str | None
-    error: str | None
-
-
-@dataclass(frozen=True)
-class _Summary:
-    body: str
-    path: Path
-    overflow: Ledger
 
 
 class Compactor:
@@ -244,8 +210,14 @@ class _Run:
             llm, transcript, previous_summary, cjk, body_budget
         )
         items = self._memory_items(memory_reply, [messages[i] for i in fresh])
-        summary = self._compose(
-            summary_reply, previous_summary, ledger, items, body_budget, len(folded)
+        summary = compose_summary(
+            summary_reply.text,
+            previous_summary,
+            ledger,
+            items,
+            budget=body_budget,
+            folded_count=len(folded),
+            estimator=self.estimator,
         )
         verification = check_preserved(
             [i.content for i in items] + ledger.key_entries(), summary.body
@@ -309,9 +281,9 @@ class _Run:
         previous_summary: str | None,
         cjk: bool,
         body_budget: int,
-    ) -> tuple[_Reply, _Reply]:
+    ) -> tuple[Reply, Reply]:
         if llm is None:
-            none = _Reply(None, None)
+            none = Reply(None, None)
             return none, none
         summary_request = build_summary_request(
             transcript,
@@ -328,79 +300,25 @@ class _Run:
 
     async def _ask(
         self, llm: ChatLLM, request: list[Message], purpose: Purpose, max_tokens: int
-    ) -> _Reply:
-        try:
-            async with asyncio.timeout(self.settings.llm_timeout_s):
-                text = await llm.complete(request, purpose=purpose, max_tokens=max_tokens)
-        except TimeoutError:
-            return self._failed(purpose, f"timed out after {self.settings.llm_timeout_s:g} s")
-        except Exception as exc:  # any failure of the summarizer means: fall back
-            return self._failed(purpose, f"{type(exc).__name__}: {exc}")
-        if not isinstance(text, str) or (purpose == "summary" and not is_substantive(text)):
-            return self._failed(purpose, "empty or nonsensical answer")
-        return _Reply(text, None)
+    ) -> Reply:
+        reply = await ask(
+            llm,
+            request,
+            purpose=purpose,
+            max_tokens=max_tokens,
+            timeout_s=self.settings.llm_timeout_s,
+        )
+        if reply.error is not None:
+            self.errors.append(reply.error)
+        return reply
 
-    def _failed(self, purpose: Purpose, why: str) -> _Reply:
-        error = f"{purpose} call failed: {why}"
-        self.errors.append(error)
-        return _Reply(None, error)
-
-    def _memory_items(self, reply: _Reply, folded: Sequence[Any]) -> list[MemoryItem]:
+    def _memory_items(self, reply: Reply, folded: Sequence[Any]) -> list[MemoryItem]:
         parsed = parse_memory_reply(reply.text) if reply.text is not None else None
         if parsed is not None:
             return parsed
         if reply.text is not None:
             self.errors.append("memory call failed: no JSON array in the answer")
         return extract_items_heuristically(folded)
-
-    # ------------------------------------------------------------ composing the summary
-
-    def _fits(self, budget: int) -> Callable[[str], bool]:
-        return lambda text: self.estimator.count_text(text) <= budget
-
-    def _compose(
-        self,
-        reply: _Reply,
-        previous_summary: str | None,
-        ledger: Ledger,
-        items: list[MemoryItem],
-        budget: int,
-        folded_count: int,
-    ) -> _Summary:
-        path: Path = "llm" if reply.text is not None else "extractive"
-        if reply.text is not None:
-            lead = self._clip_to(reply.text.strip(), int(budget * LLM_SHARE))
-        else:
-            lead = self._extractive_lead(previous_summary, folded_count, budget)
-        if not lead or not self._fits(budget)(lead):
-            note = f"{folded_count} earlier messages were omitted to fit the context window."
-            return _Summary(note, "dropped", ledger)
-        reserve = min(
-            int(budget * 0.15), sum(self.estimator.count_text(i.content) + 4 for i in items)
-        )
-        ledger_budget = budget - self.estimator.count_text(lead) - reserve - 2
-        ledger_text, overflow = render_ledger(
-            ledger, estimator=self.estimator, max_tokens=ledger_budget
-        )
-        body = f"{lead}\n\n{ledger_text}" if ledger_text else lead
-        body = append_missing(body, missing_items(items, body), fits=self._fits(budget))
-        return _Summary(body, path, overflow)
-
-    def _extractive_lead(self, previous_summary: str | None, folded_count: int, budget: int) -> str:
-        lead = f"(Built without the model from {folded_count} condensed messages.)"
-        if previous_summary:
-            earlier = self._clip_to(previous_summary, int(budget * 0.4))
-            lead = f"{lead}\n\n## Earlier summary\n{earlier}"
-        return lead
-
-    def _clip_to(self, text: str, max_tokens: int) -> str:
-        """`text` cut in the middle until it fits `max_tokens` (an estimate, so twice at most)."""
-        for _ in range(3):
-            tokens = self.estimator.count_text(text)
-            if tokens <= max_tokens:
-                return text
-            text = clip_middle(text, max(0, int(len(text) * max_tokens / tokens * 0.9)))
-        return text if self.estimator.count_text(text) <= max_tokens else ""
 
     async def _flush(self, session_id: str | None, items: Sequence[MemoryItem]) -> None:
         memory = self.compactor.memory

@@ -1,14 +1,17 @@
 """What the summarizer is asked, and how a summary comes back into the conversation.
 
 Builds the summary, update and memory-extraction requests from the prompt files shipped in
-`compaction/prompts/`, and wraps a summary body in the fixed framing that marks it
+`compaction/prompts/`, asks the model with a timeout (judging whether the answer is usable), and
+wraps a summary body in the fixed framing that marks it
 (`summary_message`), byte-identically for the same body.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from string import Template
@@ -16,12 +19,15 @@ from typing import Any
 
 from compaction.marker import SUMMARY_MARKER, is_summary_message
 from compaction.messages import is_message, is_user_request, message_text
-from compaction.types import Message
+from compaction.types import ChatLLM, Message, Purpose
 
 __all__ = [
+    "Reply",
+    "ask",
     "build_memory_request",
     "build_summary_request",
     "is_cjk_dominant",
+    "is_substantive",
     "load_prompt",
     "message_text",
     "prose_texts",
@@ -126,3 +132,48 @@ def prose_texts(messages: Sequence[Any], indices: Iterable[int]) -> list[str]:
         if is_user_request(messages[i])
         or (is_message(messages[i]) and messages[i]["role"] == "assistant")
     ]
+
+
+# ---------------------------------------------------------------- asking the model
+
+_REFUSAL = re.compile(
+    r"^\s*(?:i'?m sorry|i am sorry|sorry,|i can(?:no|')t|i'?m unable|i am unable|as an ai)",
+    re.IGNORECASE,
+)
+_WORDS = re.compile(r"[^\W\d_]{2,}")
+
+
+def is_substantive(text: str) -> bool:
+    """A usable model answer: three words or more (a CJK character counts as one), no refusal."""
+    stripped = text.strip()
+    if not stripped or _REFUSAL.match(stripped):
+        return False
+    return len(_WORDS.findall(stripped)) + len(_CJK.findall(stripped)) >= 3
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The model's usable text, or why there is none (None and None: no model was asked)."""
+
+    text: str | None
+    error: str | None
+
+
+async def ask(
+    llm: ChatLLM, request: list[Message], *, purpose: Purpose, max_tokens: int, timeout_s: float
+) -> Reply:
+    """One call to the summarizing model; every failure becomes a Reply with an error."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            text = await llm.complete(request, purpose=purpose, max_tokens=max_tokens)
+    except TimeoutError:
+        return _failed(purpose, f"timed out after {timeout_s:g} s")
+    except Exception as exc:  # any failure of the summarizer means: fall back
+        return _failed(purpose, f"{type(exc).__name__}: {exc}")
+    if not isinstance(text, str) or (purpose == "summary" and not is_substantive(text)):
+        return _failed(purpose, "empty or nonsensical answer")
+    return Reply(text, None)
+
+
+def _failed(purpose: Purpose, why: str) -> Reply:
+    return Reply(None, f"{purpose} call failed: {why}")
