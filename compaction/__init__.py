@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from compaction.compactor import Compactor
 from compaction.engine import CompactionEngine
-from compaction.extract import extract_items_heuristically, parse_memory_items
+from compaction.extract import extract_items_heuristically, parse_memory_reply
 from compaction.ledger import Ledger, build_ledger, render_ledger
 from compaction.marker import SUMMARY_MARKER, is_summary_message
 from compaction.memory import InvalidSessionId, MemoryWriter
@@ -62,7 +62,7 @@ __all__ = [
     "extract_items_heuristically",
     "is_substantive",
     "is_summary_message",
-    "parse_memory_items",
+    "parse_memory_reply",
     "render_ledger",
     "render_transcript",
     "summary_message",

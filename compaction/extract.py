@@ -41,11 +41,6 @@ def parse_memory_reply(text: str) -> list[MemoryItem] | None:
     return items
 
 
-def parse_memory_items(text: str) -> list[MemoryItem]:
-    """Like parse_memory_reply, with [] when the text holds no array."""
-    return parse_memory_reply(text) or []
-
-
 def _first_json_array(text: str) -> list[Any] | None:
     """The first JSON array holding an object (prose like "see [1]" is skipped), else the first
     array of any kind, else None."""

@@ -132,15 +132,12 @@ def _plan(
         return _unchanged(segments, budget, note or "nothing before the kept part to fold")
     kept = sum(b.tokens for r in segments.rounds for b in r.blocks if b.start >= keep_from)
     kept += sum(_block_at(segments, i).tokens for i in pinned)
-    summary = segments.summary_index
     return Plan(
         head_end=segments.head_end,
         keep_from=keep_from,
         pinned=pinned,
-        previous_summary=summary if summary is not None and summary < keep_from else None,
         tokens_before=segments.total_tokens,
         target_tokens=budget.target,
-        kept_tokens=budget.fixed + kept,
         summary_budget_tokens=budget.summary,
         fits=budget.fits(kept),
         note=note,
@@ -153,10 +150,8 @@ def _unchanged(segments: Segments, budget: _Budget, note: str) -> Plan:
         head_end=segments.head_end,
         keep_from=segments.head_end,
         pinned=(),
-        previous_summary=None,
         tokens_before=segments.total_tokens,
         target_tokens=budget.target,
-        kept_tokens=segments.total_tokens,
         summary_budget_tokens=budget.summary,
         fits=fits,
         note=note,
@@ -169,16 +164,3 @@ def _block_at(segments: Segments, index: int) -> Block:
             if block.start == index:
                 return block
     raise ValueError(f"no block starts at message {index}")
-
-
-def folded_spans(plan: Plan) -> list[tuple[int, int]]:
-    """The folded indices of `plan` as contiguous [start, end) ranges, in order."""
-    spans: list[tuple[int, int]] = []
-    start = plan.head_end
-    for pin in sorted(plan.pinned):
-        if start < pin:
-            spans.append((start, pin))
-        start = pin + 1
-    if start < plan.keep_from:
-        spans.append((start, plan.keep_from))
-    return spans

@@ -17,7 +17,6 @@ from compaction.tokens import REPLY_PRIMING_TOKENS
 from compaction.types import Block, Round, Segments, TokenEstimator
 
 HEAD_ROLES = frozenset({"system", "developer"})
-BlockKind = Literal["tool", "message"]
 
 
 def is_head_message(item: Any) -> bool:
@@ -78,7 +77,7 @@ def split_blocks(
     i = start
     while i < end:
         stop = min(tool_block_end(messages, i), end)
-        kind: BlockKind = "tool" if stop > i + 1 else "message"
+        kind: Literal["tool", "message"] = "tool" if stop > i + 1 else "message"
         blocks.append(Block(i, stop, kind, sum(counts[i:stop])))
         i = stop
     return blocks
@@ -105,12 +104,10 @@ def split(messages: Sequence[Any], estimator: TokenEstimator, tools: Any = None)
         has_user = is_round_start(messages[start])
         rounds.append(Round(start, end, blocks, has_user, sum(b.tokens for b in blocks)))
     tools_tokens = estimator.count_tools(tools)
-    summary_index = next((i for i, m in enumerate(messages) if is_summary_message(m)), None)
     return Segments(
         head_end=head_end,
         rounds=tuple(rounds),
         head_tokens=sum(counts[:head_end]),
         tools_tokens=tools_tokens,
         total_tokens=sum(counts) + tools_tokens + REPLY_PRIMING_TOKENS,
-        summary_index=summary_index,
     )

@@ -103,8 +103,6 @@ class Segments:
     head_tokens: int
     tools_tokens: int
     total_tokens: int
-    summary_index: int | None
-    """Index of the earliest summary this library inserted (recognised by is_summary_message)."""
 
 
 @dataclass(frozen=True)
@@ -120,12 +118,8 @@ class Plan:
     head_end: int
     keep_from: int
     pinned: tuple[int, ...]
-    previous_summary: int | None
-    """Index of an earlier summary inside the folded span: ask for an updated summary."""
     tokens_before: int
     target_tokens: int
-    kept_tokens: int
-    """Estimated tokens of head + tools + pinned + kept messages (the summary comes on top)."""
     summary_budget_tokens: int
     fits: bool
     """False when even the kept part alone cannot reach the target (a single giant block)."""

@@ -62,10 +62,6 @@ def grade(preserved: int, total: int) -> Quality:
     return "poor"
 
 
-def item_key(item: MemoryItem) -> str:
-    return item.content
-
-
 def check_preserved(keys: Sequence[str], summary: str) -> Verification:
     """Which of `keys` (deduplicated, in order) the summary preserves, and the grade."""
     unique = list(dict.fromkeys(k for k in keys if k.strip()))
@@ -82,7 +78,7 @@ def check_preserved(keys: Sequence[str], summary: str) -> Verification:
 
 def missing_items(items: Sequence[MemoryItem], summary: str) -> list[MemoryItem]:
     index = SummaryIndex(summary)
-    return [item for item in items if not index.contains(item_key(item))]
+    return [item for item in items if not index.contains(item.content)]
 
 
 def append_missing(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from compaction import MemoryItem
-from compaction.extract import extract_items_heuristically, parse_memory_items, parse_memory_reply
+from compaction.extract import extract_items_heuristically, parse_memory_reply
 from tests.factories import assistant, tool_result, user
 
 # ---------------------------------------------------------------- parsing
@@ -13,7 +13,7 @@ from tests.factories import assistant, tool_result, user
 
 def test_parse_plain_array() -> None:
     text = '[{"type": "decision", "content": "Use Postgres"}, {"type": "todo", "content": "Add index"}]'
-    assert parse_memory_items(text) == [
+    assert parse_memory_reply(text) == [
         MemoryItem("decision", "Use Postgres"),
         MemoryItem("todo", "Add index"),
     ]
@@ -21,7 +21,7 @@ def test_parse_plain_array() -> None:
 
 def test_parse_array_in_code_fence_with_prose_around() -> None:
     text = 'Here you go:\n```json\n[{"type": "fact", "content": "Port is 8080"}]\n```\nHope it helps [1].'
-    assert parse_memory_items(text) == [MemoryItem("fact", "Port is 8080")]
+    assert parse_memory_reply(text) == [MemoryItem("fact", "Port is 8080")]
 
 
 def test_bad_and_unknown_items_are_dropped() -> None:
@@ -37,7 +37,7 @@ def test_bad_and_unknown_items_are_dropped() -> None:
             {"type": "preference", "content": "Short answers"},
         ]
     )
-    assert parse_memory_items(text) == [
+    assert parse_memory_reply(text) == [
         MemoryItem("preference", "Short answers"),
         MemoryItem("todo", "Write docs"),
     ]
@@ -45,7 +45,7 @@ def test_bad_and_unknown_items_are_dropped() -> None:
 
 def test_no_array_is_none_and_empty_array_is_empty() -> None:
     assert parse_memory_reply("Sorry, nothing [here") is None
-    assert parse_memory_items("no array at all") == []
+    assert parse_memory_reply("no array at all") is None
     assert parse_memory_reply("[]") == []
     found = [MemoryItem("fact", "x y")]
     assert parse_memory_reply('[not json] then [{"type": "fact", "content": "x y"}]') == found

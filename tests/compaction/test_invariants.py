@@ -17,7 +17,7 @@ EST = HeuristicEstimator()
 
 
 def make_plan(head_end: int, keep_from: int, pinned: tuple[int, ...] = ()) -> Plan:
-    return Plan(head_end, keep_from, pinned, None, 0, 0, 0, 0, True)
+    return Plan(head_end, keep_from, pinned, 0, 0, 0, True)
 
 
 def test_well_paired_parallel_calls_have_no_problem() -> None:

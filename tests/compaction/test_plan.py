@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.corpus import read_corpus
+from compaction import is_summary_message
 from compaction.invariants import check_compacted
-from compaction.plan import folded_spans, plan_compaction, should_compact, target_tokens
+from compaction.plan import plan_compaction, should_compact, target_tokens
 from compaction.segment import split
 from compaction.tokens import HeuristicEstimator, estimate_request
 from compaction.types import Plan, Segments
@@ -103,16 +104,16 @@ def test_head_is_never_folded() -> None:
     assert plan.head_end == 2 and min(plan.folded) == 2
 
 
-def test_an_earlier_summary_in_the_folded_span_is_reported() -> None:
+def test_an_earlier_summary_in_the_folded_span_is_folded() -> None:
     messages = [f.system(), f.summary(), *f.simple_conversation(8, system_prompt=None)]
     _, plan = plan_for(messages, 100_000)
-    assert plan.previous_summary == 1 and 1 in plan.folded
+    assert is_summary_message(messages[1]) and 1 in plan.folded
 
 
 def test_an_earlier_summary_with_few_rounds_under_target_is_left_alone() -> None:
     messages = [f.system(), f.summary(), *f.simple_conversation(3, system_prompt=None)]
     _, plan = plan_for(messages, 100_000)
-    assert plan.folded == () and plan.previous_summary is None
+    assert plan.folded == ()
 
 
 def test_max_output_tokens_tightens_the_target() -> None:
@@ -133,7 +134,7 @@ def test_a_huge_single_round_is_cut_inside_with_its_user_message_pinned() -> Non
     assert plan.keep_from > 2 and plan.fits
     assert_block_aligned(segments, plan)
     assert output_tokens(messages, plan) <= plan.target_tokens
-    assert folded_spans(plan) == [(2, plan.keep_from)]
+    assert plan.folded == tuple(range(2, plan.keep_from))
 
 
 def test_a_single_giant_block_is_kept_whole_and_reported() -> None:
@@ -161,9 +162,16 @@ def test_a_lone_giant_user_message_after_the_head_is_not_folded() -> None:
     assert plan.keep_from == plan.head_end and plan.pinned == () and not plan.fits
 
 
-def test_folded_spans_skip_pinned_messages() -> None:
-    plan = Plan(1, 9, (4,), None, 0, 0, 0, 0, True)
-    assert folded_spans(plan) == [(1, 4), (5, 9)]
+def test_folded_skips_pinned_messages() -> None:
+    plan = Plan(
+        head_end=1,
+        keep_from=9,
+        pinned=(4,),
+        tokens_before=0,
+        target_tokens=0,
+        summary_budget_tokens=0,
+        fits=True,
+    )
     assert plan.folded == (1, 2, 3, 5, 6, 7, 8)
 
 

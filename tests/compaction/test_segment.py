@@ -58,7 +58,6 @@ def test_parallel_calls_and_their_results_are_one_block() -> None:
 def test_an_earlier_summary_is_preamble_not_a_round() -> None:
     messages = [f.system(), f.summary(), f.assistant("hi"), *f.simple_round(0)]
     segments = split(messages, EST)
-    assert segments.summary_index == 1
     preamble, first = segments.rounds
     assert (preamble.start, preamble.end, preamble.has_user) == (1, 3, False)
     assert first.has_user and first.start == 3
@@ -67,7 +66,6 @@ def test_an_earlier_summary_is_preamble_not_a_round() -> None:
 def test_no_preamble_round_when_a_user_message_follows_the_head() -> None:
     segments = split(f.simple_conversation(2), EST)
     assert all(r.has_user for r in segments.rounds)
-    assert segments.summary_index is None
 
 
 def test_a_stray_tool_message_between_answers_stays_inside_the_block() -> None:
