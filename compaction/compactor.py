@@ -39,11 +39,11 @@ from compaction.summarize import (
     ask,
     build_memory_request,
     build_summary_request,
-    is_cjk_dominant,
     prose_texts,
     summary_message,
     summary_text,
 )
+from compaction.text import is_cjk_dominant
 from compaction.tokens import HeuristicEstimator, estimate_request
 from compaction.transcript import render_transcript
 from compaction.types import (

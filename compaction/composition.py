@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from compaction.ledger import Ledger, render_ledger
-from compaction.transcript import clip_middle
+from compaction.text import clip_middle
 from compaction.types import MemoryItem, Path, TokenEstimator
 from compaction.verify import append_missing, missing_items
 

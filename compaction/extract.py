@@ -13,12 +13,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from compaction.messages import is_message, is_user_request, message_text
+from compaction.text import collapse_spaces
 from compaction.types import MEMORY_TYPES, MemoryItem, as_memory_type
 
 MAX_CONTENT_CHARS = 1000
 
 _FENCE_LINE = re.compile(r"^\s*```[\w-]*\s*$", re.MULTILINE)
-_WHITESPACE = re.compile(r"\s+")
 
 
 # ---------------------------------------------------------------- parsing the LLM's answer
@@ -68,7 +68,7 @@ def _memory_item(entry: Any) -> MemoryItem | None:
     if not isinstance(kind, str) or not isinstance(content, str):
         return None
     kind = kind.strip().lower()
-    content = _WHITESPACE.sub(" ", content).strip()[:MAX_CONTENT_CHARS]
+    content = collapse_spaces(content)[:MAX_CONTENT_CHARS]
     if kind not in MEMORY_TYPES or not content:
         return None
     return MemoryItem(as_memory_type(kind), content)

@@ -21,6 +21,7 @@ from compaction.messages import (
     message_text,
     tool_calls,
 )
+from compaction.text import clip_end, collapse_spaces
 from compaction.types import MemoryItem, TokenEstimator
 
 MAX_REQUESTS = 40
@@ -161,9 +162,9 @@ def find_paths(text: str) -> list[str]:
 def command_key(command: str) -> str:
     """A command as the ledger shows it: its first line, whitespace collapsed, clipped."""
     lines = [line for line in command.strip().splitlines() if line.strip()]
-    first = " ".join(lines[0].split()) if lines else ""
+    first = collapse_spaces(lines[0]) if lines else ""
     if len(first) > COMMAND_CHARS:
-        return first[: COMMAND_CHARS - 1] + "…"
+        return clip_end(first, COMMAND_CHARS)
     return first + (" …" if len(lines) > 1 else "")
 
 
@@ -194,7 +195,7 @@ def fenced_commands(text: str) -> list[str]:
 
 def error_lines(text: str) -> list[str]:
     return [
-        clip(line.strip(), ERROR_CHARS) for line in text.splitlines() if _ERROR_LINE.match(line)
+        clip_end(line.strip(), ERROR_CHARS) for line in text.splitlines() if _ERROR_LINE.match(line)
     ]
 
 
@@ -206,11 +207,7 @@ def mentioned_values(text: str) -> list[str]:
 
 def first_lines(text: str, limit: int = REQUEST_CHARS) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return clip(" / ".join(lines[:2]), limit) if lines else ""
-
-
-def clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return clip_end(" / ".join(lines[:2]), limit) if lines else ""
 
 
 class _Collector:

@@ -18,12 +18,11 @@ from pathlib import Path
 import orjson
 from cachetools import LRUCache
 
+from compaction.text import normalize
 from compaction.types import MemoryItem, as_memory_type
 
 FILE_NAME = "compaction_flush.jsonl"
 SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
-
-_WHITESPACE = re.compile(r"\s+")
 
 
 class InvalidSessionId(ValueError):
@@ -38,9 +37,9 @@ def is_valid_session_id(value: str) -> bool:
 # ---------------------------------------------------------------- the file
 
 
-def normalized(content: str) -> str:
+def item_identity(content: str) -> str:
     """What two items must share to count as the same: case, spacing and end punctuation aside."""
-    return _WHITESPACE.sub(" ", content).strip().rstrip(".。!！").casefold()
+    return normalize(content).rstrip(".。!！")
 
 
 def _utc_now() -> datetime:
@@ -98,7 +97,7 @@ class MemoryWriter:
             timestamp = self._now().astimezone(UTC).isoformat()
             records: list[dict[str, str]] = []
             for item in items:
-                key = (item.type, normalized(item.content))
+                key = (item.type, item_identity(item.content))
                 if key in seen:
                     continue
                 seen.add(key)
@@ -117,7 +116,7 @@ class MemoryWriter:
                 except BaseException:
                     # Not written: a later flush may try these again.
                     for record in records:
-                        seen.discard((record["type"], normalized(record["content"])))
+                        seen.discard((record["type"], item_identity(record["content"])))
                     raise
             return records
 
@@ -135,7 +134,7 @@ def _load_keys(path: Path) -> set[tuple[str, str]]:
         except orjson.JSONDecodeError:
             continue
         if isinstance(record, dict) and isinstance(record.get("content"), str):
-            keys.add((str(record.get("type")), normalized(record["content"])))
+            keys.add((str(record.get("type")), item_identity(record["content"])))
     return keys
 
 

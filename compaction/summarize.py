@@ -19,6 +19,7 @@ from typing import Any
 
 from compaction.marker import SUMMARY_MARKER, is_summary_message
 from compaction.messages import is_message, is_user_request, message_text
+from compaction.text import CJK_LETTER
 from compaction.types import ChatLLM, Message, Purpose
 
 __all__ = [
@@ -26,7 +27,6 @@ __all__ = [
     "ask",
     "build_memory_request",
     "build_summary_request",
-    "is_cjk_dominant",
     "is_substantive",
     "load_prompt",
     "message_text",
@@ -34,11 +34,6 @@ __all__ = [
     "summary_message",
     "summary_text",
 ]
-
-CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-"""Kana, CJK ideographs and Hangul: the characters that count as words on their own."""
-_CJK = re.compile(f"[{CJK_CHARS}]")
-
 
 # ---------------------------------------------------------------- prompts
 
@@ -115,15 +110,6 @@ def summary_text(message: Any) -> str:
 # ---------------------------------------------------------------- language
 
 
-def is_cjk_dominant(texts: Iterable[str]) -> bool:
-    """True when at least a quarter of the letters are CJK (they carry more per character)."""
-    cjk = letters = 0
-    for text in texts:
-        cjk += len(_CJK.findall(text))
-        letters += sum(1 for ch in text if ch.isalpha())
-    return letters > 0 and cjk * 4 >= letters
-
-
 def prose_texts(messages: Sequence[Any], indices: Iterable[int]) -> list[str]:
     """What the user and assistant wrote (no tool output), for language detection."""
     return [
@@ -148,7 +134,7 @@ def is_substantive(text: str) -> bool:
     stripped = text.strip()
     if not stripped or _REFUSAL.match(stripped):
         return False
-    return len(_WORDS.findall(stripped)) + len(_CJK.findall(stripped)) >= 3
+    return len(_WORDS.findall(stripped)) + len(CJK_LETTER.findall(stripped)) >= 3
 
 
 @dataclass(frozen=True)

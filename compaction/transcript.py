@@ -13,6 +13,7 @@ from typing import Any
 from compaction.marker import is_summary_message
 from compaction.messages import is_message, is_observation, message_text, tool_calls
 from compaction.settings import TOOL_OUTPUT_CLIP_CHARS
+from compaction.text import clip_middle
 from compaction.types import TokenEstimator
 
 # Successive clipping limits in characters: (tool output, assistant text, user request).
@@ -26,18 +27,6 @@ _STAGES: tuple[tuple[int, int | None, int | None], ...] = (
     (60, 200, 1500),
     (0, 100, 600),
 )
-
-
-def clip_middle(text: str, limit: int) -> str:
-    """`text` cut to about `limit` characters, keeping its head and tail and saying how much went."""
-    if len(text) <= limit:
-        return text
-    if limit <= 0:
-        return f"[… {len(text)} chars omitted …]"
-    head = limit * 2 // 3
-    tail = limit - head
-    omitted = len(text) - head - tail
-    return f"{text[:head]}\n[… {omitted} chars omitted …]\n{text[len(text) - tail :]}"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from compaction.summarize import CJK_CHARS
+from compaction.text import CJK_LETTERS, normalize
 from compaction.types import MemoryItem, Quality, Verification
 
 GOOD_RATIO = 0.9
@@ -20,12 +20,12 @@ ALSO_PRESERVED = "## Also preserved"
 
 
 _WORD = re.compile(r"[^\W_]{3,}|\d+", re.UNICODE)
-_CJK_RUN = re.compile(f"[{CJK_CHARS}]+")
-_SPACES = re.compile(r"\s+")
+_CJK_RUN = re.compile(f"[{CJK_LETTERS}]+")
 
 
-def normalize(text: str) -> str:
-    return _SPACES.sub(" ", text.replace("`", "")).strip().casefold()
+def comparable(text: str) -> str:
+    """`text` normalized, backticks (markdown code) left out: how keys meet the summary."""
+    return normalize(text.replace("`", ""))
 
 
 def key_tokens(text: str) -> set[str]:
@@ -40,11 +40,11 @@ class SummaryIndex:
     """The summary prepared once for many `contains` checks."""
 
     def __init__(self, summary: str) -> None:
-        self.text = normalize(summary)
+        self.text = comparable(summary)
         self.tokens = key_tokens(summary)
 
     def contains(self, key: str) -> bool:
-        wanted = normalize(key)
+        wanted = comparable(key)
         if not wanted or wanted in self.text:
             return True
         tokens = key_tokens(key)

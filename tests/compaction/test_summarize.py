@@ -8,11 +8,11 @@ from compaction import SUMMARY_MARKER, HeuristicEstimator, is_summary_message
 from compaction.summarize import (
     build_memory_request,
     build_summary_request,
-    is_cjk_dominant,
     load_prompt,
     summary_message,
     summary_text,
 )
+from compaction.text import is_cjk_dominant
 from tests.factories import CJK_SAMPLE, summary, user
 
 ESTIMATOR = HeuristicEstimator()

@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 from compaction import HeuristicEstimator
-from compaction.transcript import clip_middle, render_transcript
+from compaction.transcript import render_transcript
 from tests.factories import assistant, summary, tool_block, user
 
 ESTIMATOR = HeuristicEstimator()
-
-
-def test_clip_middle_keeps_head_and_tail_and_says_how_much_went() -> None:
-    text = "A" * 500 + "B" * 500
-    clipped = clip_middle(text, 100)
-    assert clipped.startswith("A") and clipped.endswith("B")
-    assert "[… 900 chars omitted …]" in clipped
-    assert clip_middle("short", 100) == "short"
 
 
 def test_transcript_labels_roles_and_shows_calls_with_arguments() -> None:

@@ -1,0 +1,55 @@
+"""Plain-text operations the library shares: clipping, normalizing, telling CJK text apart.
+
+One definition of each: the transcript, the ledger and the summary body clip the same way, the
+memory file and verification compare the same normalized text, and "a CJK character counts as
+a word" means the same characters everywhere (the token estimator's rate classes are a separate,
+tokenizer-fitted matter: see tokens.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+CJK_LETTERS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+"""Kana, CJK ideographs and Hangul syllables: the characters that count as words on their own
+(a character class body, for use inside `[...]`)."""
+
+CJK_LETTER = re.compile(f"[{CJK_LETTERS}]")
+_SPACES = re.compile(r"\s+")
+
+
+def is_cjk_dominant(texts: Iterable[str]) -> bool:
+    """True when at least a quarter of the letters are CJK (they carry more per character)."""
+    cjk = letters = 0
+    for text in texts:
+        cjk += len(CJK_LETTER.findall(text))
+        letters += sum(1 for ch in text if ch.isalpha())
+    return letters > 0 and cjk * 4 >= letters
+
+
+def collapse_spaces(text: str) -> str:
+    """`text` with every run of whitespace made one space, and trimmed."""
+    return _SPACES.sub(" ", text).strip()
+
+
+def normalize(text: str) -> str:
+    """What two texts must share to count as the same: spacing and case aside."""
+    return collapse_spaces(text).casefold()
+
+
+def clip_end(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters, an ellipsis marking the cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def clip_middle(text: str, limit: int) -> str:
+    """`text` cut to about `limit` characters, keeping its head and tail and saying how much went."""
+    if len(text) <= limit:
+        return text
+    if limit <= 0:
+        return f"[… {len(text)} chars omitted …]"
+    head = limit * 2 // 3
+    tail = limit - head
+    omitted = len(text) - head - tail
+    return f"{text[:head]}\n[… {omitted} chars omitted …]\n{text[len(text) - tail :]}"

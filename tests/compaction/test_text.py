@@ -1,0 +1,32 @@
+"""Clipping, normalizing and CJK detection shared by the library."""
+
+from __future__ import annotations
+
+from compaction.text import clip_end, clip_middle, collapse_spaces, is_cjk_dominant, normalize
+from tests.factories import CJK_SAMPLE
+
+
+def test_clip_middle_keeps_head_and_tail_and_says_how_much_went() -> None:
+    text = "A" * 500 + "B" * 500
+    clipped = clip_middle(text, 100)
+    assert clipped.startswith("A") and clipped.endswith("B")
+    assert "[… 900 chars omitted …]" in clipped
+    assert clip_middle("short", 100) == "short"
+
+
+def test_clip_end_marks_the_cut_and_keeps_the_limit() -> None:
+    assert clip_end("abcdef", 4) == "abc…"
+    assert len(clip_end("x" * 500, 100)) == 100
+    assert clip_end("abc", 3) == "abc"
+
+
+def test_normalize_ignores_spacing_and_case() -> None:
+    assert normalize("  Use\tPOSTGRES\n now ") == "use postgres now"
+    assert collapse_spaces(" a \n\n b ") == "a b"
+
+
+def test_cjk_dominance_counts_letters_not_punctuation() -> None:
+    assert is_cjk_dominant([CJK_SAMPLE])
+    assert is_cjk_dominant(["한국어 문장입니다 ok"])
+    assert not is_cjk_dominant(["plain English text, 。。。"])
+    assert not is_cjk_dominant([""])
