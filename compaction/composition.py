@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from compaction.ledger import Ledger, render_ledger
 from compaction.text import clip_middle
-from compaction.types import MemoryItem, Path, TokenEstimator
+from compaction.types import MemoryItem, ResultPath, TokenEstimator
 from compaction.verify import append_missing, missing_items
 
 LLM_SHARE = 0.65
@@ -22,7 +22,7 @@ LLM_SHARE = 0.65
 @dataclass(frozen=True)
 class Composed:
     body: str
-    path: Path
+    path: ResultPath
     overflow: Ledger
 
 
@@ -39,7 +39,7 @@ def compose_summary(
     """The summary body within `budget` tokens: "llm" with a model text, else "extractive", and
     "dropped" (a one-line note) when not even the lead fits."""
     fits = _fits(estimator, budget)
-    path: Path = "llm" if reply_text is not None else "extractive"
+    path: ResultPath = "llm" if reply_text is not None else "extractive"
     if reply_text is not None:
         lead = clip_to_tokens(reply_text.strip(), int(budget * LLM_SHARE), estimator)
     else:

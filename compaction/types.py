@@ -34,7 +34,7 @@ def as_memory_type(kind: str) -> MemoryType:
 Quality = Literal["good", "acceptable", "poor"]
 """How much of the key information a summary kept: the verification's grade."""
 
-Path = Literal["llm", "extractive", "dropped", "unchanged"]
+ResultPath = Literal["llm", "extractive", "dropped", "unchanged"]
 """How a compaction produced its result: the LLM summary, the extractive fallback built by code,
 dropping the oldest blocks, or nothing changed (not needed, not possible, or a failed check)."""
 
@@ -155,7 +155,7 @@ class CompactionResult:
     """
 
     messages: list[Message]
-    path: Path
+    path: ResultPath
     reason: str
     keep_from: int
     prefix_len: int
