@@ -78,17 +78,74 @@ class Checkpoint:
         """Length of what replaces messages[:cut] in the view."""
         return self.head_end + 1 + len(self.pinned)
 
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (digests in hex) that `from_json` reads back, tagged with a version."""
+        return {
+            "version": CHECKPOINT_VERSION,
+            "key": self.key.hex(),
+            "cut": self.cut,
+            "head_end": self.head_end,
+            "pinned": list(self.pinned),
+            "summary_message": self.summary_message,
+            "compaction_id": self.compaction_id,
+            "path": self.path,
+            "parent": self.parent.hex() if self.parent is not None else None,
+            "precomputed": self.precomputed,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Checkpoint:
+        """The checkpoint `to_json` wrote; ValueError for another version or malformed data (a
+        store treats that as a miss)."""
+        if not isinstance(data, dict) or data.get("version") != CHECKPOINT_VERSION:
+            raise ValueError("not a checkpoint of a known version")
+        try:
+            checkpoint = cls(
+                key=bytes.fromhex(data["key"]),
+                cut=_non_negative(data["cut"]),
+                head_end=_non_negative(data["head_end"]),
+                pinned=tuple(_non_negative(i) for i in data["pinned"]),
+                summary_message=data["summary_message"],
+                compaction_id=str(data["compaction_id"]),
+                path=str(data["path"]),
+                parent=bytes.fromhex(data["parent"]) if data["parent"] is not None else None,
+                precomputed=bool(data["precomputed"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed checkpoint: {exc}") from exc
+        if not isinstance(checkpoint.summary_message, dict) or checkpoint.cut <= 0:
+            raise ValueError("malformed checkpoint: no summary message or an empty prefix")
+        return checkpoint
+
+
+CHECKPOINT_VERSION = 1
+
+
+def _non_negative(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{value!r} is not a non-negative integer")
+    return value
+
 
 class CheckpointStore(Protocol):
-    """Where checkpoints live: in memory here; a shared store can implement the same two calls."""
+    """Where checkpoints live, for a process or shared between replicas: async, and batched so
+    a remote store answers a request in one round trip.
 
-    def get(self, key: bytes) -> Checkpoint | None: ...
+    `longest(digests)`: `digests[i]` is the digest of a prefix of `i + 1` messages; the
+    checkpoint whose key is the latest of them and whose `cut` is `i + 1`, or None. A stored
+    entry that does not read back (`Checkpoint.from_json` raising ValueError) is a miss.
+    `put(checkpoint)` stores it under `checkpoint.key`; a store may evict what it likes.
+    """
 
-    def put(self, checkpoint: Checkpoint) -> None: ...
+    async def longest(self, digests: Sequence[bytes]) -> Checkpoint | None: ...
+
+    async def put(self, checkpoint: Checkpoint) -> None: ...
 
 
 class MemoryCheckpointStore:
-    """A bounded in-process store: least recently used entries go first, each lives `ttl_s`."""
+    """A bounded in-process table, looked up one key at a time: least recently used entries go
+    first, each lives `ttl_s`. Synchronous, for in-process users of the library; the proxy's
+    async `CheckpointStore` over it is proxy.compacting.stores.memory."""
 
     def __init__(
         self,
@@ -108,14 +165,22 @@ class MemoryCheckpointStore:
         return len(self._cache)
 
 
-def find_longest(store: CheckpointStore, digests: Sequence[bytes]) -> Checkpoint | None:
-    """The checkpoint of the longest remembered prefix, None when no prefix is remembered.
+def find_longest(store: MemoryCheckpointStore, digests: Sequence[bytes]) -> Checkpoint | None:
+    """The checkpoint of the longest remembered prefix of a request, None when no prefix is.
 
     The last message is never part of a checkpoint (it is the new turn), so the search starts one
     before it.
     """
-    for cut in range(len(digests) - 1, 0, -1):
-        found = store.get(digests[cut - 1])
+    return longest_of(store.get, digests[:-1])
+
+
+def longest_of(
+    get: Callable[[bytes], Checkpoint | None], digests: Sequence[bytes]
+) -> Checkpoint | None:
+    """`CheckpointStore.longest` over a key lookup: the latest digest whose checkpoint has the
+    cut that digest stands for."""
+    for cut in range(len(digests), 0, -1):
+        found = get(digests[cut - 1])
         if found is not None and found.cut == cut:
             return found
     return None

@@ -1,21 +1,26 @@
-"""The seam between forwarding and compaction: what a chat request goes through.
+"""The protocol between proxy.http (moving bytes) and what may change a request (proxy.compacting).
 
-The chat handler reads the whole body, builds a `ChatContext`, and calls the app's
-`ChatPipeline`:
+For a route that admits a hook (today "chat"; "responses" and "messages" will reuse it with their
+dialect), the handler reads the whole body, builds a `RequestContext`, and asks the app's `Hook`
+for an `Exchange`: the one object that carries what this request needs from then on.
 
-1. `prepare(ctx, body)` before anything goes upstream; its `Prepared.body` is what is sent.
-2. `on_upstream_error(ctx, prepared, status, body)` only when the upstream answers 400, 413 or 422
-   and its error body is at most 1 MiB; returning new bytes makes the handler retry once with
-   them, returning None relays the original error unchanged.
-3. `on_response(ctx, prepared, status, usage)` after the response was relayed to the client.
+1. `hook.prepare(ctx, body)` before anything goes upstream; `exchange.body` is what is sent,
+   `exchange.headers` are added to the client's response, `exchange.session_id` is the session
+   the request belongs to (possibly derived from the body), `exchange.wants_usage` asks the
+   handler to find the response's `usage` (a cheap probe, skipped when no one wants it).
+2. `exchange.retry_after_error(status, body)` only when the upstream answers 400, 413 or 422 and
+   its error body is at most 1 MiB (decompressed when it came gzip/deflate encoded); new bytes
+   make the handler retry once with them, None relays the upstream's error unchanged.
+3. `exchange.observe(status, usage)` after the response was relayed to the client.
 
 The handler fails open around every call: an exception other than a `ProxyError` is logged and
-treated as "pass through" (the original body, no retry). The default is the compacting pipeline
-(proxy.compacting.hook); tests pass in their own.
+treated as "pass through" (the original body, no retry). The default hook is
+proxy.compacting.hook.CompactingHook; tests pass in their own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -23,43 +28,60 @@ from multidict import CIMultiDictProxy
 
 
 @dataclass(frozen=True)
-class ChatContext:
-    """What the pipeline may know about one chat request.
+class RequestContext:
+    """What a hook may know about one request besides its body.
 
+    `route` is the kind of route ("chat"), which tells a hook the request's API shape.
+    `explicit_session` is the session the client named (header or path), None if it named none.
     `credential` is the Authorization value sent upstream (the client's, or the injected
     `upstream.api_key`); key caches by a hash of it and never log it."""
 
-    session_id: str | None
+    route: str
+    explicit_session: str | None
     credential: str | None
     path: str
     headers: CIMultiDictProxy[str]
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """The request to send: `body` goes upstream; `headers` are informational headers added to
-    the client's response; `session_id` is the resolved session (possibly a fingerprint);
-    `wants_usage` asks the handler to find the response's `usage` for `on_response` (a cheap
-    probe, skipped when no one wants it)."""
+class Exchange(Protocol):
+    """One request's dealings with its hook, from the body to send to the response seen."""
 
-    body: bytes
-    headers: dict[str, str] = field(default_factory=dict)
-    session_id: str | None = None
-    wants_usage: bool = False
+    @property
+    def body(self) -> bytes: ...
 
+    @property
+    def headers(self) -> Mapping[str, str]: ...
 
-class ChatPipeline(Protocol):
-    async def prepare(self, ctx: ChatContext, body: bytes) -> Prepared: ...
+    @property
+    def session_id(self) -> str | None: ...
 
-    async def on_upstream_error(
-        self, ctx: ChatContext, prepared: Prepared, status: int, body: bytes
-    ) -> bytes | None:
-        """`body` is the upstream's error body (decompressed if it came gzip/deflate encoded).
-        Return a new request body to retry once with, or None to relay the error."""
+    @property
+    def wants_usage(self) -> bool: ...
+
+    async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
+        """A new request body to retry once with after the upstream's error `body`, or None."""
         ...
 
-    def on_response(
-        self, ctx: ChatContext, prepared: Prepared, status: int, usage: dict[str, Any] | None
-    ) -> None:
+    def observe(self, status: int, usage: dict[str, Any] | None) -> None:
         """`usage` is the response's `usage` object when it was cheap to find, else None."""
         ...
+
+
+class Hook(Protocol):
+    async def prepare(self, ctx: RequestContext, body: bytes) -> Exchange: ...
+
+
+@dataclass(frozen=True)
+class Passthrough:
+    """An exchange that changes nothing: `body` goes upstream as received, errors are relayed."""
+
+    body: bytes
+    session_id: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    wants_usage: bool = False
+
+    async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
+        return None
+
+    def observe(self, status: int, usage: dict[str, Any] | None) -> None:
+        return None

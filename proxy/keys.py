@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.hook import ChatPipeline
+from proxy.hook import Hook
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
 from proxy.logs import RequestInfo
@@ -15,9 +15,9 @@ from proxy.tasks import BackgroundTasks
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 RECORDS = web.AppKey("records", SessionRecords)
-CHAT_PIPELINE: web.AppKey[ChatPipeline] = web.AppKey("chat_pipeline")
+HOOK: web.AppKey[Hook] = web.AppKey("hook")
 TASKS = web.AppKey("tasks", BackgroundTasks)
-# Set while the app runs (the ClientSession needs the running loop); see app._upstream_ctx.
+# Its ClientSession opens while the app starts (it needs the running loop); see app.create_app.
 UPSTREAM = web.AppKey("upstream", Upstream)
 
 REQUEST_INFO = web.RequestKey("request_info", RequestInfo)

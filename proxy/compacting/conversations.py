@@ -1,23 +1,20 @@
-"""The compactions of every conversation: remembered, running, and prepared ahead.
+"""The compactions of every conversation: remembered, and running.
 
-Checkpoints are looked up by prefix digest and substituted; a conversation still over the trigger
-is compacted further once, however many requests wait (single-flight); past the precompute ratio
-the next checkpoint is prepared in the background and held in reserve until the trigger. Each
-compaction is recorded (proxy.compacting.records). The HTTP-facing decisions (parsing,
-headers, retries) live in proxy.compacting.
+Checkpoints are looked up by prefix digest in the store and substituted; a conversation still
+over the trigger is compacted further once, however many requests wait (single-flight). Each
+compaction is stored as a checkpoint and recorded (proxy.compacting.records). Preparing the next
+checkpoint ahead of the trigger is proxy.compacting.precompute; the per-request decisions
+(parsing, headers, retries) are proxy.compacting.hook and proxy.compacting.exchange.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import aiohttp
-from cachetools import LRUCache
 
 from compaction import CompactionResult, Compactor, Plan
 from compaction.checkpoints import (
@@ -25,20 +22,18 @@ from compaction.checkpoints import (
     CheckpointStore,
     View,
     checkpoint_after,
-    find_longest,
     prefix_digests,
 )
+from compaction.types import ChatLLM
 from proxy.compacting.chat import ChatRequest
 from proxy.compacting.cooldown import Cooldown
 from proxy.compacting.flight import SingleFlight, wait_shielded
-from proxy.compacting.llm_client import ModelParameters, UpstreamLLM
+from proxy.compacting.llm_client import LLMFactory, LLMRequest
 from proxy.compacting.records import record_compaction
 from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
 from proxy.settings import CompactionSettings
 from proxy.tasks import BackgroundTasks
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,35 +47,28 @@ class Decision:
     compaction_id: str | None
 
 
-class Compactions:
+class Conversations:
     def __init__(
         self,
         options: CompactionSettings,
         *,
-        upstream_url: str,
-        client: Callable[[], aiohttp.ClientSession],
         compactor: Compactor,
         store: CheckpointStore,
+        llm_for: LLMFactory,
         records: SessionRecords,
         metrics: CompactionMetrics,
         tasks: BackgroundTasks,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._options = options
-        self._upstream_url = upstream_url
-        self._client = client
         self._compactor = compactor
         self._store = store
+        self._llm_for = llm_for
         self._records = records
         self._metrics = metrics
-        self._tasks = tasks
         self._clock = clock
         self._flight: SingleFlight[bytes, CompactionResult] = SingleFlight(tasks)
         self._cooldown = Cooldown(options.failure_threshold, options.failure_cooldown_s, clock)
-        self._parameters = ModelParameters()
-        # Per conversation: a raw-estimate range [from, to) in which a precompute has been shown
-        # to find nothing to do (a shorter, edited or other conversation falls outside it).
-        self._quiet: LRUCache[bytes, tuple[int, int]] = LRUCache(options.checkpoint_max_entries)
 
     def estimate(self, chat: ChatRequest, messages: list[Any]) -> int:
         return self._compactor.estimate(messages, chat.tools, estimator=chat.estimator)
@@ -88,50 +76,108 @@ class Compactions:
     def needs(self, chat: ChatRequest, tokens: int) -> bool:
         return self._compactor.needs_compaction(tokens, chat.window, chat.max_output_tokens)
 
-    def prepare_next(self, chat: ChatRequest, forwarded_tokens: int, raw_tokens: int) -> None:
-        """After forwarding: start preparing the next checkpoint if the view is past the ratio."""
-        if forwarded_tokens >= self._precompute_at(chat) and not self._is_quiet(chat, raw_tokens):
-            self._spawn(self._precompute(chat, raw_tokens), name=f"precompute:{chat.session_id}")
-
-    async def compact(
-        self, chat: ChatRequest, before: int, *, reason: str, force: bool = False
-    ) -> Decision:
+    async def compact(self, chat: ChatRequest, before: int) -> Decision:
+        """At the trigger: reuse a checkpoint whose view fits, else wait for a compaction of this
+        conversation already under way, else compact the view once more."""
         deadline = self._clock() + self._options.summary_timeout_s
         digests = prefix_digests(chat.messages, chat.seed)
-        view, tokens, reserve = self._view(chat, digests)
-        if force and reserve is not None:
-            view = View.of(chat.messages, reserve)
-            tokens = self.estimate(chat, view.messages)
-        if view.base is not None and not force and not self.needs(chat, tokens):
-            self._metrics.checkpoint_hits.inc()
-            return Decision(view.messages, "reused", before, tokens, view.base.compaction_id)
+        view, tokens, _ = await self.view(chat, digests)
+        if view.base is not None and not self.needs(chat, tokens):
+            return self._reused(view, before, tokens)
         pending = self._flight.find(reversed(digests))
-        if pending is not None and not force:
+        if pending is not None:
             # A compaction of this conversation is under way (a precompute, or a concurrent
             # request): wait for it rather than summarize the same history again.
             # Timed out, or it failed (and logged): go on with our own plan.
             with contextlib.suppress(Exception):
                 await wait_shielded(pending, max(0.0, deadline - self._clock()))
-            view, tokens, _ = self._view(chat, digests)
+            view, tokens, _ = await self.view(chat, digests)
             if view.base is not None and not self.needs(chat, tokens):
-                self._metrics.checkpoint_hits.inc()
-                return Decision(view.messages, "reused", before, tokens, view.base.compaction_id)
-        plan = self._compactor.plan(
+                return self._reused(view, before, tokens)
+        return await self._compact_view(chat, view, tokens, digests, before, deadline, "trigger")
+
+    async def compact_after_overflow(self, chat: ChatRequest, before: int) -> Decision:
+        """The upstream refused the forwarded view as too long (`chat` carries the corrected
+        budget): compact further now. A checkpoint held in reserve is the first step; nothing is
+        reused or waited for on the strength of the estimate that just proved wrong."""
+        deadline = self._clock() + self._options.summary_timeout_s
+        digests = prefix_digests(chat.messages, chat.seed)
+        view, tokens, reserve = await self.view(chat, digests)
+        if reserve is not None:
+            view = View.of(chat.messages, reserve)
+            tokens = self.estimate(chat, view.messages)
+        return await self._compact_view(chat, view, tokens, digests, before, deadline, "overflow")
+
+    # -- shared with proxy.compacting.precompute ----------------------------------------------
+
+    async def view(
+        self, chat: ChatRequest, digests: Sequence[bytes]
+    ) -> tuple[View, int, Checkpoint | None]:
+        """The view to forward, its tokens, and a precomputed checkpoint still held in reserve.
+
+        A checkpoint prepared ahead of the trigger is used only once the view it extends (its
+        parent's, or the original) reaches the trigger: applied earlier, it would move every
+        compaction after the first down to the precompute ratio.
+        """
+        # The last message is never part of a checkpoint: it is the new turn.
+        newest = await self._store.longest(digests[:-1])
+        view = View.of(chat.messages, newest)
+        if newest is None or not newest.precomputed:
+            return view, self.estimate(chat, view.messages), None
+        parent = await self._stored(digests, newest.parent)
+        parent_view = View.of(chat.messages, parent)
+        parent_tokens = self.estimate(chat, parent_view.messages)
+        if self.needs(chat, parent_tokens):
+            return view, self.estimate(chat, view.messages), None
+        return parent_view, parent_tokens, newest
+
+    def plan(self, chat: ChatRequest, view: View) -> Plan:
+        return self._compactor.plan(
             view.messages,
             window=chat.window,
             tools=chat.tools,
             max_output_tokens=chat.max_output_tokens,
             estimator=chat.estimator,
         )
-        key = self._key(view, plan, digests)
+
+    def running(self, digests: Sequence[bytes]) -> bool:
+        return self._flight.find(digests) is not None
+
+    async def is_stored(self, digests: Sequence[bytes], plan: Plan, view: View) -> bool:
+        """True when the checkpoint `plan` would produce is already in the store."""
+        key = _key(view, plan, digests)
+        return key is not None and await self._stored(digests, key) is not None
+
+    def start(
+        self, chat: ChatRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
+    ) -> asyncio.Task[CompactionResult] | None:
+        """The (single-flight) summarization carrying out `plan`; None if it folds nothing new."""
+        key = _key(view, plan, digests)
         if key is None:
-            status = "reused" if view.base is not None else "failed"
-            return Decision(view.messages, status, before, tokens, None)
-        task = self._flight.start(
+            return None
+        return self._flight.start(
             key,
             lambda: self._summarize(chat, view, plan, digests, reason),
-            name=f"compact:{chat.session_id}",
+            name=f"{reason}:{chat.session_id}",
         )
+
+    # -- compacting ----------------------------------------------------------------------------
+
+    async def _compact_view(
+        self,
+        chat: ChatRequest,
+        view: View,
+        tokens: int,
+        digests: Sequence[bytes],
+        before: int,
+        deadline: float,
+        reason: str,
+    ) -> Decision:
+        plan = self.plan(chat, view)
+        task = self.start(chat, view, plan, digests, reason)
+        if task is None:
+            status = "reused" if view.base is not None else "failed"
+            return Decision(view.messages, status, before, tokens, None)
         try:
             result = await wait_shielded(task, max(0.0, deadline - self._clock()))
         except Exception as exc:
@@ -142,129 +188,30 @@ class Compactions:
             # writer skips items already there).
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
-            result = await self._compactor.run(
-                view.messages,
-                plan,
-                llm=None,
-                session_id=chat.session_id,
-                tools=chat.tools,
-                estimator=chat.estimator,
-            )
+            result = await self._run(chat, view, plan, llm=None)
         if result.path == "unchanged":
             return Decision(view.messages, "failed", before, tokens, None)
         return Decision(
             result.messages, "applied", before, result.tokens_after, result.compaction_id
         )
 
-    def _view(self, chat: ChatRequest, digests: list[bytes]) -> tuple[View, int, Checkpoint | None]:
-        """The view to forward, its tokens, and a precomputed checkpoint still held in reserve.
-
-        A checkpoint prepared ahead of the trigger is used only once the view it extends (its
-        parent's, or the original) reaches the trigger: applied earlier, it would move every
-        compaction after the first down to the precompute ratio.
-        """
-        newest = find_longest(self._store, digests)
-        view = View.of(chat.messages, newest)
-        if newest is None or not newest.precomputed:
-            return view, self.estimate(chat, view.messages), None
-        parent = self._store.get(newest.parent) if newest.parent is not None else None
-        parent_view = View.of(chat.messages, parent)
-        parent_tokens = self.estimate(chat, parent_view.messages)
-        if self.needs(chat, parent_tokens):
-            return view, self.estimate(chat, view.messages), None
-        return parent_view, parent_tokens, newest
-
-    @staticmethod
-    def _key(view: View, plan: Plan, digests: list[bytes]) -> bytes | None:
-        """The checkpoint key the plan would produce; None when it folds nothing new."""
-        if plan.keep_from <= plan.head_end or not plan.folded:
-            return None
-        if view.base is not None and plan.keep_from < view.base.prefix_len:
-            return None
-        cut = view.original_index(plan.keep_from)
-        if cut is None or not 0 < cut <= len(digests):
-            return None
-        return digests[cut - 1]
-
-    def _precompute_at(self, chat: ChatRequest) -> float:
-        ratio = self._options.precompute_ratio
-        return ratio * chat.window if ratio else float("inf")
-
-    def _is_quiet(self, chat: ChatRequest, raw_tokens: int) -> bool:
-        """True while an earlier check of this conversation proved a precompute pointless."""
-        quiet = self._quiet.get(_conversation_key(chat))
-        return quiet is not None and quiet[0] <= raw_tokens < quiet[1]
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
-        if self._tasks.closed:  # shutting down: no new background work
-            coro.close()
-            return
-        self._tasks.spawn(coro, name=name)
-
-    async def _precompute(self, chat: ChatRequest, raw_tokens: int) -> None:
-        """Prepare the conversation's next checkpoint before a request needs it."""
-        digests = prefix_digests(chat.messages, chat.seed)
-        if self._flight.find(digests) is not None:
-            return
-        view, tokens, reserve = self._view(chat, digests)
-        if reserve is not None:
-            # The next checkpoint is ready; nothing to do until the view reaches the trigger.
-            self._quiet[_conversation_key(chat)] = (
-                raw_tokens,
-                raw_tokens + int(self._options.trigger_ratio * chat.window - tokens),
-            )
-            return
-        threshold = self._precompute_at(chat)
-        if tokens < threshold:
-            # History only grows: nothing to do until the view grows past the threshold.
-            self._quiet[_conversation_key(chat)] = (
-                raw_tokens,
-                raw_tokens + int(threshold - tokens),
-            )
-            return
-        plan = self._compactor.plan(
-            view.messages,
-            window=chat.window,
-            tools=chat.tools,
-            max_output_tokens=chat.max_output_tokens,
-            estimator=chat.estimator,
-        )
-        key = self._key(view, plan, digests)
-        if key is None or self._store.get(key) is not None:
-            return
-        self._flight.start(
-            key,
-            lambda: self._summarize(chat, view, plan, digests, "precompute"),
-            name=f"precompute-run:{chat.session_id}",
-        )
+    def _reused(self, view: View, before: int, tokens: int) -> Decision:
+        self._metrics.checkpoint_hits.inc()
+        compaction_id = view.base.compaction_id if view.base is not None else None
+        return Decision(view.messages, "reused", before, tokens, compaction_id)
 
     async def _summarize(
-        self, chat: ChatRequest, view: View, plan: Plan, digests: list[bytes], reason: str
+        self, chat: ChatRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
     ) -> CompactionResult:
         summary_model = self._options.summary_model or chat.model
         # One tenant's failing key must not cool the summarizer down for everyone.
         cooldown_key = f"{summary_model}\x00{chat.tenant.hex()}"
-        llm: UpstreamLLM | None = None
+        llm: ChatLLM | None = None
         if self._cooldown.is_cooling(cooldown_key):
             self._metrics.cooldown_skips.inc()
         else:
-            llm = UpstreamLLM(
-                self._client(),
-                self._upstream_url,
-                model=summary_model,
-                credential=chat.credential,
-                client_headers=chat.auth_headers,
-                timeout_s=self._compactor.settings.llm_timeout_s,
-                parameters=self._parameters,
-            )
-        result = await self._compactor.run(
-            view.messages,
-            plan,
-            llm=llm,
-            session_id=chat.session_id,
-            tools=chat.tools,
-            estimator=chat.estimator,
-        )
+            llm = self._llm_for(LLMRequest(summary_model, chat.credential, chat.auth_headers))
+        result = await self._run(chat, view, plan, llm=llm)
         if llm is not None and result.path != "unchanged":
             # "unchanged" says nothing about the summarizer (nothing to fold, or no gain).
             ok = result.path == "llm"
@@ -274,13 +221,43 @@ class Compactions:
                 self._metrics.summarizer_failures.inc()
         checkpoint = checkpoint_after(view, result, digests, precomputed=reason == "precompute")
         if checkpoint is not None:
-            self._store.put(checkpoint)
+            await self._store.put(checkpoint)
         record_compaction(
             self._records, self._metrics, chat, view, result, reason=reason, checkpoint=checkpoint
         )
         return result
 
+    async def _run(
+        self, chat: ChatRequest, view: View, plan: Plan, *, llm: ChatLLM | None
+    ) -> CompactionResult:
+        return await self._compactor.run(
+            view.messages,
+            plan,
+            llm=llm,
+            session_id=chat.session_id,
+            tools=chat.tools,
+            estimator=chat.estimator,
+        )
 
-def _conversation_key(chat: ChatRequest) -> bytes:
-    """One conversation of one caller: its seed and the fingerprint of its opening."""
-    return chat.seed + chat.opening.encode()
+    async def _stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:
+        """The stored checkpoint under `key`, one of `digests`; None if it is not (any more)."""
+        if key is None:
+            return None
+        try:
+            cut = digests.index(key) + 1
+        except ValueError:
+            return None
+        found = await self._store.longest(digests[:cut])
+        return found if found is not None and found.key == key else None
+
+
+def _key(view: View, plan: Plan, digests: Sequence[bytes]) -> bytes | None:
+    """The checkpoint key the plan would produce; None when it folds nothing new."""
+    if plan.keep_from <= plan.head_end or not plan.folded:
+        return None
+    if view.base is not None and plan.keep_from < view.base.prefix_len:
+        return None
+    cut = view.original_index(plan.keep_from)
+    if cut is None or not 0 < cut <= len(digests):
+        return None
+    return digests[cut - 1]

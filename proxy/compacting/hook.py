@@ -1,27 +1,19 @@
-"""The compacting chat pipeline: the proxy's per-request compaction decision.
+"""The compacting hook: the proxy's per-request compaction decision (proxy.hook.Hook).
 
 Bodies that cannot reach the lowest ratio are not parsed; below the trigger the original bytes go
-upstream untouched. At the trigger the conversation's compactions (proxy.compacting.conversations) give the
-view to forward: a remembered checkpoint, or a new compaction. Here also: the informational
-headers, the one retry after a context-length error, and calibration from upstream usage.
+upstream untouched. At the trigger the conversations (proxy.compacting.conversations) give the
+view to forward: a remembered checkpoint, or a new compaction. A parsed chat request becomes a
+CompactedExchange (proxy.compacting.exchange), which owns the retry and the calibration.
 Anything that fails here forwards the original request; it never fails the agent's request.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any
-
-from aiohttp import web
 
 from compaction import CompactionSettings as LibrarySettings
 from compaction import Compactor, HeuristicEstimator, MemoryWriter
-from compaction.checkpoints import (
-    MemoryCheckpointStore,
-    conversation_seed,
-)
-from proxy import keys
+from compaction.checkpoints import CheckpointStore, conversation_seed
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.chat import (
     ChatRequest,
@@ -31,9 +23,13 @@ from proxy.compacting.chat import (
     may_need_parsing,
     model_of,
 )
-from proxy.compacting.conversations import Compactions, Decision
-from proxy.compacting.overflow import parse_overflow
-from proxy.hook import ChatContext, Prepared
+from proxy.compacting.conversations import Conversations, Decision
+from proxy.compacting.exchange import CompactedExchange
+from proxy.compacting.llm_client import LLMFactory, UpstreamLLMs
+from proxy.compacting.precompute import Precompute
+from proxy.hook import Exchange, Passthrough, RequestContext
+from proxy.http.sessions import SessionRecords
+from proxy.http.upstream import Upstream
 from proxy.metrics import CompactionMetrics
 from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks
@@ -49,38 +45,27 @@ SESSION = "x-compaction-session"
 # Headers that identify the caller to the upstream besides Authorization (Azure-style keys,
 # OpenAI organisation and project): they go with the proxy's own summary calls and scope reuse.
 _AUTH_HEADERS = ("api-key", "x-api-key", "OpenAI-Organization", "OpenAI-Project")
-# After an overflow without numbers, assume we under-counted by this much.
-_OVERFLOW_BUMP = 1.25
-# Aim this far under an overflow's stated limit on the retry.
-_OVERFLOW_MARGIN = 0.9
+
+# Headers that identify the caller to the upstream besides Authorization (Azure-style keys,
+# OpenAI organisation and project): they go with the proxy's own summary calls and scope reuse.
+_AUTH_HEADERS = ("api-key", "x-api-key", "OpenAI-Organization", "OpenAI-Project")
 # How much longer than a waiting request the summarizer call itself may take.
 _BACKGROUND_TIMEOUT_FACTOR = 3
 
 
-@dataclass
-class Forwarded:
-    """What went upstream last for one request: the retry replaces it, calibration reads it."""
-
-    chat: ChatRequest
-    tokens: int
-    body: bytes
-    retried: bool = False
-
-
-@dataclass(frozen=True)
-class ChatPrepared(Prepared):
-    """What `prepare` decided, with what the retry and the calibration need later."""
-
-    forwarded: Forwarded | None = None
-
-
-class CompactingPipeline:
+class CompactingHook:
     def __init__(
-        self, settings: Settings, *, compactions: Compactions, metrics: CompactionMetrics
+        self,
+        settings: Settings,
+        *,
+        conversations: Conversations,
+        precompute: Precompute,
+        metrics: CompactionMetrics,
     ) -> None:
         self._settings = settings
         self._options = settings.compaction
-        self._compactions = compactions
+        self._conversations = conversations
+        self._precompute = precompute
         self._metrics = metrics
         self.calibration = Calibration()
         models = settings.models
@@ -88,78 +73,25 @@ class CompactingPipeline:
             [models.default_context_window, *models.context_windows.values()]
         )
 
-    # -- the ChatPipeline protocol -------------------------------------------------------------
-
-    async def prepare(self, ctx: ChatContext, body: bytes) -> Prepared:
+    async def prepare(self, ctx: RequestContext, body: bytes) -> Exchange:
+        untouched = Passthrough(
+            body=body, headers={STATUS: "none"}, session_id=ctx.explicit_session
+        )
         if not self._options.enabled or not self._may_reach(body):
-            return Prepared(body=body, headers={STATUS: "none"}, session_id=ctx.session_id)
+            return untouched
         try:
             chat = self._parse(ctx, body)
         except NotAChat:
-            return Prepared(body=body, headers={STATUS: "none"}, session_id=ctx.session_id)
+            return untouched
         try:
-            return await self._prepare_chat(ctx, body, chat)
+            return await self._prepare_chat(body, chat)
         except Exception:  # fail open: the agent's request always goes through
             log.exception("compaction failed; forwarding the original request")
             self._metrics.errors.inc()
-            return Prepared(
+            return Passthrough(
                 body=body,
                 headers={STATUS: "failed", SESSION: chat.session_id},
                 session_id=chat.session_id,
-            )
-
-    async def on_upstream_error(
-        self, ctx: ChatContext, prepared: Prepared, status: int, body: bytes
-    ) -> bytes | None:
-        forwarded = prepared.forwarded if isinstance(prepared, ChatPrepared) else None
-        if forwarded is None or forwarded.retried:
-            return None
-        overflow = parse_overflow(status, body)
-        if overflow is None:
-            return None
-        chat = forwarded.chat
-        raw_forwarded = forwarded.tokens / chat.factor
-        if overflow.requested and raw_forwarded > 0:
-            factor = self.calibration.raise_at_least(chat.model, overflow.requested / raw_forwarded)
-        else:
-            factor = self.calibration.raise_at_least(chat.model, chat.factor * _OVERFLOW_BUMP)
-        window = chat.window
-        if overflow.limit:
-            # A stated limit below ours is believed, but never shrinks the budget past half.
-            window = max(min(window, int(overflow.limit * _OVERFLOW_MARGIN)), window // 2)
-        harder = chat.with_budget(window=window, factor=factor)
-        self._metrics.overflow_retries.inc()
-        try:
-            before = self._compactions.estimate(harder, harder.messages)
-            decision = await self._compactions.compact(
-                harder, before, reason="overflow", force=True
-            )
-        except Exception:
-            log.exception("compaction after a context-length error failed")
-            self._metrics.errors.inc()
-            return None
-        retry = harder.serialize(decision.messages)
-        if decision.status not in ("applied", "reused") or len(retry) >= len(forwarded.body):
-            return None  # nothing smaller to send: relay the upstream's error
-        forwarded.chat, forwarded.tokens, forwarded.body = harder, decision.tokens_after, retry
-        forwarded.retried = True
-        log.info(
-            "upstream reported a context overflow; retrying once compacted",
-            extra={"session": chat.session_id, "tokens_after": decision.tokens_after},
-        )
-        return retry
-
-    def on_response(
-        self, ctx: ChatContext, prepared: Prepared, status: int, usage: dict[str, Any] | None
-    ) -> None:
-        forwarded = prepared.forwarded if isinstance(prepared, ChatPrepared) else None
-        if status != 200 or forwarded is None:
-            return
-        prompt_tokens = (usage or {}).get("prompt_tokens")
-        if isinstance(prompt_tokens, int) and forwarded.tokens > 0:
-            chat = forwarded.chat
-            self.calibration.observe(
-                chat.model, round(forwarded.tokens / chat.factor), prompt_tokens
             )
 
     # -- deciding ----------------------------------------------------------------------------
@@ -171,13 +103,13 @@ class CompactingPipeline:
             body, smallest_window=self._smallest_window, lowest_ratio=ratio, factor=factor
         )
 
-    def _parse(self, ctx: ChatContext, body: bytes) -> ChatRequest:
+    def _parse(self, ctx: RequestContext, body: bytes) -> ChatRequest:
         payload, messages = ChatRequest.parse(body)
         model = model_of(payload)
         auth = {name: ctx.headers[name] for name in _AUTH_HEADERS if name in ctx.headers}
         tenant = conversation_seed(ctx.credential or "", *auth.values())
         opening = fingerprint(payload)
-        session_id = ctx.session_id or opening
+        session_id = ctx.explicit_session or opening
         factor = self.calibration.factor(model)
         return ChatRequest(
             payload=payload,
@@ -196,14 +128,14 @@ class CompactingPipeline:
             estimator=HeuristicEstimator(factor),
         )
 
-    async def _prepare_chat(self, ctx: ChatContext, body: bytes, chat: ChatRequest) -> Prepared:
-        tokens = self._compactions.estimate(chat, chat.messages)
-        if self._compactions.needs(chat, tokens):
-            decision = await self._compactions.compact(chat, tokens, reason="trigger")
+    async def _prepare_chat(self, body: bytes, chat: ChatRequest) -> Exchange:
+        tokens = self._conversations.estimate(chat, chat.messages)
+        if self._conversations.needs(chat, tokens):
+            decision = await self._conversations.compact(chat, tokens)
         else:
             decision = Decision(chat.messages, "none", tokens, tokens, None)
         self._metrics.decisions.labels(status=decision.status).inc()
-        self._compactions.prepare_next(chat, decision.tokens_after, tokens)
+        self._precompute.after_forwarding(chat, decision.tokens_after, tokens)
         headers = {
             STATUS: decision.status,
             SESSION: chat.session_id,
@@ -215,40 +147,55 @@ class CompactingPipeline:
         forwarded = (
             chat.serialize(decision.messages) if decision.messages is not chat.messages else body
         )
-        return ChatPrepared(
+        return CompactedExchange(
+            chat,
             body=forwarded,
+            tokens=decision.tokens_after,
             headers=headers,
-            session_id=chat.session_id,
-            wants_usage=True,
-            forwarded=Forwarded(chat, decision.tokens_after, forwarded),
+            conversations=self._conversations,
+            calibration=self.calibration,
+            metrics=self._metrics,
         )
 
 
-def create_pipeline(app: web.Application, tasks: BackgroundTasks) -> CompactingPipeline:
-    """The app's compacting pipeline, configured from its settings (see app.create_app)."""
-    settings = app[keys.SETTINGS]
+def build_hook(
+    settings: Settings,
+    *,
+    upstream: Upstream,
+    store: CheckpointStore,
+    llm_for: LLMFactory | None,
+    records: SessionRecords,
+    metrics: CompactionMetrics,
+    tasks: BackgroundTasks,
+) -> CompactingHook:
+    """The compacting hook, configured from `settings` (see app.create_app). `llm_for` defaults
+    to summarizers over `upstream`."""
     options = settings.compaction
+    # A request stops waiting after summary_timeout_s; the summarization itself may go on a
+    # while longer in the background and still record its checkpoint.
+    llm_timeout_s = options.summary_timeout_s * _BACKGROUND_TIMEOUT_FACTOR
     compactor = Compactor(
         settings=LibrarySettings(
             trigger_ratio=options.trigger_ratio,
             target_ratio=options.target_ratio,
             keep_recent_rounds=options.keep_recent_rounds,
             summary_max_tokens=options.summary_max_tokens,
-            # A request stops waiting after summary_timeout_s; the summarization itself may go
-            # on a while longer in the background and still record its checkpoint.
-            llm_timeout_s=options.summary_timeout_s * _BACKGROUND_TIMEOUT_FACTOR,
+            llm_timeout_s=llm_timeout_s,
         ),
         memory=MemoryWriter(settings.memory.dir),
     )
-    metrics = app[keys.METRICS].compaction
-    compactions = Compactions(
+    conversations = Conversations(
         options,
-        upstream_url=settings.upstream.base_url,
-        client=lambda: app[keys.UPSTREAM].session,
         compactor=compactor,
-        store=MemoryCheckpointStore(options.checkpoint_max_entries, options.checkpoint_ttl_s),
-        records=app[keys.RECORDS],
+        store=store,
+        llm_for=llm_for or UpstreamLLMs(upstream, timeout_s=llm_timeout_s),
+        records=records,
         metrics=metrics,
         tasks=tasks,
     )
-    return CompactingPipeline(settings, compactions=compactions, metrics=metrics)
+    return CompactingHook(
+        settings,
+        conversations=conversations,
+        precompute=Precompute(options, conversations, tasks),
+        metrics=metrics,
+    )

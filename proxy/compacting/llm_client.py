@@ -9,15 +9,16 @@ never reach the client.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 
 from compaction import Message
 from compaction.summarize import message_text
-from compaction.types import Purpose
-from proxy.http.upstream import post_json
+from compaction.types import ChatLLM, Purpose
+from proxy.http.upstream import Upstream
 
 _ADAPTABLE = ("max_tokens", "temperature")
 _REFUSAL = re.compile(r"Unsupported (?:parameter|value): '(\w+)'")
@@ -68,34 +69,59 @@ class ModelParameters:
         return True
 
 
+@dataclass(frozen=True)
+class LLMRequest:
+    """What a summarizer for one request is built from: the model to ask and the caller's own
+    credentials (Authorization, Azure-style keys, organisation); never logged."""
+
+    model: str
+    credential: str | None
+    auth_headers: Mapping[str, str]
+
+
+# The summarizer factory the compacting hook is given (`llm_for`): tests and other transports
+# pass their own; the default is UpstreamLLMs.
+LLMFactory = Callable[[LLMRequest], ChatLLM]
+
+
+class UpstreamLLMs:
+    """`llm_for`: summarizers over the app's upstream, sharing what they learn of each model."""
+
+    def __init__(self, upstream: Upstream, *, timeout_s: float) -> None:
+        self._upstream = upstream
+        self._timeout_s = timeout_s
+        self._parameters = ModelParameters()
+
+    def __call__(self, request: LLMRequest) -> ChatLLM:
+        return UpstreamLLM(
+            self._upstream, request, timeout_s=self._timeout_s, parameters=self._parameters
+        )
+
+
 class UpstreamLLM:
     def __init__(
         self,
-        client: aiohttp.ClientSession,
-        base_url: str,
+        upstream: Upstream,
+        request: LLMRequest,
         *,
-        model: str,
-        credential: str | None,
-        client_headers: dict[str, str],
         timeout_s: float,
         parameters: ModelParameters,
     ) -> None:
-        self._client = client
-        self._url = base_url.rstrip("/") + "/chat/completions"
-        self._model = model
+        self._upstream = upstream
+        self._url = upstream.url_for("chat/completions")
+        self._model = request.model
         self._timeout_s = timeout_s
         self._parameters = parameters
-        # The caller's own credentials (Authorization, or Azure-style keys) and organisation.
-        self._headers = {"Content-Type": "application/json", **client_headers}
-        if credential:
-            self._headers["Authorization"] = credential
+        self._headers = {"Content-Type": "application/json", **request.auth_headers}
+        if request.credential:
+            self._headers["Authorization"] = request.credential
 
     async def complete(self, messages: list[Message], *, purpose: Purpose, max_tokens: int) -> str:
         headers = {**self._headers, "X-Compaction-Purpose": purpose}
         for _ in range(3):  # at most two parameters to learn
             body = self._parameters.body(self._model, messages, max_tokens)
-            status, answer = await post_json(
-                self._client, self._url, body, headers, self._timeout_s
+            status, answer = await self._upstream.post_json(
+                self._url, body, headers, self._timeout_s
             )
             if not self._parameters.learn(self._model, status, answer):
                 break

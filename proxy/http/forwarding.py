@@ -1,8 +1,8 @@
 """The two ways a request goes upstream.
 
-- `forward_chat`: chat completions. The body is read whole (bounded by `server.max_body_mb`),
-  handed to the app's `ChatPipeline`, and what it returns is sent; an upstream 400/413/422 is
-  shown to the pipeline, which may ask for one retry with a new body.
+- `forward_hooked`: routes a hook may change (chat completions). The body is read whole (bounded
+  by `server.max_body_mb`), handed to the app's `Hook`, and its `Exchange` says what is sent; an
+  upstream 400/413/422 is shown to the exchange, which may ask for one retry with a new body.
 - `forward_verbatim`: everything else under /v1/. The body streams to the upstream as it arrives.
 
 Both relay the response with `streaming.relay`. Invalid JSON in a chat request is not our
@@ -21,12 +21,11 @@ from aiohttp import web
 
 from proxy import keys
 from proxy.errors import BodyTooLarge, InvalidPath, ProxyError
-from proxy.hook import ChatContext, ChatPipeline, Prepared
+from proxy.hook import Exchange, Hook, Passthrough, RequestContext
 from proxy.http.encodings import decode_body
 from proxy.http.headers import upstream_request_headers
 from proxy.http.relay import relay
 from proxy.http.sessions import resolve_session_id
-from proxy.http.upstream import read_bounded
 from proxy.http.usage import UsageProbe
 from proxy.metrics import Metrics
 
@@ -45,31 +44,35 @@ def raw_tail(request: web.Request, session: str | None) -> str:
     return raw_path[len(prefix) :]
 
 
-async def forward_chat(request: web.Request, path_session: str | None) -> web.StreamResponse:
+async def forward_hooked(request: web.Request, path_session: str | None) -> web.StreamResponse:
+    """A request the app's hook may change (see proxy.hook): body read whole, one Exchange."""
     app = request.app
     settings = app[keys.SETTINGS]
     upstream = app[keys.UPSTREAM]
     metrics = app[keys.METRICS]
     info = request[keys.REQUEST_INFO]
 
-    session_id = resolve_session_id(request.headers, path_session)
-    info.session = session_id
+    explicit_session = resolve_session_id(request.headers, path_session)
+    info.session = explicit_session
     url = upstream.url_for(raw_tail(request, path_session), request.rel_url.raw_query_string)
     body = await _read_body(request, settings.server.max_body_bytes)
     metrics.labelled(metrics.request_bytes, info.route).inc(len(body))
     headers, credential = upstream_request_headers(
         request.headers, settings.upstream.api_key, keep_length=False
     )
-    ctx = ChatContext(
-        session_id=session_id, credential=credential, path=request.path, headers=request.headers
+    ctx = RequestContext(
+        route=info.route,
+        explicit_session=explicit_session,
+        credential=credential,
+        path=request.path,
+        headers=request.headers,
     )
-    pipeline = app[keys.CHAT_PIPELINE]
-    prepared = await _prepare(pipeline, ctx, body)
-    if prepared.session_id is not None:
-        info.session = prepared.session_id
-        app[keys.RECORDS].touch(prepared.session_id)
+    exchange = await _prepare(app[keys.HOOK], ctx, body)
+    if exchange.session_id is not None:
+        info.session = exchange.session_id
+        app[keys.RECORDS].touch(exchange.session_id)
 
-    response = await _send(request, "POST", url, headers, prepared.body)
+    response = await _send(request, "POST", url, headers, exchange.body)
     already_read = b""
     if response.status in RETRYABLE_STATUSES:
         already_read, complete = await _read_error(request, response)
@@ -77,19 +80,17 @@ async def forward_chat(request: web.Request, path_session: str | None) -> web.St
         if complete:
             decoded = decode_body(already_read, response.headers.get("Content-Encoding", ""))
             if decoded is not None:
-                retry = await _on_upstream_error(pipeline, ctx, prepared, response.status, decoded)
+                retry = await _retry_after_error(exchange, response.status, decoded)
         if retry is not None:
             response.close()
-            log.info(
-                "retrying upstream once with the pipeline's body", extra={"path": request.path}
-            )
+            log.info("retrying upstream once with the hook's body", extra={"path": request.path})
             response = await _send(request, "POST", url, headers, retry)
             already_read = b""
 
-    # Only a pipeline that will use `usage` pays for the (cheap) probe.
+    # Only an exchange that will use `usage` pays for the (cheap) probe.
     probe = (
         None
-        if not prepared.wants_usage
+        if not exchange.wants_usage
         else UsageProbe(
             response.headers.get("Content-Type", ""), response.headers.get("Content-Encoding", "")
         )
@@ -98,13 +99,14 @@ async def forward_chat(request: web.Request, path_session: str | None) -> web.St
     relayed = await relay(
         request,
         response,
+        upstream.chunks(response),
         info=info,
         metrics=metrics,
-        extra_headers=prepared.headers,
+        extra_headers=exchange.headers,
         already_read=already_read,
         probe=probe,
     )
-    _on_response(pipeline, ctx, prepared, status, probe)
+    _observe(exchange, status, probe)
     return relayed
 
 
@@ -134,7 +136,9 @@ async def forward_verbatim(request: web.Request, path_session: str | None) -> we
     if body is not None and body.exceeded:
         response.close()
         raise _too_large(limit)
-    return await relay(request, response, info=info, metrics=app[keys.METRICS])
+    return await relay(
+        request, response, upstream.chunks(response), info=info, metrics=app[keys.METRICS]
+    )
 
 
 async def _send(
@@ -156,7 +160,7 @@ async def _read_error(request: web.Request, response: aiohttp.ClientResponse) ->
     info = request[keys.REQUEST_INFO]
     started = time.perf_counter()
     try:
-        return await read_bounded(response, MAX_ERROR_BODY_BYTES, request.app[keys.METRICS])
+        return await request.app[keys.UPSTREAM].read_bounded(response, MAX_ERROR_BODY_BYTES)
     except BaseException:
         response.close()
         raise
@@ -179,41 +183,33 @@ def _too_large(limit: int) -> BodyTooLarge:
     )
 
 
-# The pipeline is the compaction layer's code: it must fail open, so the handler treats any
+# The hook is the compaction layer's code: it must fail open, so the handler treats any
 # exception from it (other than a deliberate ProxyError) as "pass through" and says so in the log.
 
 
-async def _prepare(pipeline: ChatPipeline, ctx: ChatContext, body: bytes) -> Prepared:
+async def _prepare(hook: Hook, ctx: RequestContext, body: bytes) -> Exchange:
     try:
-        return await pipeline.prepare(ctx, body)
+        return await hook.prepare(ctx, body)
     except ProxyError:
         raise
     except Exception:
-        log.exception("chat pipeline failed in prepare; forwarding the original request")
-        return Prepared(body=body, session_id=ctx.session_id)
+        log.exception("hook failed in prepare; forwarding the original request")
+        return Passthrough(body=body, session_id=ctx.explicit_session)
 
 
-async def _on_upstream_error(
-    pipeline: ChatPipeline, ctx: ChatContext, prepared: Prepared, status: int, body: bytes
-) -> bytes | None:
+async def _retry_after_error(exchange: Exchange, status: int, body: bytes) -> bytes | None:
     try:
-        return await pipeline.on_upstream_error(ctx, prepared, status, body)
+        return await exchange.retry_after_error(status, body)
     except Exception:
-        log.exception("chat pipeline failed in on_upstream_error; relaying the upstream error")
+        log.exception("hook failed in retry_after_error; relaying the upstream error")
         return None
 
 
-def _on_response(
-    pipeline: ChatPipeline,
-    ctx: ChatContext,
-    prepared: Prepared,
-    status: int,
-    probe: UsageProbe | None,
-) -> None:
+def _observe(exchange: Exchange, status: int, probe: UsageProbe | None) -> None:
     try:
-        pipeline.on_response(ctx, prepared, status, probe.usage() if probe is not None else None)
+        exchange.observe(status, probe.usage() if probe is not None else None)
     except Exception:
-        log.exception("chat pipeline failed in on_response")
+        log.exception("hook failed in observe")
 
 
 class _LimitedBody:

@@ -7,11 +7,11 @@ from aiohttp import web
 
 from proxy import keys
 from proxy.http.admin import json_response
-from proxy.http.forwarding import forward_chat, forward_verbatim
+from proxy.http.forwarding import forward_hooked, forward_verbatim
 
 
-async def chat(request: web.Request) -> web.StreamResponse:
-    return await forward_chat(request, request.match_info.get("session"))
+async def hooked(request: web.Request) -> web.StreamResponse:
+    return await forward_hooked(request, request.match_info.get("session"))
 
 
 async def forward(request: web.Request) -> web.StreamResponse:

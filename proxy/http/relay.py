@@ -10,14 +10,13 @@ The status is fixed before `prepare()`; after that a failure can only end the st
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterable, Mapping
 
 import aiohttp
 from aiohttp import web
 
 from proxy.errors import UpstreamStreamCut
 from proxy.http.headers import client_response_headers
-from proxy.http.upstream import BodyChunks
 from proxy.http.usage import UsageProbe
 from proxy.logs import RequestInfo
 from proxy.metrics import Metrics
@@ -30,6 +29,7 @@ OVERHEAD_HEADER = "x-compaction-proxy-overhead-ms"
 async def relay(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
+    chunks: AsyncIterable[bytes],
     *,
     info: RequestInfo,
     metrics: Metrics,
@@ -37,7 +37,8 @@ async def relay(
     already_read: bytes = b"",
     probe: UsageProbe | None = None,
 ) -> web.StreamResponse:
-    """Send `upstream` to the client; `already_read` is body the caller read first (it is sent
+    """Send `upstream` to the client, its body read from `chunks` (Upstream.chunks, where the
+    upstream's failures are mapped); `already_read` is body the caller read first (it is sent
     before the rest). Closes `upstream` unless it was read to the end."""
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
     response.headers.extend(client_response_headers(upstream.headers))
@@ -53,7 +54,7 @@ async def relay(
             sent += len(already_read)
             if probe is not None:
                 probe.feed(already_read)
-        async for chunk in BodyChunks(upstream, metrics):
+        async for chunk in chunks:
             await response.write(chunk)
             sent += len(chunk)
             if probe is not None:

@@ -1,6 +1,7 @@
 """The connection to the one configured upstream, and the only place aiohttp client errors are
-caught: before the response headers they become `UpstreamUnreachable` (502) or
-`UpstreamTimeout` (504); while a body is read they become `UpstreamStreamCut`.
+caught (`upstream_errors`, used by every call: the agents' requests, the bodies relayed, the
+proxy's own summary calls): before the response headers they become `UpstreamUnreachable` (502)
+or `UpstreamTimeout` (504); while a body is read they become `UpstreamStreamCut`.
 
 URLs are built from `upstream.base_url` and a validated path tail only, so nothing a client
 sends can point the proxy at another host.
@@ -8,9 +9,11 @@ sends can point the proxy at another host.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import unquote
 
@@ -52,13 +55,36 @@ def open_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
 
 
 class Upstream:
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, metrics: Metrics) -> None:
-        self.session = session
-        self._base = URL(base_url.rstrip("/"))
-        self._base_text = str(self._base)
-        self._metrics = metrics
+    """The one configured upstream: its URLs, its pooled ClientSession (opened by `open()` once
+    the loop runs, see app.create_app), and every call made to it, the proxy's own included."""
 
-    def url_for(self, raw_tail: str, raw_query: str) -> URL:
+    def __init__(self, settings: UpstreamSettings, metrics: Metrics) -> None:
+        self._settings = settings
+        self._base_text = str(URL(settings.base_url.rstrip("/")))
+        self._metrics = metrics
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        self._session = open_session(self._settings)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def __aenter__(self) -> Upstream:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("the upstream is used before the app started")
+        return self._session
+
+    def url_for(self, raw_tail: str, raw_query: str = "") -> URL:
         """`{base_url}/{raw_tail}?{raw_query}`, or InvalidPath if the tail tries to leave it."""
         return _build_url(self._base_text, raw_tail, raw_query)
 
@@ -73,26 +99,93 @@ class Upstream:
     ) -> aiohttp.ClientResponse:
         """Send one request; return the response once its headers arrived (body unread)."""
         started = time.perf_counter()
-        try:
+        with upstream_errors(reading_body=False, count=self._count):
             response = await self.session.request(
                 method, url, headers=headers, data=data, allow_redirects=False
             )
-        except aiohttp.ConnectionTimeoutError as exc:
-            self._metrics.upstream_errors.labels("connect").inc()
-            raise UpstreamUnreachable("timed out connecting to the upstream") from exc
-        except aiohttp.ClientConnectorError as exc:
-            self._metrics.upstream_errors.labels("connect").inc()
-            raise UpstreamUnreachable("cannot connect to the upstream") from exc
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            self._metrics.upstream_errors.labels("timeout").inc()
-            raise UpstreamTimeout("the upstream did not answer within the read timeout") from exc
-        except aiohttp.ClientError as exc:
-            self._metrics.upstream_errors.labels("connect").inc()
-            raise UpstreamUnreachable("the upstream failed before answering") from exc
         self._metrics.labelled(self._metrics.upstream_latency, route).observe(
             time.perf_counter() - started
         )
         return response
+
+    def chunks(self, response: aiohttp.ClientResponse) -> BodyChunks:
+        """`response`'s body as it arrives (see BodyChunks)."""
+        return BodyChunks(response, self._count)
+
+    async def read_bounded(
+        self, response: aiohttp.ClientResponse, limit: int
+    ) -> tuple[bytes, bool]:
+        """Up to about `limit` bytes of the body, and whether that was all of it."""
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in self.chunks(response):
+            parts.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                return b"".join(parts), False
+        return b"".join(parts), True
+
+    async def post_json(
+        self, url: URL, body: bytes, headers: dict[str, str], timeout_s: float
+    ) -> tuple[int, Any]:
+        """One request the proxy makes on its own behalf (a summary): POST `body`, wait at most
+        `timeout_s` in total, return the status and the parsed JSON answer (None if it is not
+        JSON). Raises what `upstream_errors` maps to; the caller decides what a failure means.
+        Not counted in the upstream error metric, which describes the agents' requests."""
+        async with contextlib.AsyncExitStack() as stack:
+            with upstream_errors(reading_body=False):
+                response = await stack.enter_async_context(
+                    self.session.post(
+                        url,
+                        data=body,
+                        headers=headers,
+                        allow_redirects=False,
+                        timeout=aiohttp.ClientTimeout(total=timeout_s),
+                    )
+                )
+            with upstream_errors(reading_body=True):
+                raw = await response.read()
+        decoded = decode_body(raw, response.headers.get("Content-Encoding", ""))
+        try:
+            return response.status, orjson.loads(decoded) if decoded else None
+        except orjson.JSONDecodeError:
+            return response.status, None
+
+    def _count(self, kind: str) -> None:
+        self._metrics.upstream_errors.labels(kind).inc()
+
+
+@contextlib.contextmanager
+def upstream_errors(
+    *, reading_body: bool, count: Callable[[str], None] | None = None
+) -> Iterator[None]:
+    """The one exception map for every upstream call: aiohttp client errors (and timeouts,
+    and connection errors) raised inside become ours, `raise ... from` the original.
+
+    Before the response headers: a failed or timed-out connect is UpstreamUnreachable (502), no
+    answer in time is UpstreamTimeout (504), anything else UpstreamUnreachable. While a body is
+    read: UpstreamStreamCut, "stream_timeout" or "stream_cut". `count` gets the kind."""
+    try:
+        yield
+    except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+        kind, error = _translate(exc, reading_body=reading_body)
+        if count is not None:
+            count(kind)
+        raise error from exc
+
+
+def _translate(exc: BaseException, *, reading_body: bool) -> tuple[str, Exception]:
+    if reading_body:
+        kind = "stream_timeout" if isinstance(exc, TimeoutError) else "stream_cut"
+        return kind, UpstreamStreamCut(kind)
+    # ConnectionTimeoutError is also a TimeoutError: the connect failed, nothing was asked yet.
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return "connect", UpstreamUnreachable("timed out connecting to the upstream")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "connect", UpstreamUnreachable("cannot connect to the upstream")
+    if isinstance(exc, TimeoutError):
+        return "timeout", UpstreamTimeout("the upstream did not answer in time")
+    return "connect", UpstreamUnreachable("the upstream failed before answering")
 
 
 @functools.lru_cache(maxsize=1024)  # the same few paths come again and again
@@ -126,71 +219,18 @@ class BodyChunks:
     A plain async iterator, not a generator, so a consumer that stops early leaves nothing
     suspended behind it."""
 
-    def __init__(self, response: aiohttp.ClientResponse, metrics: Metrics) -> None:
+    def __init__(
+        self, response: aiohttp.ClientResponse, count: Callable[[str], None] | None = None
+    ) -> None:
         self._content = response.content
-        self._metrics = metrics
+        self._count = count
 
     def __aiter__(self) -> BodyChunks:
         return self
 
     async def __anext__(self) -> bytes:
-        try:
+        with upstream_errors(reading_body=True, count=self._count):
             chunk = await self._content.readany()
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            self._metrics.upstream_errors.labels("stream_timeout").inc()
-            raise UpstreamStreamCut("stream_timeout") from exc
-        except (aiohttp.ClientError, ConnectionError) as exc:
-            self._metrics.upstream_errors.labels("stream_cut").inc()
-            raise UpstreamStreamCut("stream_cut") from exc
         if not chunk:
             raise StopAsyncIteration
         return chunk
-
-
-async def read_bounded(
-    response: aiohttp.ClientResponse, limit: int, metrics: Metrics
-) -> tuple[bytes, bool]:
-    """Up to about `limit` bytes of the body, and whether that was all of it."""
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in BodyChunks(response, metrics):
-        parts.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            return b"".join(parts), False
-    return b"".join(parts), True
-
-
-async def post_json(
-    session: aiohttp.ClientSession,
-    url: str | URL,
-    body: bytes,
-    headers: dict[str, str],
-    timeout_s: float,
-) -> tuple[int, Any]:
-    """One request the proxy makes on its own behalf (a summary): POST `body`, wait at most
-    `timeout_s` in total, return the status and the parsed JSON answer (None if it is not JSON).
-
-    Raises UpstreamUnreachable or UpstreamTimeout; the caller decides what a failure means."""
-    try:
-        async with session.post(
-            url,
-            data=body,
-            headers=headers,
-            allow_redirects=False,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-        ) as response:
-            raw = await response.read()
-            encoding = response.headers.get("Content-Encoding", "")
-            status = response.status
-    except aiohttp.ClientConnectorError as exc:
-        raise UpstreamUnreachable("cannot connect to the upstream") from exc
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-        raise UpstreamTimeout(f"no complete answer within {timeout_s} s") from exc
-    except aiohttp.ClientError as exc:
-        raise UpstreamUnreachable("the upstream failed before answering") from exc
-    decoded = decode_body(raw, encoding)
-    try:
-        return status, orjson.loads(decoded) if decoded else None
-    except orjson.JSONDecodeError:
-        return status, None

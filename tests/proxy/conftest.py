@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from proxy.app import create_app
-from proxy.hook import ChatPipeline
+from proxy.hook import Hook
 from proxy.settings import Settings
 from tests.fakes.upstream import FakeUpstream
 
@@ -56,12 +56,12 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 
 @pytest.fixture
 async def start_proxy(upstream: FakeUpstream) -> AsyncIterator[StartProxy]:
-    """`await start_proxy(pipeline=None, **sections)`: a running proxy pointed at `upstream`,
+    """`await start_proxy(hook=None, **sections)`: a running proxy pointed at `upstream`,
     sections overriding settings (e.g. `upstream={"timeout_s": 0.2}`)."""
     async with AsyncExitStack() as stack:
 
-        async def start(pipeline: ChatPipeline | None = None, **sections: Any) -> RunningProxy:
-            app = create_app(build_settings(upstream, **sections), pipeline=pipeline)
+        async def start(hook: Hook | None = None, **sections: Any) -> RunningProxy:
+            app = create_app(build_settings(upstream, **sections), hook=hook)
             running = RunningProxy(app)
             await running.start()
             stack.push_async_callback(running.close)

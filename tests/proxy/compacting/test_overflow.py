@@ -144,4 +144,4 @@ async def test_upstream_usage_calibrates_the_estimate(
 
 
 def _calibration(proxy: RunningProxy) -> Any:
-    return proxy.app[keys.CHAT_PIPELINE].calibration  # type: ignore[attr-defined]
+    return proxy.app[keys.HOOK].calibration  # type: ignore[attr-defined]

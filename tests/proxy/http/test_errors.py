@@ -8,9 +8,9 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.hook import ChatContext, Prepared
+from proxy.hook import Exchange, Passthrough, RequestContext
 from tests.fakes.rawhttp import raw_request
-from tests.fakes.upstream import FakeUpstream, hang_reply
+from tests.fakes.upstream import FakeUpstream, hang_reply, json_reply
 from tests.proxy.conftest import RunningProxy, StartProxy
 
 
@@ -140,24 +140,44 @@ async def test_unknown_route_is_a_404_in_openai_shape(
         assert_openai_error(await response.read(), "not_found")
 
 
-class ExplodingPipeline:
-    async def prepare(self, ctx: ChatContext, body: bytes) -> Prepared:
+class ExplodingHook:
+    async def prepare(self, ctx: RequestContext, body: bytes) -> Exchange:
         raise RuntimeError("bug in compaction")
 
-    async def on_upstream_error(
-        self, ctx: ChatContext, prepared: Prepared, status: int, body: bytes
-    ) -> bytes | None:
+
+class ExplodingExchange(Passthrough):
+    async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
         raise RuntimeError("bug")
 
-    def on_response(self, ctx: ChatContext, prepared: Prepared, status: int, usage: object) -> None:
+    def observe(self, status: int, usage: object) -> None:
         raise RuntimeError("bug")
 
 
-async def test_a_failing_pipeline_forwards_the_original_request(
+class HookOfExplodingExchanges:
+    async def prepare(self, ctx: RequestContext, body: bytes) -> Exchange:
+        return ExplodingExchange(body=body)
+
+
+async def test_a_failing_hook_forwards_the_original_request(
     start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:
-    proxy = await start_proxy(pipeline=ExplodingPipeline())
+    proxy = await start_proxy(hook=ExplodingHook())
     body = b'{"model":"m","messages":[]}'
     async with client.post(f"{proxy.url}/v1/chat/completions", data=body) as response:
         assert response.status == 200
     assert upstream.requests[-1].body == body
+
+
+async def test_an_exchange_that_fails_later_relays_the_upstream_answer(
+    start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    proxy = await start_proxy(hook=HookOfExplodingExchanges())
+    body = b'{"model":"m","messages":[]}'
+    error = {"error": {"message": "maximum context length", "code": "context_length_exceeded"}}
+    upstream.reply_once(json_reply(error, status=400))
+    async with client.post(f"{proxy.url}/v1/chat/completions", data=body) as response:
+        assert response.status == 400
+        assert await response.json() == error
+    async with client.post(f"{proxy.url}/v1/chat/completions", data=body) as response:
+        assert response.status == 200
+    assert [r.body for r in upstream.requests] == [body, body]

@@ -1,15 +1,16 @@
-"""The chat pipeline seam: what the compaction layer gets to see and change."""
+"""The chat hook seam: what the compaction layer gets to see and change."""
 
 from __future__ import annotations
 
 import gzip
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import orjson
 
 from proxy.compacting.chat import fingerprint
-from proxy.hook import ChatContext, Prepared
+from proxy.hook import Exchange, RequestContext
 from tests.fakes.upstream import (
     FakeUpstream,
     chat_chunk,
@@ -30,37 +31,38 @@ OVERFLOW = {
 }
 
 
-class RecordingPipeline:
-    """Rewrites the body, names the session, and asks for one retry on an upstream 400."""
+class RecordingHook:
+    """Rewrites the body, names the session, and asks for one retry on an upstream 400; records
+    what its exchanges were shown."""
 
     def __init__(self, retry_with: bytes | None = None) -> None:
-        self.contexts: list[ChatContext] = []
+        self.contexts: list[RequestContext] = []
         self.errors: list[tuple[int, bytes]] = []
         self.responses: list[tuple[int, dict[str, Any] | None]] = []
         self.retry_with = retry_with
 
-    async def prepare(self, ctx: ChatContext, body: bytes) -> Prepared:
+    async def prepare(self, ctx: RequestContext, body: bytes) -> Exchange:
         self.contexts.append(ctx)
         payload = orjson.loads(body)
-        session = ctx.session_id or fingerprint(payload)
+        session = ctx.explicit_session or fingerprint(payload)
         payload["messages"] = payload["messages"][-1:]
-        return Prepared(
-            body=orjson.dumps(payload),
-            headers={"x-compaction-status": "applied"},
-            session_id=session,
-            wants_usage=True,
-        )
+        return RecordingExchange(self, orjson.dumps(payload), session)
 
-    async def on_upstream_error(
-        self, ctx: ChatContext, prepared: Prepared, status: int, body: bytes
-    ) -> bytes | None:
-        self.errors.append((status, body))
-        return self.retry_with
 
-    def on_response(
-        self, ctx: ChatContext, prepared: Prepared, status: int, usage: dict[str, Any] | None
-    ) -> None:
-        self.responses.append((status, usage))
+@dataclass
+class RecordingExchange:
+    hook: RecordingHook
+    body: bytes
+    session_id: str
+    headers: dict[str, str] = field(default_factory=lambda: {"x-compaction-status": "applied"})
+    wants_usage: bool = True
+
+    async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
+        self.hook.errors.append((status, body))
+        return self.hook.retry_with
+
+    def observe(self, status: int, usage: dict[str, Any] | None) -> None:
+        self.hook.responses.append((status, usage))
 
 
 LONG = orjson.dumps(
@@ -78,8 +80,8 @@ LONG = orjson.dumps(
 async def test_the_pipeline_body_is_sent_and_its_headers_reach_the_client(
     start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:
-    pipeline = RecordingPipeline()
-    proxy = await start_proxy(pipeline=pipeline, upstream={"api_key": "sk-injected"})
+    hook = RecordingHook()
+    proxy = await start_proxy(hook=hook, upstream={"api_key": "sk-injected"})
     async with client.post(
         f"{proxy.url}/s/agent-1/v1/chat/completions?q=1",
         data=LONG,
@@ -90,12 +92,13 @@ async def test_the_pipeline_body_is_sent_and_its_headers_reach_the_client(
     sent = upstream.requests[-1]
     assert sent.json()["messages"] == [{"role": "user", "content": "new"}]
     assert sent.headers["Content-Length"] == str(len(sent.body))
-    ctx = pipeline.contexts[-1]
-    assert ctx.session_id == "agent-1"
+    ctx = hook.contexts[-1]
+    assert ctx.route == "chat"
+    assert ctx.explicit_session == "agent-1"
     assert ctx.credential == "Bearer sk-injected"
     assert ctx.path == "/s/agent-1/v1/chat/completions"
     assert ctx.headers["X-Trace"] == "t"
-    assert pipeline.responses == [
+    assert hook.responses == [
         (200, {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12})
     ]
 
@@ -103,22 +106,22 @@ async def test_the_pipeline_body_is_sent_and_its_headers_reach_the_client(
 async def test_header_session_wins_over_the_path(
     start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:
-    pipeline = RecordingPipeline()
-    proxy = await start_proxy(pipeline=pipeline)
+    hook = RecordingHook()
+    proxy = await start_proxy(hook=hook)
     async with client.post(
         f"{proxy.url}/s/from-path/v1/chat/completions",
         data=LONG,
         headers={"X-Session-Id": "from-header"},
     ):
         pass
-    assert pipeline.contexts[-1].session_id == "from-header"
+    assert hook.contexts[-1].explicit_session == "from-header"
 
 
 async def test_an_upstream_400_is_shown_to_the_pipeline_and_retried_once(
     start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:
-    pipeline = RecordingPipeline(retry_with=b'{"model":"m","messages":[]}')
-    proxy = await start_proxy(pipeline=pipeline)
+    hook = RecordingHook(retry_with=b'{"model":"m","messages":[]}')
+    proxy = await start_proxy(hook=hook)
     upstream.reply_once(json_reply(OVERFLOW, status=400), json_reply(OVERFLOW, status=400))
     async with client.post(f"{proxy.url}/v1/chat/completions", data=LONG) as response:
         # The retry failed too: its error is relayed, and there is no second retry.
@@ -126,54 +129,54 @@ async def test_an_upstream_400_is_shown_to_the_pipeline_and_retried_once(
         assert orjson.loads(await response.read()) == OVERFLOW
     assert [r.body for r in upstream.requests][1] == b'{"model":"m","messages":[]}'
     assert len(upstream.requests) == 2
-    assert pipeline.errors == [(400, orjson.dumps(OVERFLOW))]
+    assert hook.errors == [(400, orjson.dumps(OVERFLOW))]
 
 
 async def test_a_successful_retry_is_what_the_client_receives(
     start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:
-    pipeline = RecordingPipeline(retry_with=b'{"model":"m","messages":[]}')
-    proxy = await start_proxy(pipeline=pipeline)
+    hook = RecordingHook(retry_with=b'{"model":"m","messages":[]}')
+    proxy = await start_proxy(hook=hook)
     upstream.reply_once(json_reply(OVERFLOW, status=400))
     async with client.post(f"{proxy.url}/v1/chat/completions", data=LONG) as response:
         assert response.status == 200
         assert orjson.loads(await response.read()) == chat_completion("hello")
-    assert pipeline.responses[-1][0] == 200
+    assert hook.responses[-1][0] == 200
 
 
 async def test_without_a_retry_the_error_is_relayed_unchanged_even_compressed(
     start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:
-    pipeline = RecordingPipeline(retry_with=None)
-    proxy = await start_proxy(pipeline=pipeline)
+    hook = RecordingHook(retry_with=None)
+    proxy = await start_proxy(hook=hook)
     raw = gzip.compress(orjson.dumps(OVERFLOW))
     upstream.reply(raw_reply(raw, status=422, headers={"Content-Encoding": "gzip", "x-id": "7"}))
     async with client.post(f"{proxy.url}/v1/chat/completions", data=LONG) as response:
         assert response.status == 422
         assert response.headers["x-id"] == "7"
         assert await response.read() == raw
-    # The pipeline saw the decoded error; the client got the upstream's bytes.
-    assert pipeline.errors == [(422, orjson.dumps(OVERFLOW))]
+    # The hook saw the decoded error; the client got the upstream's bytes.
+    assert hook.errors == [(422, orjson.dumps(OVERFLOW))]
     assert len(upstream.requests) == 1
 
 
 async def test_other_upstream_errors_are_not_shown_to_the_pipeline(
     start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:
-    pipeline = RecordingPipeline(retry_with=b"{}")
-    proxy = await start_proxy(pipeline=pipeline)
+    hook = RecordingHook(retry_with=b"{}")
+    proxy = await start_proxy(hook=hook)
     upstream.reply(json_reply(OVERFLOW, status=429))
     async with client.post(f"{proxy.url}/v1/chat/completions", data=LONG) as response:
         assert response.status == 429
-    assert pipeline.errors == []
+    assert hook.errors == []
     assert len(upstream.requests) == 1
 
 
 async def test_usage_is_found_at_the_end_of_a_stream(
     start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:
-    pipeline = RecordingPipeline()
-    proxy = await start_proxy(pipeline=pipeline)
+    hook = RecordingHook()
+    proxy = await start_proxy(hook=hook)
     usage = {"prompt_tokens": 1234, "completion_tokens": 5, "total_tokens": 1239}
     upstream.reply(
         stream_reply(
@@ -184,24 +187,24 @@ async def test_usage_is_found_at_the_end_of_a_stream(
     )
     async with client.post(f"{proxy.url}/v1/chat/completions", data=LONG) as response:
         await response.read()
-    assert pipeline.responses == [(200, usage)]
+    assert hook.responses == [(200, usage)]
 
 
 async def test_usage_is_none_when_absent(
     start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:
-    pipeline = RecordingPipeline()
-    proxy = await start_proxy(pipeline=pipeline)
+    hook = RecordingHook()
+    proxy = await start_proxy(hook=hook)
     upstream.reply(stream_reply(sse_events(chat_chunk("a"), chat_chunk(None, finish=True))))
     async with client.post(f"{proxy.url}/v1/chat/completions", data=LONG) as response:
         await response.read()
-    assert pipeline.responses == [(200, None)]
+    assert hook.responses == [(200, None)]
 
 
 async def test_the_resolved_session_is_touched_in_the_records(
     start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:
-    proxy = await start_proxy(pipeline=RecordingPipeline(), admin={"token": "t0k"})
+    proxy = await start_proxy(hook=RecordingHook(), admin={"token": "t0k"})
     for _ in range(2):
         async with client.post(f"{proxy.url}/v1/chat/completions", data=LONG):
             pass

@@ -7,9 +7,11 @@ import socket
 
 import orjson
 import pytest
+from yarl import URL
 
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
-from proxy.http.upstream import open_session, post_json
+from proxy.http.upstream import Upstream
+from proxy.metrics import Metrics
 from proxy.settings import UpstreamSettings
 from tests.fakes.upstream import FakeUpstream, hang_reply, json_reply, raw_reply
 
@@ -20,12 +22,12 @@ async def test_post_json_returns_status_and_parsed_answer(upstream: FakeUpstream
         raw_reply(gzip.compress(b'{"z": 2}'), headers={"Content-Encoding": "gzip"}),
         raw_reply(b"not json", status=500),
     )
-    async with open_session(UpstreamSettings(base_url=upstream.base_url)) as session:
-        url = f"{upstream.base_url}/chat/completions"
+    async with Upstream(UpstreamSettings(base_url=upstream.base_url), Metrics()) as proxied:
+        url = proxied.url_for("chat/completions")
         headers = {"X-Compaction-Purpose": "summary", "Content-Type": "application/json"}
-        assert await post_json(session, url, b"{}", headers, 5) == (201, {"ok": 1})
-        assert await post_json(session, url, b"{}", headers, 5) == (200, {"z": 2})
-        assert await post_json(session, url, b"{}", headers, 5) == (500, None)
+        assert await proxied.post_json(url, b"{}", headers, 5) == (201, {"ok": 1})
+        assert await proxied.post_json(url, b"{}", headers, 5) == (200, {"z": 2})
+        assert await proxied.post_json(url, b"{}", headers, 5) == (500, None)
     assert upstream.requests[0].headers["X-Compaction-Purpose"] == "summary"
     assert orjson.loads(upstream.requests[0].body) == {}
 
@@ -35,8 +37,8 @@ async def test_post_json_failures_are_our_upstream_errors(upstream: FakeUpstream
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}/v1/chat/completions"
-    async with open_session(UpstreamSettings(base_url=upstream.base_url)) as session:
+    async with Upstream(UpstreamSettings(base_url=upstream.base_url), Metrics()) as proxied:
         with pytest.raises(UpstreamTimeout):
-            await post_json(session, f"{upstream.base_url}/chat/completions", b"{}", {}, 0.2)
+            await proxied.post_json(proxied.url_for("chat/completions"), b"{}", {}, 0.2)
         with pytest.raises(UpstreamUnreachable):
-            await post_json(session, dead, b"{}", {}, 5)
+            await proxied.post_json(URL(dead), b"{}", {}, 5)

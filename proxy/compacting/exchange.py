@@ -1,0 +1,107 @@
+"""One compacted chat request from the upstream's point of view: what went out last, the one
+retry after a context-length error, and calibration from the usage the upstream reports.
+
+A `CompactedExchange` is the proxy.hook.Exchange of a parsed chat request; it is mutable on
+purpose (like a flow): the retry replaces what was sent, and calibration reads what was sent last.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.compacting.calibration import Calibration
+from proxy.compacting.chat import ChatRequest
+from proxy.compacting.conversations import Conversations
+from proxy.compacting.overflow import parse_overflow
+from proxy.metrics import CompactionMetrics
+
+log = logging.getLogger(__name__)
+
+# After an overflow without numbers, assume we under-counted by this much.
+_OVERFLOW_BUMP = 1.25
+# Aim this far under an overflow's stated limit on the retry.
+_OVERFLOW_MARGIN = 0.9
+
+
+class CompactedExchange:
+    wants_usage = True
+
+    def __init__(
+        self,
+        chat: ChatRequest,
+        *,
+        body: bytes,
+        tokens: int,
+        headers: Mapping[str, str],
+        conversations: Conversations,
+        calibration: Calibration,
+        metrics: CompactionMetrics,
+    ) -> None:
+        self._chat = chat
+        self._body = body
+        self._tokens = tokens
+        self._headers = headers
+        self._conversations = conversations
+        self._calibration = calibration
+        self._metrics = metrics
+        self._retried = False
+
+    @property
+    def body(self) -> bytes:
+        return self._body
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._headers
+
+    @property
+    def session_id(self) -> str:
+        return self._chat.session_id
+
+    async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
+        if self._retried:
+            return None
+        overflow = parse_overflow(status, body)
+        if overflow is None:
+            return None
+        chat = self._chat
+        raw_forwarded = self._tokens / chat.factor
+        if overflow.requested and raw_forwarded > 0:
+            factor = self._calibration.raise_at_least(
+                chat.model, overflow.requested / raw_forwarded
+            )
+        else:
+            factor = self._calibration.raise_at_least(chat.model, chat.factor * _OVERFLOW_BUMP)
+        window = chat.window
+        if overflow.limit:
+            # A stated limit below ours is believed, but never shrinks the budget past half.
+            window = max(min(window, int(overflow.limit * _OVERFLOW_MARGIN)), window // 2)
+        harder = chat.with_budget(window=window, factor=factor)
+        self._metrics.overflow_retries.inc()
+        try:
+            before = self._conversations.estimate(harder, harder.messages)
+            decision = await self._conversations.compact_after_overflow(harder, before)
+        except Exception:
+            log.exception("compaction after a context-length error failed")
+            self._metrics.errors.inc()
+            return None
+        retry = harder.serialize(decision.messages)
+        if decision.status not in ("applied", "reused") or len(retry) >= len(self._body):
+            return None  # nothing smaller to send: relay the upstream's error
+        self._chat, self._tokens, self._body = harder, decision.tokens_after, retry
+        self._retried = True
+        log.info(
+            "upstream reported a context overflow; retrying once compacted",
+            extra={"session": chat.session_id, "tokens_after": decision.tokens_after},
+        )
+        return retry
+
+    def observe(self, status: int, usage: dict[str, Any] | None) -> None:
+        if status != 200:
+            return
+        prompt_tokens = (usage or {}).get("prompt_tokens")
+        if isinstance(prompt_tokens, int) and self._tokens > 0:
+            chat = self._chat
+            self._calibration.observe(chat.model, round(self._tokens / chat.factor), prompt_tokens)
