@@ -2,7 +2,7 @@
 
     ProxyError                       every error we answer ourselves ({"error": {...}})
     ├── BadRequest            400    invalid_request_error
-    │   ├── InvalidSessionId  400    code invalid_session_id
+    │   ├── SessionIdRefused  400    code invalid_session_id
     │   └── InvalidPath       400    code invalid_path
     ├── Unauthorized          401    code invalid_admin_token
     ├── NotFound              404    code not_found
@@ -44,7 +44,11 @@ class BadRequest(ProxyError):
     code = "invalid_request"
 
 
-class InvalidSessionId(BadRequest):
+class SessionIdRefused(BadRequest):
+    """The 400 for a session id the library's rule (compaction.memory.is_valid_session_id)
+    refuses. Not compaction.InvalidSessionId: that is the library's ValueError, raised by its
+    memory writer; this is our HTTP answer, decided before the library is ever called."""
+
     code = "invalid_session_id"
 
 

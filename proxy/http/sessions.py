@@ -21,15 +21,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from compaction.memory import is_valid_session_id
-from proxy.errors import InvalidSessionId
+from proxy.errors import SessionIdRefused
 
 SESSION_HEADER = "X-Session-Id"
 
 
 def check_session_id(value: str, source: str) -> str:
-    """`value` if it is a valid id; InvalidSessionId (400) naming `source` otherwise."""
+    """`value` if it is a valid id; SessionIdRefused (400) naming `source` otherwise."""
     if not is_valid_session_id(value):
-        raise InvalidSessionId(
+        raise SessionIdRefused(
             f"invalid session id in {source}: use 1-128 characters from [A-Za-z0-9._-], "
             "not starting with a dot"
         )

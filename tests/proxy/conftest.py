@@ -10,7 +10,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from compaction.checkpoints import CheckpointStore
 from proxy.app import create_app
+from proxy.compacting.llm_client import LLMFactory
 from proxy.hook import Hook
 from proxy.settings import Settings
 from tests.fakes.upstream import FakeUpstream
@@ -56,12 +58,19 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 
 @pytest.fixture
 async def start_proxy(upstream: FakeUpstream) -> AsyncIterator[StartProxy]:
-    """`await start_proxy(hook=None, **sections)`: a running proxy pointed at `upstream`,
+    """`await start_proxy(hook=None, store=None, llm_for=None, **sections)`: a running proxy pointed at `upstream`,
     sections overriding settings (e.g. `upstream={"timeout_s": 0.2}`)."""
     async with AsyncExitStack() as stack:
 
-        async def start(hook: Hook | None = None, **sections: Any) -> RunningProxy:
-            app = create_app(build_settings(upstream, **sections), hook=hook)
+        async def start(
+            hook: Hook | None = None,
+            *,
+            store: CheckpointStore | None = None,
+            llm_for: LLMFactory | None = None,
+            **sections: Any,
+        ) -> RunningProxy:
+            settings = build_settings(upstream, **sections)
+            app = create_app(settings, hook=hook, store=store, llm_for=llm_for)
             running = RunningProxy(app)
             await running.start()
             stack.push_async_callback(running.close)

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from proxy.logs import JsonFormatter
-from tests.fakes.upstream import FakeUpstream, json_reply
+from tests.fakes.upstream import FakeUpstream, hang_reply, json_reply
 from tests.proxy.conftest import RunningProxy, StartProxy
 
 SECRET_KEY = "sk-live-DO-NOT-LOG-1234567890"
@@ -43,7 +43,6 @@ async def test_metrics_expose_requests_latency_bytes_and_errors(
     assert f'compaction_proxy_response_bytes_total{{route="chat"}} {float(len(relayed))}' in lines
     # /metrics itself is in flight while it renders
     assert "compaction_proxy_in_flight_requests 1.0" in lines
-    assert "# TYPE compaction_proxy_upstream_errors_total counter" in lines
 
 
 async def test_admin_endpoints_do_not_exist_without_a_token(
@@ -124,3 +123,19 @@ async def test_logs_carry_one_line_per_request_and_no_credential_or_body(
     assert first["session"] == "sess-9"
     assert first["duration_ms"] >= 0
     assert access[1]["session"] == "-"
+
+
+async def test_upstream_failures_are_counted_by_kind(
+    start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    proxy = await start_proxy(upstream={"timeout_s": 0.2})
+    upstream.reply(hang_reply())
+    for _ in range(2):
+        async with client.post(f"{proxy.url}/v1/chat/completions", data=b"{}") as response:
+            assert response.status == 504
+    async with client.get(f"{proxy.url}/metrics") as response:
+        lines = set((await response.text()).splitlines())
+    assert 'compaction_proxy_upstream_errors_total{kind="timeout"} 2.0' in lines
+    assert not any(
+        line.startswith('compaction_proxy_upstream_errors_total{kind="connect"}') for line in lines
+    )

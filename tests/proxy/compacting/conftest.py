@@ -27,9 +27,10 @@ def script(upstream: FakeUpstream) -> Script:
 
 @pytest.fixture
 def start(start_proxy: StartProxy, tmp_path: Path) -> Callable[..., Awaitable[RunningProxy]]:
-    """A proxy with a small window, memory under tmp_path, and an admin token."""
+    """A proxy with a small window, memory under tmp_path, and an admin token; `parts` go to
+    create_app (`store=`, `llm_for=`), `sections` override settings."""
 
-    async def run(**sections: Any) -> RunningProxy:
+    async def run(parts: dict[str, Any] | None = None, **sections: Any) -> RunningProxy:
         settings: dict[str, dict[str, Any]] = {
             "models": {"default_context_window": WINDOW},
             "compaction": {
@@ -42,7 +43,7 @@ def start(start_proxy: StartProxy, tmp_path: Path) -> Callable[..., Awaitable[Ru
         }
         for section, values in sections.items():
             settings.setdefault(section, {}).update(values)
-        return await start_proxy(**settings)
+        return await start_proxy(**(parts or {}), **settings)
 
     return run
 

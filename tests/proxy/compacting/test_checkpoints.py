@@ -41,11 +41,13 @@ async def test_concurrent_identical_requests_share_one_summarization(
 ) -> None:
     proxy = await start()
     answer = Script.answer(SUMMARY_TEXT)
-    in_flight = proxy.app[keys.METRICS].in_flight
+    registry = proxy.app[keys.METRICS].registry
 
     async def held_summary(request: web.Request) -> web.StreamResponse:
         # Answer only once all ten requests are inside the proxy, so they surely overlap.
-        await wait_for(lambda: in_flight._value.get() == 10)
+        await wait_for(
+            lambda: registry.get_sample_value("compaction_proxy_in_flight_requests") == 10
+        )
         return await answer(request)
 
     script.summary = held_summary

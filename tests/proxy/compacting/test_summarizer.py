@@ -12,9 +12,11 @@ from aiohttp import web
 
 from compaction import is_summary_message
 from compaction.invariants import check_tool_pairing
+from compaction.types import ChatLLM, Purpose
 from proxy import keys
+from proxy.compacting.llm_client import LLMRequest
 from tests import factories as f
-from tests.fakes.script import SUMMARY_TEXT, Script, tokens
+from tests.fakes.script import MEMORY_TEXT, SUMMARY_TEXT, Script, tokens
 from tests.fakes.upstream import chat_completion
 from tests.proxy.compacting.conftest import (
     WINDOW,
@@ -124,3 +126,34 @@ async def test_a_reasoning_model_that_refuses_max_tokens_and_temperature_still_s
     calls = len(script.calls("summary"))
     await post(client, proxy, conversation_of(int(WINDOW * 1.2)), session="second")
     assert len(script.calls("summary")) == calls + 1
+
+
+class RecordingLLMs:
+    """`llm_for` that answers from a script and records what each summarizer was built from."""
+
+    def __init__(self) -> None:
+        self.requests: list[LLMRequest] = []
+        self.purposes: list[str] = []
+
+    def __call__(self, request: LLMRequest) -> ChatLLM:
+        self.requests.append(request)
+        return self
+
+    async def complete(self, messages: list[Any], *, purpose: Purpose, max_tokens: int) -> str:
+        self.purposes.append(purpose)
+        return SUMMARY_TEXT if purpose == "summary" else MEMORY_TEXT
+
+
+async def test_an_injected_summarizer_factory_is_asked_with_the_request_model_and_credential(
+    start: Any, script: Script, client: Any
+) -> None:
+    llms = RecordingLLMs()
+    proxy = await start({"llm_for": llms})
+    response = await post(
+        client, proxy, conversation_of(int(WINDOW * 1.2)), auth="Bearer sk-own", model="m2"
+    )
+    assert response.headers["x-compaction-status"] == "applied"
+    assert script.calls("summary") == [] and script.calls("memory") == []
+    assert [(r.model, r.credential) for r in llms.requests] == [("m2", "Bearer sk-own")]
+    assert "summary" in llms.purposes
+    assert SUMMARY_TEXT.splitlines()[1] in orjson.dumps(forwarded(script)[0]).decode()

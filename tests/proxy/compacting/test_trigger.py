@@ -134,7 +134,8 @@ async def test_admin_records_and_metrics_describe_compactions(
     async with client.get(f"{proxy.url}/metrics") as response:
         text = (await response.read()).decode()
     assert 'compaction_proxy_compactions_total{path="llm",reason="trigger"} 1.0' in text
-    assert "compaction_proxy_tokens_saved_total" in text
+    saved = float(record["tokens_before"] - record["tokens_after"])
+    assert f"compaction_proxy_tokens_saved_total {saved}" in text.splitlines()
 
 
 async def test_a_streamed_request_is_compacted_and_streamed_back(

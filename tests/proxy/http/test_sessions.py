@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from proxy.compacting.chat import fingerprint
-from proxy.errors import InvalidSessionId
+from proxy.errors import SessionIdRefused
 from proxy.http.sessions import SessionRecords, is_valid_session_id, resolve_session_id
 
 
@@ -40,7 +40,7 @@ def test_header_wins_over_path_and_both_are_checked() -> None:
     assert resolve_session_id({"X-Session-Id": "h"}, "p") == "h"
     assert resolve_session_id({}, "p") == "p"
     assert resolve_session_id({}, None) is None
-    with pytest.raises(InvalidSessionId):
+    with pytest.raises(SessionIdRefused):
         resolve_session_id({"X-Session-Id": "ok"}, "..")
 
 
