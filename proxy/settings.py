@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from compaction import settings as library
+
 ENV_PREFIX = "COMPACTION_PROXY__"
 
 
@@ -78,14 +80,18 @@ class ModelsSettings(_Section):
         return self.default_context_window
 
 
-class CompactionSettings(_Section):
+class CompactionSection(_Section):
+    """The `compaction:` section: the library's settings (compaction.CompactionSettings, whose
+    module holds each default) plus what only the proxy decides (precompute, timeouts,
+    cooldown, checkpoints). Not named CompactionSettings: that is the library's class."""
+
     enabled: bool = True
-    trigger_ratio: float = Field(default=0.85, gt=0, le=1)
-    target_ratio: float = Field(default=0.6, gt=0, le=1)
+    trigger_ratio: float = Field(default=library.TRIGGER_RATIO, gt=0, le=1)
+    target_ratio: float = Field(default=library.TARGET_RATIO, gt=0, le=1)
     precompute_ratio: float = Field(default=0.7, ge=0, le=1)
-    keep_recent_rounds: int = Field(default=5, gt=0)
+    keep_recent_rounds: int = Field(default=library.KEEP_RECENT_ROUNDS, gt=0)
     summary_model: str | None = None
-    summary_max_tokens: int = Field(default=2000, gt=0)
+    summary_max_tokens: int = Field(default=library.SUMMARY_MAX_TOKENS, gt=0)
     summary_timeout_s: float = Field(default=60, gt=0)
     failure_threshold: int = Field(default=3, gt=0)
     failure_cooldown_s: float = Field(default=300, ge=0)
@@ -107,6 +113,15 @@ class CompactionSettings(_Section):
         if trigger is not None and value > trigger:
             raise ValueError(f"must not exceed compaction.trigger_ratio ({trigger})")
         return value
+
+    def library_settings(self, *, llm_timeout_s: float) -> library.CompactionSettings:
+        return library.CompactionSettings(
+            trigger_ratio=self.trigger_ratio,
+            target_ratio=self.target_ratio,
+            keep_recent_rounds=self.keep_recent_rounds,
+            summary_max_tokens=self.summary_max_tokens,
+            llm_timeout_s=llm_timeout_s,
+        )
 
 
 class MemorySettings(_Section):
@@ -142,7 +157,7 @@ class Settings(_Section):
     server: ServerSettings = Field(default_factory=ServerSettings)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     models: ModelsSettings = Field(default_factory=ModelsSettings)
-    compaction: CompactionSettings = Field(default_factory=CompactionSettings)
+    compaction: CompactionSection = Field(default_factory=CompactionSection)
     memory: MemorySettings = Field(default_factory=MemorySettings)
     admin: AdminSettings = Field(default_factory=AdminSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)

@@ -32,7 +32,7 @@ from proxy.compacting.llm_client import LLMFactory, LLMRequest
 from proxy.compacting.records import record_compaction
 from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
-from proxy.settings import CompactionSettings
+from proxy.settings import CompactionSection
 from proxy.tasks import BackgroundTasks
 
 
@@ -50,7 +50,7 @@ class Decision:
 class Conversations:
     def __init__(
         self,
-        options: CompactionSettings,
+        options: CompactionSection,
         *,
         compactor: Compactor,
         store: CheckpointStore,

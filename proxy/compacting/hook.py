@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 
-from compaction import CompactionSettings as LibrarySettings
 from compaction import Compactor, HeuristicEstimator, MemoryWriter
 from compaction.checkpoints import CheckpointStore, conversation_seed
 from proxy.compacting.calibration import Calibration
@@ -25,7 +24,7 @@ from proxy.compacting.chat import (
 )
 from proxy.compacting.conversations import Conversations, Decision
 from proxy.compacting.exchange import CompactedExchange
-from proxy.compacting.llm_client import LLMFactory, UpstreamLLMs
+from proxy.compacting.llm_client import LLMFactory, UpstreamLLMFactory
 from proxy.compacting.precompute import Precompute
 from proxy.hook import Exchange, Passthrough, RequestContext
 from proxy.http.sessions import SessionRecords
@@ -175,20 +174,14 @@ def build_hook(
     # while longer in the background and still record its checkpoint.
     llm_timeout_s = options.summary_timeout_s * _BACKGROUND_TIMEOUT_FACTOR
     compactor = Compactor(
-        settings=LibrarySettings(
-            trigger_ratio=options.trigger_ratio,
-            target_ratio=options.target_ratio,
-            keep_recent_rounds=options.keep_recent_rounds,
-            summary_max_tokens=options.summary_max_tokens,
-            llm_timeout_s=llm_timeout_s,
-        ),
+        settings=options.library_settings(llm_timeout_s=llm_timeout_s),
         memory=MemoryWriter(settings.memory.dir),
     )
     conversations = Conversations(
         options,
         compactor=compactor,
         store=store,
-        llm_for=llm_for or UpstreamLLMs(upstream, timeout_s=llm_timeout_s),
+        llm_for=llm_for or UpstreamLLMFactory(upstream, timeout_s=llm_timeout_s),
         records=records,
         metrics=metrics,
         tasks=tasks,

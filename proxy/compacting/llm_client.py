@@ -80,11 +80,11 @@ class LLMRequest:
 
 
 # The summarizer factory the compacting hook is given (`llm_for`): tests and other transports
-# pass their own; the default is UpstreamLLMs.
+# pass their own; the default is UpstreamLLMFactory.
 LLMFactory = Callable[[LLMRequest], ChatLLM]
 
 
-class UpstreamLLMs:
+class UpstreamLLMFactory:
     """`llm_for`: summarizers over the app's upstream, sharing what they learn of each model."""
 
     def __init__(self, upstream: Upstream, *, timeout_s: float) -> None:

@@ -13,13 +13,13 @@ from cachetools import LRUCache
 from compaction.checkpoints import prefix_digests
 from proxy.compacting.chat import ChatRequest
 from proxy.compacting.conversations import Conversations
-from proxy.settings import CompactionSettings
+from proxy.settings import CompactionSection
 from proxy.tasks import BackgroundTasks
 
 
 class Precompute:
     def __init__(
-        self, options: CompactionSettings, conversations: Conversations, tasks: BackgroundTasks
+        self, options: CompactionSection, conversations: Conversations, tasks: BackgroundTasks
     ) -> None:
         self._options = options
         self._conversations = conversations
