@@ -94,7 +94,7 @@ class Metrics:
 
 
 class CompactionMetrics:
-    """What the compacting pipeline did: decisions, compactions, reuse, summarizer health."""
+    """What the compacting hook did: decisions, compactions, reuse, summarizer health."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
@@ -149,6 +149,6 @@ class CompactionMetrics:
         )
         self.errors = Counter(
             "compaction_proxy_compaction_errors",
-            "Internal errors in the compacting pipeline (the original request was forwarded).",
+            "Internal errors in the compacting hook (the original request was forwarded).",
             registry=r,
         )

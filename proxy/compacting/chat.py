@@ -1,4 +1,4 @@
-"""A chat request as the compacting pipeline sees it: parsed once, with its budget.
+"""A chat request as the compacting hook sees it: parsed once, with its budget.
 
 Parsing is the expensive part of the decision, so `may_need_parsing` first bounds the prompt from
 the byte length alone (the estimate never exceeds one token per byte; images and audio are the

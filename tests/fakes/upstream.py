@@ -34,6 +34,8 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from proxy.http.serving import serve_on_loopback
+
 Reply = Callable[[web.Request, "FakeUpstream"], Awaitable[web.StreamResponse]]
 Step = bytes | float | asyncio.Event
 
@@ -66,13 +68,8 @@ class FakeUpstream:
     async def start(self) -> None:
         app = web.Application(client_max_size=1024**3)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        server = site._server
-        assert server is not None and server.sockets  # type: ignore[union-attr]
-        self._port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, _ = await serve_on_loopback(app)
+        self._port = self._runner.addresses[0][1]
 
     async def close(self) -> None:
         if self._runner is not None:

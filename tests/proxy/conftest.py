@@ -14,6 +14,7 @@ from compaction.checkpoints import CheckpointStore
 from proxy.app import create_app
 from proxy.compacting.llm_client import LLMFactory
 from proxy.hook import Hook
+from proxy.http.serving import serve_on_loopback
 from proxy.settings import Settings
 from tests.fakes.upstream import FakeUpstream
 
@@ -23,21 +24,17 @@ class RunningProxy:
 
     def __init__(self, app: web.Application) -> None:
         self.app = app
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        self._runner: web.AppRunner | None = None
+        self.url = ""
         self.port = 0
 
     async def start(self) -> None:
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.url = await serve_on_loopback(self.app)
+        self.port = self._runner.addresses[0][1]
 
     async def close(self) -> None:
-        await self._runner.cleanup()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        if self._runner is not None:
+            await self._runner.cleanup()
 
 
 def build_settings(fake: FakeUpstream, **sections: dict[str, Any]) -> Settings:

@@ -77,7 +77,7 @@ LONG = orjson.dumps(
 )
 
 
-async def test_the_pipeline_body_is_sent_and_its_headers_reach_the_client(
+async def test_the_hook_body_is_sent_and_its_headers_reach_the_client(
     start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:
     hook = RecordingHook()
@@ -117,7 +117,7 @@ async def test_header_session_wins_over_the_path(
     assert hook.contexts[-1].explicit_session == "from-header"
 
 
-async def test_an_upstream_400_is_shown_to_the_pipeline_and_retried_once(
+async def test_an_upstream_400_is_shown_to_the_exchange_and_retried_once(
     start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:
     hook = RecordingHook(retry_with=b'{"model":"m","messages":[]}')
@@ -160,7 +160,7 @@ async def test_without_a_retry_the_error_is_relayed_unchanged_even_compressed(
     assert len(upstream.requests) == 1
 
 
-async def test_other_upstream_errors_are_not_shown_to_the_pipeline(
+async def test_other_upstream_errors_are_not_shown_to_the_exchange(
     start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:
     hook = RecordingHook(retry_with=b"{}")
