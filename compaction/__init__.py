@@ -17,8 +17,18 @@ from compaction.compactor import Compactor
 from compaction.engine import CompactionEngine
 from compaction.extract import extract_items_heuristically, parse_memory_reply
 from compaction.ledger import Ledger, build_ledger, render_ledger
-from compaction.marker import SUMMARY_MARKER, is_summary_message
+from compaction.marker import SUMMARY_MARKER
 from compaction.memory import InvalidSessionId, MemoryWriter
+from compaction.messages import (
+    CHAT,
+    Item,
+    Kind,
+    Shape,
+    ToolCall,
+    is_summary_message,
+    message_text,
+    read_items,
+)
 from compaction.settings import CompactionSettings
 from compaction.summarize import is_substantive, summary_message, summary_text
 from compaction.tokens import HeuristicEstimator, estimate_request
@@ -38,6 +48,7 @@ from compaction.types import (
 from compaction.verify import check_preserved
 
 __all__ = [
+    "CHAT",
     "SUMMARY_MARKER",
     "Block",
     "ChatLLM",
@@ -47,6 +58,8 @@ __all__ = [
     "Compactor",
     "HeuristicEstimator",
     "InvalidSessionId",
+    "Item",
+    "Kind",
     "Ledger",
     "MemoryItem",
     "MemoryWriter",
@@ -54,7 +67,9 @@ __all__ = [
     "Plan",
     "Round",
     "Segments",
+    "Shape",
     "TokenEstimator",
+    "ToolCall",
     "Verification",
     "build_ledger",
     "check_preserved",
@@ -62,7 +77,9 @@ __all__ = [
     "extract_items_heuristically",
     "is_substantive",
     "is_summary_message",
+    "message_text",
     "parse_memory_reply",
+    "read_items",
     "render_ledger",
     "render_transcript",
     "summary_message",

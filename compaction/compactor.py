@@ -22,15 +22,15 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from compaction.composition import LLM_SHARE, compose_summary
+from compaction.composition import LLM_SHARE, body_budget, compose_summary, is_too_little
 from compaction.extract import extract_items_heuristically, parse_memory_reply
 from compaction.invariants import check_compacted
 from compaction.ledger import (
     build_ledger,
     overflow_items,
 )
-from compaction.marker import is_summary_message
 from compaction.memory import MemoryWriter
+from compaction.messages import CHAT, Item, Shape, prose_texts, read_items
 from compaction.plan import plan_compaction, should_compact
 from compaction.segment import split
 from compaction.settings import CompactionSettings
@@ -39,7 +39,6 @@ from compaction.summarize import (
     ask,
     build_memory_request,
     build_summary_request,
-    prose_texts,
     summary_message,
     summary_text,
 )
@@ -62,9 +61,6 @@ logger = logging.getLogger(__name__)
 MIN_SUMMARY_TOKENS = 256
 """The smallest summary budget a plan asks for, however small the window."""
 
-MIN_BODY_TOKENS = 200
-"""A summary may take half of what it replaces, but never needs to be smaller than this."""
-
 
 class Compactor:
     """Plans and runs compactions with one set of settings; holds no per-conversation state."""
@@ -76,9 +72,11 @@ class Compactor:
         estimator: TokenEstimator | None = None,
         memory: MemoryWriter | None = None,
         clock: Callable[[], float] = time.monotonic,
+        shape: Shape = CHAT,
     ) -> None:
         self.settings = settings or CompactionSettings()
-        self.estimator: TokenEstimator = estimator or HeuristicEstimator()
+        self.shape = shape
+        self.estimator: TokenEstimator = estimator or HeuristicEstimator(shape=shape)
         self.memory = memory
         self.clock = clock
 
@@ -113,7 +111,7 @@ class Compactor:
         max_output_tokens: int | None = None,
         estimator: TokenEstimator | None = None,
     ) -> Plan:
-        segments = split(messages, estimator or self.estimator, tools)
+        segments = split(messages, estimator or self.estimator, tools, shape=self.shape)
         return plan_compaction(
             segments,
             window=window,
@@ -158,6 +156,8 @@ class _Run:
         self.compactor = compactor
         self.settings = compactor.settings
         self.messages = messages
+        self.shape = compactor.shape
+        self.items = read_items(messages, compactor.shape)
         self.plan = plan
         self.tools = tools
         self.estimator = estimator
@@ -185,52 +185,52 @@ class _Run:
         )
 
     async def execute(self, llm: ChatLLM | None, session_id: str | None) -> CompactionResult:
-        plan, messages = self.plan, self.messages
+        plan, messages, items, shape = self.plan, self.messages, self.items, self.shape
         folded = plan.folded
         if not folded:
             return self.unchanged(plan.note or "nothing to fold")
         if self._too_little(folded):
             # Decide before paying for two model calls whose result would be thrown away.
             return self.unchanged("too little to fold: a summary would not be smaller")
-        previous = [summary_text(messages[i]) for i in folded if is_summary_message(messages[i])]
+        previous = [summary_text(messages[i], shape) for i in folded if items[i].kind == "summary"]
         previous_summary = "\n\n".join(t for t in previous if t) or None
-        fresh = [i for i in folded if not is_summary_message(messages[i])]
+        fresh = [i for i in folded if items[i].kind != "summary"]
 
-        cjk = is_cjk_dominant([*prose_texts(messages, fresh), previous_summary or ""])
+        cjk = is_cjk_dominant([*prose_texts(items, fresh), previous_summary or ""])
         transcript = render_transcript(
-            messages,
+            items,
             fresh,
             estimator=self.estimator,
             max_tokens=self.settings.transcript_max_tokens,
             tool_output_clip_chars=self.settings.tool_output_clip_chars,
         )
-        ledger = build_ledger(messages, fresh)
+        ledger = build_ledger(items, fresh)
         body_budget = self._body_budget(fresh)
         summary_reply, memory_reply = await self._ask_both(
             llm, transcript, previous_summary, cjk, body_budget
         )
-        items = self._memory_items(memory_reply, [messages[i] for i in fresh])
+        found = self._memory_items(memory_reply, [items[i] for i in fresh])
         summary = compose_summary(
             summary_reply.text,
             previous_summary,
             ledger,
-            items,
+            found,
             budget=body_budget,
             folded_count=len(folded),
             estimator=self.estimator,
         )
         verification = check_preserved(
-            [i.content for i in items] + ledger.key_entries(), summary.body
+            [i.content for i in found] + ledger.key_entries(), summary.body
         )
 
-        inserted = summary_message(summary.body)
+        inserted = summary_message(summary.body, shape)
         compacted = [
             *messages[: plan.head_end],
             inserted,
             *(messages[i] for i in plan.pinned),
             *messages[plan.keep_from :],
         ]
-        problems = check_compacted(messages, compacted, plan)
+        problems = check_compacted(messages, compacted, plan, shape=shape)
         if problems:
             logger.warning("compacted list failed its check: %s", "; ".join(problems))
             return self.unchanged("check failed: " + "; ".join(problems[:3]))
@@ -238,7 +238,7 @@ class _Run:
         if tokens_after >= plan.tokens_before:
             return self.unchanged("compaction would not make the request smaller")
 
-        memory_items = tuple(items + overflow_items(summary.overflow))
+        memory_items = tuple(found + overflow_items(summary.overflow))
         await self._flush(session_id, memory_items)
         return CompactionResult(
             messages=compacted,
@@ -261,16 +261,17 @@ class _Run:
 
     def _too_little(self, folded: Sequence[int]) -> bool:
         """True when the folded messages are no bigger than the smallest summary replacing them."""
-        smallest = self.estimator.count_message(summary_message("")) + MIN_BODY_TOKENS
-        return sum(self.estimator.count_message(self.messages[i]) for i in folded) <= smallest
+        return is_too_little(self._tokens_of(folded), self._framing_tokens())
 
     def _body_budget(self, fresh: Sequence[int]) -> int:
-        """Tokens for the summary body: the plan's budget minus the framing, and at most half of
-        what it replaces (but never below MIN_BODY_TOKENS), so a compaction always shrinks."""
-        framing = self.estimator.count_message(summary_message(""))
-        folded_tokens = sum(self.estimator.count_message(self.messages[i]) for i in fresh)
-        budget = self.plan.summary_budget_tokens - framing
-        return min(budget, max(MIN_BODY_TOKENS, folded_tokens // 2))
+        framing, replaced = self._framing_tokens(), self._tokens_of(fresh)
+        return body_budget(self.plan.summary_budget_tokens, framing, replaced)
+
+    def _framing_tokens(self) -> int:
+        return self.estimator.count_message(summary_message("", self.shape))
+
+    def _tokens_of(self, indices: Sequence[int]) -> int:
+        return sum(self.estimator.count_message(self.messages[i]) for i in indices)
 
     # ------------------------------------------------------------ the two model calls
 
@@ -312,7 +313,7 @@ class _Run:
             self.errors.append(reply.error)
         return reply
 
-    def _memory_items(self, reply: Reply, folded: Sequence[Any]) -> list[MemoryItem]:
+    def _memory_items(self, reply: Reply, folded: Sequence[Item]) -> list[MemoryItem]:
         parsed = parse_memory_reply(reply.text) if reply.text is not None else None
         if parsed is not None:
             return parsed

@@ -18,6 +18,20 @@ from compaction.verify import append_missing, missing_items
 LLM_SHARE = 0.65
 """Of the summary body, the part the model's text may take; the ledger gets the rest."""
 
+MIN_BODY_TOKENS = 200
+"""A summary may take half of what it replaces, but never needs to be smaller than this."""
+
+
+def is_too_little(folded_tokens: int, framing_tokens: int) -> bool:
+    """True when the folded messages are no bigger than the smallest summary replacing them."""
+    return folded_tokens <= framing_tokens + MIN_BODY_TOKENS
+
+
+def body_budget(summary_budget: int, framing_tokens: int, replaced_tokens: int) -> int:
+    """Tokens for the summary body: the plan's budget minus the framing, and at most half of
+    what it replaces (but never below MIN_BODY_TOKENS), so a compaction always shrinks."""
+    return min(summary_budget - framing_tokens, max(MIN_BODY_TOKENS, replaced_tokens // 2))
+
 
 @dataclass(frozen=True)
 class Composed:

@@ -15,8 +15,8 @@ from typing import Any
 from compaction.compactor import Compactor
 from compaction.extract import extract_items_heuristically
 from compaction.ledger import build_ledger, is_overflow_item
-from compaction.marker import is_summary_message
 from compaction.memory import MemoryWriter
+from compaction.messages import is_summary_message, read_items
 from compaction.plan import should_compact
 from compaction.segment import split
 from compaction.settings import KEEP_RECENT_ROUNDS, CompactionSettings
@@ -138,8 +138,9 @@ class CompactionEngine:
             and isinstance(r.get("content"), str)
             and not is_overflow_item(r["content"])
         ]
-        keys += [i.content for i in extract_items_heuristically(original[i] for i in folded)]
-        keys += build_ledger(original, folded).key_entries()
+        items = read_items(original)
+        keys += [i.content for i in extract_items_heuristically(items[i] for i in folded)]
+        keys += build_ledger(items, folded).key_entries()
         verification = check_preserved(keys, summary)
         return {
             "quality": verification.quality,

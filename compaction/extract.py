@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from compaction.messages import is_message, is_user_request, message_text
+from compaction.messages import Item
 from compaction.text import collapse_spaces
 from compaction.types import MEMORY_TYPES, MemoryItem, as_memory_type
 
@@ -90,24 +90,23 @@ MAX_HEURISTIC_ITEMS = 30
 MAX_HEURISTIC_CHARS = 300
 
 
-def extract_items_heuristically(messages: Iterable[Any]) -> list[MemoryItem]:
+def extract_items_heuristically(items: Iterable[Item]) -> list[MemoryItem]:
     """Items guessed from keywords in what the user and assistant wrote (no tool output).
 
     Preferences come only from the user; decisions and todos from either side. One sentence,
     one item; at most MAX_HEURISTIC_ITEMS.
     """
-    items: list[MemoryItem] = []
-    for message in messages:
-        from_user = is_user_request(message)
-        if not from_user and not (is_message(message) and message["role"] == "assistant"):
+    found: list[MemoryItem] = []
+    for item in items:
+        if not item.is_prose:
             continue
-        for sentence in _sentences(message_text(message)):
-            item = _classify(sentence, from_user)
-            if item is not None and item not in items:
-                items.append(item)
-            if len(items) >= MAX_HEURISTIC_ITEMS:
-                return items
-    return items
+        for sentence in _sentences(item.text):
+            memory_item = _classify(sentence, item.is_request)
+            if memory_item is not None and memory_item not in found:
+                found.append(memory_item)
+            if len(found) >= MAX_HEURISTIC_ITEMS:
+                return found
+    return found
 
 
 def _sentences(text: str) -> list[str]:

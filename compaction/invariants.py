@@ -1,9 +1,10 @@
 """The rules a compacted message list must keep, checked in code after every compaction.
 
-A tool message answers a call of the nearest preceding assistant message, with only tool messages
-in between; every call is answered before the next non-tool message. A compaction keeps the head,
-the pinned messages and the kept tail as the very same objects, inserts exactly one summary, and
-introduces no pairing problem the original did not already have.
+A result answers a call of the nearest preceding run of call items, with only results in between;
+every call is answered before the next item that is neither a result nor a call (for chat: a tool
+message answers the nearest preceding assistant message, only tool messages in between). A
+compaction keeps the head, the pinned messages and the kept tail as the very same objects,
+inserts exactly one summary, and introduces no pairing problem the original did not already have.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from compaction.marker import is_summary_message
-from compaction.segment import answered_id, call_ids, is_tool_message
+from compaction.messages import CHAT, Item, Shape, read_items
 from compaction.types import Plan
 
 
@@ -26,35 +26,49 @@ class PairingProblem(NamedTuple):
         return f"message {self.at}: {self.kind} {self.call_id!r}"
 
 
-def find_pairing_problems(messages: Sequence[Any]) -> list[PairingProblem]:
-    """Every orphan tool result and every call left unanswered, in order."""
+def find_pairing_problems(
+    messages: Sequence[Any], *, shape: Shape = CHAT, items: Sequence[Item] | None = None
+) -> list[PairingProblem]:
+    """Every orphan result and every call left unanswered, in order."""
+    if items is None:
+        items = read_items(messages, shape)
     problems: list[PairingProblem] = []
     pending: dict[str, int] = {}
-    for index, item in enumerate(messages):
-        if is_tool_message(item):
-            answered = answered_id(item)
-            if answered in pending:
-                del pending[answered]
-            else:
-                problems.append(PairingProblem("orphan result", answered, index))
+    answering = False
+    for index, item in enumerate(items):
+        if item.kind == "tool":
+            answering = True
+            for answered in item.answers or (None,):
+                if answered is not None and answered in pending:
+                    del pending[answered]
+                else:
+                    problems.append(PairingProblem("orphan result", answered, index))
+            continue
+        if item.lead:
+            continue  # glued to the next item: neither ends nor starts a run of calls
+        if item.joins and item.call_ids and pending and not answering:
+            pending.update(dict.fromkeys(sorted(item.call_ids), index))
             continue
         problems += [PairingProblem("unanswered call", cid, at) for cid, at in pending.items()]
-        pending = dict.fromkeys(sorted(call_ids(item)), index)
+        pending = dict.fromkeys(sorted(item.call_ids), index)
+        answering = False
     problems += [PairingProblem("unanswered call", cid, at) for cid, at in pending.items()]
     return problems
 
 
-def check_tool_pairing(messages: Sequence[Any]) -> list[str]:
+def check_tool_pairing(messages: Sequence[Any], *, shape: Shape = CHAT) -> list[str]:
     """Pairing problems of `messages` as readable lines; [] when every call has its result."""
-    return [p.describe() for p in find_pairing_problems(messages)]
+    return [p.describe() for p in find_pairing_problems(messages, shape=shape)]
 
 
-def check_compacted(original: Sequence[Any], compacted: Sequence[Any], plan: Plan) -> list[str]:
+def check_compacted(
+    original: Sequence[Any], compacted: Sequence[Any], plan: Plan, *, shape: Shape = CHAT
+) -> list[str]:
     """What is wrong with `compacted` as the result of applying `plan` to `original`."""
     if plan.keep_from == plan.head_end and not plan.pinned:
         expected: list[Any] = list(original)
         problems = _check_same(expected, compacted, "unchanged")
-        return problems + _new_pairing_problems(original, compacted)
+        return problems + _new_pairing_problems(original, compacted, shape)
     head = list(original[: plan.head_end])
     pinned = [original[i] for i in plan.pinned]
     tail = list(original[plan.keep_from :])
@@ -62,12 +76,12 @@ def check_compacted(original: Sequence[Any], compacted: Sequence[Any], plan: Pla
     if len(compacted) != want:
         return [f"expected {want} messages (head, summary, pinned, tail), got {len(compacted)}"]
     problems = _check_same(head, compacted[: len(head)], "head")
-    if not is_summary_message(compacted[len(head)]):
+    if not shape.is_summary(compacted[len(head)]):
         problems.append(f"message {len(head)}: expected the summary message")
     start = len(head) + 1
     problems += _check_same(pinned, compacted[start : start + len(pinned)], "pinned")
     problems += _check_same(tail, compacted[start + len(pinned) :], "kept tail")
-    return problems + _new_pairing_problems(original, compacted)
+    return problems + _new_pairing_problems(original, compacted, shape)
 
 
 def _check_same(expected: Sequence[Any], actual: Sequence[Any], part: str) -> list[str]:
@@ -80,11 +94,13 @@ def _check_same(expected: Sequence[Any], actual: Sequence[Any], part: str) -> li
     ]
 
 
-def _new_pairing_problems(original: Sequence[Any], compacted: Sequence[Any]) -> list[str]:
+def _new_pairing_problems(
+    original: Sequence[Any], compacted: Sequence[Any], shape: Shape
+) -> list[str]:
     """Pairing problems of `compacted` beyond those `original` already had (malformed input)."""
-    before = Counter((p.kind, p.call_id) for p in find_pairing_problems(original))
+    before = Counter((p.kind, p.call_id) for p in find_pairing_problems(original, shape=shape))
     new: list[str] = []
-    for problem in find_pairing_problems(compacted):
+    for problem in find_pairing_problems(compacted, shape=shape):
         key = (problem.kind, problem.call_id)
         if before[key] > 0:
             before[key] -= 1

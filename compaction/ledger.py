@@ -11,16 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
 
-from compaction.messages import (
-    ToolCall,
-    is_message,
-    is_observation,
-    is_user_request,
-    message_text,
-    tool_calls,
-)
+from compaction.messages import Item, ToolCall
 from compaction.text import clip_end, collapse_spaces
 from compaction.types import MemoryItem, TokenEstimator
 
@@ -35,7 +27,7 @@ ERROR_CHARS = 200
 PATH_CHARS = 200
 
 PATH_ARGUMENTS = frozenset(
-    {
+    [
         "path",
         "file",
         "filename",
@@ -49,7 +41,7 @@ PATH_ARGUMENTS = frozenset(
         "cwd",
         "old_path",
         "new_path",
-    }
+    ]
 )
 """Tool-call argument names whose string value is a path."""
 
@@ -182,7 +174,7 @@ def _call_commands_and_paths(call: ToolCall) -> tuple[list[str], list[str]]:
             continue
         if key in PATH_ARGUMENTS and len(value) <= PATH_CHARS:
             paths.append(value.strip())
-        elif key in SHELL_ARGUMENTS and is_shell_tool(call.name):
+        elif key in SHELL_ARGUMENTS and is_shell_tool(call.name or ""):
             commands.append(value)
             paths += find_paths(value)
     return commands, paths
@@ -218,21 +210,18 @@ class _Collector:
         self.errors: dict[str, None] = {}
         self.values: dict[str, None] = {}
 
-    def add(self, message: Any) -> None:
-        if not is_message(message):
-            return
-        text = message_text(message)
-        if message["role"] == "tool" or is_observation(message):
-            self.errors.update(dict.fromkeys(error_lines(text)))
-        elif is_user_request(message):
-            if request := first_lines(text):
+    def add(self, item: Item) -> None:
+        if item.kind == "tool" or item.observation:
+            self.errors.update(dict.fromkeys(error_lines(item.text)))
+        elif item.is_request:
+            if request := first_lines(item.text):
                 self.requests.append(request)
-            self._add_prose(text)
-        elif message["role"] == "assistant":
-            self._add_prose(text)
-            for command in fenced_commands(text):
+            self._add_prose(item.text)
+        elif item.kind == "assistant":
+            self._add_prose(item.text)
+            for command in fenced_commands(item.text):
                 self._add_command(command)
-            for call in tool_calls(message):
+            for call in item.functions:
                 commands, paths = _call_commands_and_paths(call)
                 for command in commands:
                     self._add_command(command)
@@ -261,11 +250,11 @@ class _Collector:
         )
 
 
-def build_ledger(messages: Sequence[Any], indices: Iterable[int]) -> Ledger:
-    """The ledger of the messages at `indices` (earlier summaries are not mined)."""
+def build_ledger(items: Sequence[Item], indices: Iterable[int]) -> Ledger:
+    """The ledger of the items at `indices` (earlier summaries are not mined)."""
     collector = _Collector()
     for i in indices:
-        collector.add(messages[i])
+        collector.add(items[i])
     return collector.ledger()
 
 

@@ -1,19 +1,16 @@
-"""The fixed prefix that marks a summary this library inserted, and its one predicate.
+"""The fixed prefix that marks a summary this library inserted.
 
 A later compaction must recognise its own earlier summary (to update it rather than summarize a
-summary), so the marker never changes between releases and nothing else tests for summaries.
+summary), so the marker never changes between releases. Each message shape finds the text of a
+message and asks `is_summary_text`; `messages.is_summary_message` is the one predicate on
+messages.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 SUMMARY_MARKER = "[compaction-proxy: summary of earlier conversation]"
 
 
-def is_summary_message(message: Any) -> bool:
-    """True for a message this library inserted as a summary of folded history."""
-    if not isinstance(message, dict) or message.get("role") != "user":
-        return False
-    content = message.get("content")
-    return isinstance(content, str) and content.startswith(SUMMARY_MARKER)
+def is_summary_text(text: str) -> bool:
+    """True for the text of a summary this library inserted."""
+    return text.startswith(SUMMARY_MARKER)

@@ -1,9 +1,10 @@
-"""Cut a message list into head, rounds and atomic blocks, in one pass.
+"""Cut a message list into head, rounds and atomic blocks, in one pass over its Items.
 
-The head is the leading system/developer messages. A round starts at each real user message (an
-earlier summary is not one). Inside a round, an assistant message with `tool_calls` and the tool
-messages answering it form one block that is kept or folded whole; every other item, malformed
-ones included, is a block of its own and stays where it is.
+The head is the leading `head` items (system/developer messages). A round starts at each user
+item (an earlier summary is not one). Inside a round, an item with calls and the items answering
+them form one block that is kept or folded whole; `lead` items just before it belong to it, and
+so do further `joins` call items before the first answer (Responses sends one item per call).
+Every other item, malformed ones included, is a block of its own and stays where it is.
 """
 
 from __future__ import annotations
@@ -11,103 +12,110 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from compaction.marker import is_summary_message
-from compaction.messages import is_message
+from compaction.messages import CHAT, Item, Shape, read_items
 from compaction.tokens import REPLY_PRIMING_TOKENS
 from compaction.types import Block, Round, Segments, TokenEstimator
 
-HEAD_ROLES = frozenset({"system", "developer"})
 
+def block_end(items: Sequence[Item], start: int) -> int:
+    """End of the block that starts at `start`.
 
-def is_head_message(item: Any) -> bool:
-    return is_message(item) and item["role"] in HEAD_ROLES
-
-
-def is_round_start(item: Any) -> bool:
-    """A real user message: the start of a round. An earlier summary never is."""
-    return is_message(item) and item["role"] == "user" and not is_summary_message(item)
-
-
-def call_ids(item: Any) -> set[str]:
-    """The ids of the tool calls an assistant message makes (empty for anything else)."""
-    if not is_message(item) or item["role"] != "assistant":
-        return set()
-    calls = item.get("tool_calls")
-    if not isinstance(calls, list):
-        return set()
-    return {c["id"] for c in calls if isinstance(c, dict) and isinstance(c.get("id"), str)}
-
-
-def answered_id(item: Any) -> str | None:
-    """The call id a tool message answers, None for anything else."""
-    if is_message(item) and item["role"] == "tool":
-        value = item.get("tool_call_id")
-        return value if isinstance(value, str) else None
-    return None
-
-
-def is_tool_message(item: Any) -> bool:
-    return is_message(item) and item["role"] == "tool"
-
-
-def tool_block_end(messages: Sequence[Any], start: int) -> int:
-    """End of the block opened at `start`: just past the last tool message answering its calls.
-
-    Consecutive tool messages stay pending until a non-tool message (the pairing rule that
-    invariants.check_tool_pairing enforces); a stray tool message between two answers is inside
-    the block, since cutting there would orphan the later answer. Trailing strays are not.
+    Results stay pending until an item that is neither a result nor a call (the pairing rule
+    invariants.find_pairing_problems enforces); a stray result between two answers is inside the
+    block, since cutting there would orphan the later answer. Trailing strays are not.
     """
-    pending = call_ids(messages[start])
-    end = start + 1
-    i = start + 1
-    while pending and i < len(messages) and is_tool_message(messages[i]):
-        answered = answered_id(messages[i])
-        if answered in pending:
-            pending.discard(answered)
-            end = i + 1
-        i += 1
+    first = _skip_leads(items, start)
+    if first >= len(items):
+        return len(items)
+    pending = set(items[first].call_ids)
+    end = first + 1
+    i = first + 1
+    answering = False
+    while pending and i < len(items):
+        item = items[i]
+        if item.kind == "tool":
+            answering = True
+            hit = pending.intersection(item.answers)
+            if hit:
+                pending -= hit
+                end = i + 1
+            i += 1
+            continue
+        following = _skip_leads(items, i)
+        if answering or following >= len(items) or not _joins(items[following]):
+            break
+        pending.update(items[following].call_ids)
+        end = i = following + 1
     return end
 
 
-def split_blocks(
-    messages: Sequence[Any], start: int, end: int, counts: Sequence[int]
-) -> list[Block]:
-    """The blocks of messages[start:end]; `counts` holds each message's tokens."""
+def _joins(item: Item) -> bool:
+    return item.joins and bool(item.call_ids)
+
+
+def _skip_leads(items: Sequence[Item], start: int) -> int:
+    """The first index at or after `start` that is not a lead item."""
+    while start < len(items) and items[start].lead:
+        start += 1
+    return start
+
+
+def split_blocks(items: Sequence[Item], start: int, end: int, counts: Sequence[int]) -> list[Block]:
+    """The blocks of items[start:end]; `counts` holds each message's tokens."""
     blocks: list[Block] = []
     i = start
     while i < end:
-        stop = min(tool_block_end(messages, i), end)
-        kind: Literal["tool", "message"] = "tool" if stop > i + 1 else "message"
+        stop = min(block_end(items, i), end)
+        has_calls = any(items[k].call_ids for k in range(i, stop))
+        kind: Literal["tool", "message"] = "tool" if stop > i + 1 and has_calls else "message"
         blocks.append(Block(i, stop, kind, sum(counts[i:stop])))
         i = stop
     return blocks
 
 
-def round_starts(messages: Sequence[Any], head_end: int) -> list[int]:
-    """Where each round begins: the first non-head index, then every real user message."""
-    starts = [i for i in range(head_end, len(messages)) if is_round_start(messages[i])]
-    if head_end < len(messages) and (not starts or starts[0] != head_end):
+def round_starts(items: Sequence[Item], head_end: int) -> list[int]:
+    """Where each round begins: the first non-head index, then every user item."""
+    starts = [i for i in range(head_end, len(items)) if items[i].kind == "user"]
+    if head_end < len(items) and (not starts or starts[0] != head_end):
         starts.insert(0, head_end)
     return starts
 
 
-def split(messages: Sequence[Any], estimator: TokenEstimator, tools: Any = None) -> Segments:
-    """Segment `messages` for planning; never raises on malformed items."""
+def head_end(items: Sequence[Item]) -> int:
+    """Just past the leading head items."""
+    end = 0
+    while end < len(items) and items[end].kind == "head":
+        end += 1
+    return end
+
+
+def split(
+    messages: Sequence[Any],
+    estimator: TokenEstimator,
+    tools: Any = None,
+    *,
+    shape: Shape = CHAT,
+    items: Sequence[Item] | None = None,
+) -> Segments:
+    """Segment `messages` for planning; never raises on malformed items.
+
+    `items` is `read_items(messages, shape)` when the caller already has it.
+    """
+    if items is None:
+        items = read_items(messages, shape)
     counts = [estimator.count_message(m) for m in messages]
-    head_end = 0
-    while head_end < len(messages) and is_head_message(messages[head_end]):
-        head_end += 1
-    starts = round_starts(messages, head_end)
+    head = head_end(items)
+    starts = round_starts(items, head)
     rounds: list[Round] = []
-    for start, end in zip(starts, [*starts[1:], len(messages)], strict=False):
-        blocks = tuple(split_blocks(messages, start, end, counts))
-        has_user = is_round_start(messages[start])
+    for start, end in zip(starts, [*starts[1:], len(items)], strict=False):
+        blocks = tuple(split_blocks(items, start, end, counts))
+        has_user = items[start].kind == "user"
         rounds.append(Round(start, end, blocks, has_user, sum(b.tokens for b in blocks)))
     tools_tokens = estimator.count_tools(tools)
     return Segments(
-        head_end=head_end,
+        head_end=head,
         rounds=tuple(rounds),
-        head_tokens=sum(counts[:head_end]),
+        head_tokens=sum(counts[:head]),
         tools_tokens=tools_tokens,
         total_tokens=sum(counts) + tools_tokens + REPLY_PRIMING_TOKENS,
     )

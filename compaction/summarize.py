@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from string import Template
 from typing import Any
 
-from compaction.marker import SUMMARY_MARKER, is_summary_message
-from compaction.messages import is_message, is_user_request, message_text
+from compaction.marker import SUMMARY_MARKER
+from compaction.messages import CHAT, Shape, message_text
 from compaction.text import CJK_LETTER
 from compaction.types import ChatLLM, Message, Purpose
 
@@ -30,7 +29,6 @@ __all__ = [
     "is_substantive",
     "load_prompt",
     "message_text",
-    "prose_texts",
     "summary_message",
     "summary_text",
 ]
@@ -87,37 +85,24 @@ def _framing() -> tuple[str, str]:
     return before, after
 
 
-def summary_message(text: str) -> Message:
+def summary_message(text: str, shape: Shape = CHAT) -> Any:
     """The message that replaces the folded span; the same text gives a byte-identical message."""
     before, after = _framing()
-    return {"role": "user", "content": f"{before}{text.strip()}{after}"}
+    return shape.summary_message(f"{before}{text.strip()}{after}")
 
 
-def summary_text(message: Any) -> str:
+def summary_text(message: Any, shape: Shape = CHAT) -> str:
     """The body of a summary message (framing and marker removed); "" for anything else.
 
     Summaries framed differently (an older release, a test) lose only their marker.
     """
-    if not is_summary_message(message):
+    if not shape.is_summary(message):
         return ""
-    content: str = message["content"]
+    content = shape.read(message).text
     before, after = _framing()
     if content.startswith(before) and content.endswith(after):
         return content[len(before) : len(content) - len(after)].strip()
     return content[len(SUMMARY_MARKER) :].strip()
-
-
-# ---------------------------------------------------------------- language
-
-
-def prose_texts(messages: Sequence[Any], indices: Iterable[int]) -> list[str]:
-    """What the user and assistant wrote (no tool output), for language detection."""
-    return [
-        message_text(messages[i])
-        for i in indices
-        if is_user_request(messages[i])
-        or (is_message(messages[i]) and messages[i]["role"] == "assistant")
-    ]
 
 
 # ---------------------------------------------------------------- asking the model

@@ -1,7 +1,8 @@
 """Token estimation without a tokenizer: fast character-class arithmetic, calibrated.
 
-Counts what the upstream counts for a chat request: message contents (strings and part arrays),
-tool calls, ids, names, a per-message overhead, and the `tools` definitions. CJK text costs about
+Counts what the upstream counts for a request: each message as its shape measures it (for chat:
+contents, tool calls, ids, names and a per-message overhead, see messages.ChatShape.measure),
+and the `tools` definitions. CJK text costs about
 two thirds of a token per character for gpt-4o's tokenizer (about one for gpt-4's), ASCII about
 a quarter (see `Rates`, fitted with the real vocabularies in bench/token_accuracy.py). Classes
 are mixed per character, not per message, using C-speed string operations rather than a Python
@@ -15,26 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
+from compaction.messages import CHAT, Shape, json_text
 from compaction.types import TokenEstimator
-
-MESSAGE_OVERHEAD_TOKENS = 4
-"""Role and separators the chat template wraps around every message."""
-
-TOOL_CALL_OVERHEAD_TOKENS = 8
-"""The call's id, type and the JSON framing around name and arguments."""
 
 REPLY_PRIMING_TOKENS = 3
 """The assistant header the upstream appends before generating."""
-
-IMAGE_LOW_TOKENS = 85
-IMAGE_HIGH_TOKENS = 765
-"""OpenAI's published costs: `detail: low` is flat; high/auto is typically a 2x2-tile image."""
-
-AUDIO_PART_TOKENS = 200
-FILE_PART_TOKENS = 500
-"""Rough flat costs: their real cost depends on media we do not decode."""
 
 
 @dataclass(frozen=True)
@@ -75,34 +61,27 @@ def _count_matches(pattern: re.Pattern[str], text: str) -> int:
     return len(text) - len(pattern.sub("", text))
 
 
-def _json_text(item: Any) -> str:
-    """Any item as the JSON text the upstream would see; never raises."""
-    try:
-        return orjson.dumps(item, default=str).decode()
-    except (TypeError, orjson.JSONEncodeError):
-        return repr(item)
-
-
 class HeuristicEstimator:
     """A TokenEstimator from character classes; `calibration` scales every count.
 
     The proxy learns `calibration` as upstream `usage.prompt_tokens` / our estimate.
     """
 
-    def __init__(self, calibration: float = 1.0, rates: Rates = O200K) -> None:
+    def __init__(self, calibration: float = 1.0, rates: Rates = O200K, shape: Shape = CHAT) -> None:
         self.calibration = calibration
         self.rates = rates
+        self.shape = shape
 
     def count_text(self, text: str) -> int:
         return round(self._raw_text(text) * self.calibration)
 
     def count_message(self, message: Any) -> int:
-        return round(self._raw_message(message) * self.calibration)
+        return round(self.shape.measure(message, self._raw_text) * self.calibration)
 
     def count_tools(self, tools: Any) -> int:
         if not tools:
             return 0
-        return round(self._raw_text(_json_text(tools)) * self.calibration)
+        return round(self._raw_text(json_text(tools)) * self.calibration)
 
     def _raw_text(self, text: str) -> float:
         rates = self.rates
@@ -125,61 +104,6 @@ class HeuristicEstimator:
             + hangul_chars * rates.hangul_tokens_per_char
             + other_chars * rates.other_tokens_per_char
         )
-
-    def _raw_malformed(self, item: Any) -> float:
-        return self._raw_text(_json_text(item))
-
-    def _raw_message(self, message: Any) -> float:
-        if not isinstance(message, dict):
-            return MESSAGE_OVERHEAD_TOKENS + self._raw_malformed(message)
-        total = float(MESSAGE_OVERHEAD_TOKENS)
-        total += self._raw_content(message.get("content"))
-        for key in ("name", "tool_call_id"):
-            value = message.get(key)
-            if isinstance(value, str):
-                total += self._raw_text(value)
-        calls = message.get("tool_calls")
-        if isinstance(calls, list):
-            total += sum(self._raw_call(call) for call in calls)
-        elif calls is not None:
-            total += self._raw_malformed(calls)
-        return total
-
-    def _raw_content(self, content: Any) -> float:
-        if content is None:
-            return 0.0
-        if isinstance(content, str):
-            return self._raw_text(content)
-        if isinstance(content, list):
-            return sum(self._raw_part(part) for part in content)
-        return self._raw_malformed(content)
-
-    def _raw_part(self, part: Any) -> float:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
-            return self._raw_text(part["text"])
-        if kind == "image_url":
-            image = part.get("image_url")
-            detail = image.get("detail") if isinstance(image, dict) else None
-            return IMAGE_LOW_TOKENS if detail == "low" else IMAGE_HIGH_TOKENS
-        if kind == "input_audio":
-            return AUDIO_PART_TOKENS
-        if kind == "file":
-            return FILE_PART_TOKENS
-        return self._raw_malformed(part)
-
-    def _raw_call(self, call: Any) -> float:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            return self._raw_malformed(call)
-        total = float(TOOL_CALL_OVERHEAD_TOKENS)
-        for key in ("name", "arguments"):
-            value = function.get(key)
-            if isinstance(value, str):
-                total += self._raw_text(value)
-            elif value is not None:
-                total += self._raw_malformed(value)
-        return total
 
 
 def estimate_request(messages: Sequence[Any], tools: Any, estimator: TokenEstimator) -> int:

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from compaction.marker import is_summary_message
-from compaction.messages import is_message, is_observation, message_text, tool_calls
+from compaction.messages import Item
 from compaction.settings import TOOL_OUTPUT_CLIP_CHARS
 from compaction.text import clip_middle
 from compaction.types import TokenEstimator
@@ -50,37 +48,35 @@ class _Entry:
         return f"[{self.label}]\n{body}".rstrip()
 
 
-def _entry(message: Any) -> _Entry:
-    if not is_message(message):
-        return _Entry("other", "malformed item", clip_middle(repr(message), 200))
-    role = message["role"]
-    text = message_text(message)
-    if role == "tool":
-        return _Entry("tool", "tool result", text)
-    if is_observation(message):
-        return _Entry("tool", "command output", text)
-    if role == "user":
-        return _Entry("user", "user", text)
-    if role == "assistant":
-        calls = "\n".join(f"→ {c.name}({c.arguments})" for c in tool_calls(message))
-        return _Entry("assistant", "assistant", text, calls)
-    return _Entry("other", role, text)
+def _entry(item: Item) -> _Entry:
+    if item.is_malformed:
+        return _Entry("other", "malformed item", clip_middle(item.text, 200))
+    if item.kind == "tool":
+        return _Entry("tool", "tool result", item.text)
+    if item.observation:
+        return _Entry("tool", "command output", item.text)
+    if item.kind == "user":
+        return _Entry("user", "user", item.text)
+    if item.kind == "assistant":
+        calls = "\n".join(f"→ {c.name}({c.arguments})" for c in item.functions)
+        return _Entry("assistant", "assistant", item.text, calls)
+    return _Entry("other", item.label, item.text)
 
 
 def render_transcript(
-    messages: Sequence[Any],
+    items: Sequence[Item],
     indices: Iterable[int],
     *,
     estimator: TokenEstimator,
     max_tokens: int,
     tool_output_clip_chars: int = TOOL_OUTPUT_CLIP_CHARS,
 ) -> str:
-    """The messages at `indices` as a labelled transcript of at most about `max_tokens` tokens.
+    """The items at `indices` as a labelled transcript of at most about `max_tokens` tokens.
 
     Each stage clips harder until the transcript fits; if even the last stage does not, only the
     user requests (clipped) remain, and then the whole text is cut in the middle.
     """
-    entries = [_entry(messages[i]) for i in indices if not is_summary_message(messages[i])]
+    entries = [_entry(items[i]) for i in indices if items[i].kind != "summary"]
     stages = [(tool_output_clip_chars, None, None), *_STAGES[1:]]
     text = ""
     for limits in stages:

@@ -69,7 +69,7 @@ class TokenEstimator(Protocol):
 class Block:
     """Messages [start, end) that are kept or folded together.
 
-    kind "tool": an assistant message with `tool_calls` and every tool message answering it.
+    kind "tool": an item with calls and every item answering them (segment.block_end).
     kind "message": any other single message (malformed ones included, kept in place).
     """
 
@@ -81,7 +81,7 @@ class Block:
 
 @dataclass(frozen=True)
 class Round:
-    """A user message (at `start`) and everything after it up to the next user message.
+    """A user item (at `start`) and everything after it up to the next user item.
 
     The preamble round (messages between the head and the first real user message, such as an
     earlier summary or an assistant greeting) has `has_user=False`.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from compaction import MemoryItem
+from compaction import MemoryItem, read_items
 from compaction.extract import extract_items_heuristically, parse_memory_reply
 from tests.factories import assistant, tool_result, user
 
@@ -60,7 +60,7 @@ def test_heuristic_extraction_is_precise() -> None:
         tool_result("call_x", "we will never see tool output as a preference"),
         assistant("Never mind, all good here."),  # not from the user: no preference
     ]
-    assert extract_items_heuristically(messages) == [
+    assert extract_items_heuristically(read_items(messages)) == [
         MemoryItem("preference", "I prefer tabs over spaces."),
         MemoryItem("decision", "We decided to use SQLite for the tests."),
         MemoryItem("todo", "Next step: wire the cache."),
@@ -69,6 +69,6 @@ def test_heuristic_extraction_is_precise() -> None:
 
 def test_heuristic_extraction_reads_chinese() -> None:
     items = extract_items_heuristically(
-        [user("我们决定使用 React 而不是 Vue。请不要写太长的回答。")]
+        read_items([user("我们决定使用 React 而不是 Vue。请不要写太长的回答。")])
     )
     assert [i.type for i in items] == ["decision", "preference"]

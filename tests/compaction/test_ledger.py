@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compaction import HeuristicEstimator
+from compaction import HeuristicEstimator, read_items
 from compaction.ledger import (
     Ledger,
     build_ledger,
@@ -18,7 +18,7 @@ ESTIMATOR = HeuristicEstimator()
 
 
 def _ledger(messages: list[dict[str, object]]) -> Ledger:
-    return build_ledger(messages, range(len(messages)))
+    return build_ledger(read_items(messages), range(len(messages)))
 
 
 def test_files_and_commands_come_from_tool_call_arguments() -> None:

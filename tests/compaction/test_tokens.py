@@ -5,15 +5,8 @@ from __future__ import annotations
 import orjson
 from hypothesis import given
 
-from compaction.tokens import (
-    CL100K,
-    IMAGE_HIGH_TOKENS,
-    IMAGE_LOW_TOKENS,
-    MESSAGE_OVERHEAD_TOKENS,
-    REPLY_PRIMING_TOKENS,
-    HeuristicEstimator,
-    estimate_request,
-)
+from compaction.messages import IMAGE_HIGH_TOKENS, IMAGE_LOW_TOKENS, MESSAGE_OVERHEAD_TOKENS
+from compaction.tokens import CL100K, REPLY_PRIMING_TOKENS, HeuristicEstimator, estimate_request
 from tests import factories as f
 
 EST = HeuristicEstimator()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compaction import HeuristicEstimator
+from compaction import HeuristicEstimator, read_items
 from compaction.transcript import render_transcript
 from tests.factories import assistant, summary, tool_block, user
 
@@ -12,7 +12,9 @@ ESTIMATOR = HeuristicEstimator()
 def test_transcript_labels_roles_and_shows_calls_with_arguments() -> None:
     block = tool_block(1, output="result text")
     messages = [user("please list"), *block, assistant("all done")]
-    text = render_transcript(messages, range(len(messages)), estimator=ESTIMATOR, max_tokens=10_000)
+    text = render_transcript(
+        read_items(messages), range(len(messages)), estimator=ESTIMATOR, max_tokens=10_000
+    )
     assert "[user]\nplease list" in text
     assert '→ bash({"command":"ls -la src/"})' in text
     assert "[tool result]\nresult text" in text
@@ -23,7 +25,7 @@ def test_transcript_clips_tool_output_head_and_tail() -> None:
     output = "HEAD" + "x" * 10_000 + "TAIL"
     messages = [user("go"), *tool_block(1, output=output)]
     text = render_transcript(
-        messages,
+        read_items(messages),
         range(len(messages)),
         estimator=ESTIMATOR,
         max_tokens=10_000,
@@ -39,7 +41,9 @@ def test_transcript_under_pressure_keeps_every_user_request() -> None:
         messages += [user(f"request number {i}: please do thing {i}")]
         messages += tool_block(2, output="noise " * 2000)
         messages += [assistant("thinking " * 400)]
-    text = render_transcript(messages, range(len(messages)), estimator=ESTIMATOR, max_tokens=3000)
+    text = render_transcript(
+        read_items(messages), range(len(messages)), estimator=ESTIMATOR, max_tokens=3000
+    )
     assert ESTIMATOR.count_text(text) <= 3000
     for i in range(30):
         assert f"request number {i}: please do thing {i}" in text
@@ -47,7 +51,7 @@ def test_transcript_under_pressure_keeps_every_user_request() -> None:
 
 def test_transcript_skips_earlier_summaries() -> None:
     messages = [summary("OLD"), user("new request")]
-    text = render_transcript(messages, range(2), estimator=ESTIMATOR, max_tokens=1000)
+    text = render_transcript(read_items(messages), range(2), estimator=ESTIMATOR, max_tokens=1000)
     assert "OLD" not in text and "new request" in text
 
 
@@ -55,6 +59,10 @@ def test_mini_swe_observations_are_clipped_like_tool_output() -> None:
     observation = user("<returncode>0</returncode><output>" + "y" * 9000 + "</output>")
     messages = [user("fix the bug"), observation]
     text = render_transcript(
-        messages, range(2), estimator=ESTIMATOR, max_tokens=10_000, tool_output_clip_chars=200
+        read_items(messages),
+        range(2),
+        estimator=ESTIMATOR,
+        max_tokens=10_000,
+        tool_output_clip_chars=200,
     )
     assert "[command output]" in text and "chars omitted" in text
