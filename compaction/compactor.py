@@ -15,7 +15,6 @@ Paths, in order of preference:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -23,20 +22,19 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from compaction.composition import LLM_SHARE, body_budget, compose_summary, is_too_little
-from compaction.extract import extract_items_heuristically, parse_memory_reply
+from compaction.extract import extract_memory_items
 from compaction.invariants import check_compacted
 from compaction.ledger import (
     build_ledger,
     overflow_items,
 )
 from compaction.memory import MemoryWriter
-from compaction.messages import CHAT, Item, Shape, prose_texts, read_items
+from compaction.messages import CHAT, Shape, read_items
 from compaction.plan import plan_compaction, should_compact
 from compaction.segment import split
 from compaction.settings import CompactionSettings
 from compaction.summarize import (
-    Reply,
-    ask,
+    ask_both,
     build_memory_request,
     build_summary_request,
     summary_message,
@@ -49,9 +47,7 @@ from compaction.types import (
     ChatLLM,
     CompactionResult,
     MemoryItem,
-    Message,
     Plan,
-    Purpose,
     TokenEstimator,
 )
 from compaction.verify import check_preserved
@@ -196,7 +192,8 @@ class _Run:
         previous_summary = "\n\n".join(t for t in previous if t) or None
         fresh = [i for i in folded if items[i].kind != "summary"]
 
-        cjk = is_cjk_dominant([*prose_texts(items, fresh), previous_summary or ""])
+        prose = [items[i].text for i in fresh if items[i].is_prose]
+        cjk = is_cjk_dominant([*prose, previous_summary or ""])
         transcript = render_transcript(
             items,
             fresh,
@@ -206,10 +203,24 @@ class _Run:
         )
         ledger = build_ledger(items, fresh)
         body_budget = self._body_budget(fresh)
-        summary_reply, memory_reply = await self._ask_both(
-            llm, transcript, previous_summary, cjk, body_budget
+        summary_max_tokens = max(64, int(body_budget * LLM_SHARE))
+        summary_reply, memory_reply = await ask_both(
+            llm,
+            build_summary_request(
+                transcript,
+                previous_summary=previous_summary,
+                max_tokens=summary_max_tokens,
+                cjk=cjk,
+            ),
+            summary_max_tokens,
+            build_memory_request(transcript, cjk=cjk),
+            self.settings.memory_max_tokens,
+            timeout_s=self.settings.llm_timeout_s,
         )
-        found = self._memory_items(memory_reply, [items[i] for i in fresh])
+        found, memory_error = extract_memory_items(memory_reply.text, [items[i] for i in fresh])
+        self.errors += [
+            e for e in (summary_reply.error, memory_reply.error, memory_error) if e is not None
+        ]
         summary = compose_summary(
             summary_reply.text,
             previous_summary,
@@ -272,54 +283,6 @@ class _Run:
 
     def _tokens_of(self, indices: Sequence[int]) -> int:
         return sum(self.estimator.count_message(self.messages[i]) for i in indices)
-
-    # ------------------------------------------------------------ the two model calls
-
-    async def _ask_both(
-        self,
-        llm: ChatLLM | None,
-        transcript: str,
-        previous_summary: str | None,
-        cjk: bool,
-        body_budget: int,
-    ) -> tuple[Reply, Reply]:
-        if llm is None:
-            none = Reply(None, None)
-            return none, none
-        summary_request = build_summary_request(
-            transcript,
-            previous_summary=previous_summary,
-            max_tokens=max(64, int(body_budget * LLM_SHARE)),
-            cjk=cjk,
-        )
-        memory_request = build_memory_request(transcript, cjk=cjk)
-        summary, memory = await asyncio.gather(
-            self._ask(llm, summary_request, "summary", max(64, int(body_budget * LLM_SHARE))),
-            self._ask(llm, memory_request, "memory", self.settings.memory_max_tokens),
-        )
-        return summary, memory
-
-    async def _ask(
-        self, llm: ChatLLM, request: list[Message], purpose: Purpose, max_tokens: int
-    ) -> Reply:
-        reply = await ask(
-            llm,
-            request,
-            purpose=purpose,
-            max_tokens=max_tokens,
-            timeout_s=self.settings.llm_timeout_s,
-        )
-        if reply.error is not None:
-            self.errors.append(reply.error)
-        return reply
-
-    def _memory_items(self, reply: Reply, folded: Sequence[Item]) -> list[MemoryItem]:
-        parsed = parse_memory_reply(reply.text) if reply.text is not None else None
-        if parsed is not None:
-            return parsed
-        if reply.text is not None:
-            self.errors.append("memory call failed: no JSON array in the answer")
-        return extract_items_heuristically(folded)
 
     async def _flush(self, session_id: str | None, items: Sequence[MemoryItem]) -> None:
         memory = self.compactor.memory

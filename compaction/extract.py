@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from compaction.messages import Item
+from compaction.scan import strip_fences
 from compaction.text import collapse_spaces
 from compaction.types import MEMORY_TYPES, MemoryItem, as_memory_type
 
@@ -39,6 +40,18 @@ def parse_memory_reply(text: str) -> list[MemoryItem] | None:
         if item is not None and item not in items:
             items.append(item)
     return items
+
+
+def extract_memory_items(
+    reply_text: str | None, folded: Iterable[Item]
+) -> tuple[list[MemoryItem], str | None]:
+    """The items of the model's answer, else items guessed from `folded`; and the error, if the
+    model answered without a JSON array."""
+    parsed = parse_memory_reply(reply_text) if reply_text is not None else None
+    if parsed is not None:
+        return parsed, None
+    error = None if reply_text is None else "memory call failed: no JSON array in the answer"
+    return extract_items_heuristically(folded), error
 
 
 def _first_json_array(text: str) -> list[Any] | None:
@@ -110,7 +123,7 @@ def extract_items_heuristically(items: Iterable[Item]) -> list[MemoryItem]:
 
 
 def _sentences(text: str) -> list[str]:
-    prose = re.sub(r"```.*?(?:```|$)", " ", text, flags=re.DOTALL)
+    prose = strip_fences(text)
     return [
         s.strip() for s in _SENTENCE_END.split(prose) if 6 <= len(s.strip()) <= MAX_HEURISTIC_CHARS
     ]

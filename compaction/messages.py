@@ -12,7 +12,7 @@ keeps the raw list and a parallel list of Items side by side.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -31,19 +31,15 @@ OBSERVATION_PREFIX = "<returncode>"
 LEGACY_CALL_PREFIX = "function_call:"
 """The id a legacy `function_call` gets, so its `role: function` answer pairs with it by name."""
 
+# Token costs the chat template adds. Images: OpenAI's published costs (`detail: low` is flat,
+# high/auto typically a 2x2-tile image); audio and files: rough flat costs for media we do not
+# decode; a message's role and separators; a call's id, type and JSON framing.
 IMAGE_LOW_TOKENS = 85
 IMAGE_HIGH_TOKENS = 765
-"""OpenAI's published costs: `detail: low` is flat; high/auto is typically a 2x2-tile image."""
-
 AUDIO_PART_TOKENS = 200
 FILE_PART_TOKENS = 500
-"""Rough flat costs: their real cost depends on media we do not decode."""
-
 MESSAGE_OVERHEAD_TOKENS = 4
-"""Role and separators the chat template wraps around every message."""
-
 TOOL_CALL_OVERHEAD_TOKENS = 8
-"""The call's id, type and the JSON framing around name and arguments."""
 
 _HEAD_ROLES = frozenset({"system", "developer"})
 
@@ -301,8 +297,3 @@ def _measure_call(call: Any, text_cost: Callable[[str], float]) -> float:
         elif value is not None:
             total += text_cost(json_text(value))
     return total
-
-
-def prose_texts(items: Sequence[Item], indices: Iterable[int]) -> list[str]:
-    """What the user and assistant wrote at `indices` (no tool output), for language detection."""
-    return [items[i].text for i in indices if items[i].is_prose]

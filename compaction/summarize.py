@@ -24,6 +24,7 @@ from compaction.types import ChatLLM, Message, Purpose
 __all__ = [
     "Reply",
     "ask",
+    "ask_both",
     "build_memory_request",
     "build_summary_request",
     "is_substantive",
@@ -148,3 +149,32 @@ async def ask(
 
 def _failed(purpose: Purpose, why: str) -> Reply:
     return Reply(None, f"{purpose} call failed: {why}")
+
+
+async def ask_both(
+    llm: ChatLLM | None,
+    summary_request: list[Message],
+    summary_max_tokens: int,
+    memory_request: list[Message],
+    memory_max_tokens: int,
+    *,
+    timeout_s: float,
+) -> tuple[Reply, Reply]:
+    """The summary and the memory extraction, asked concurrently; no model gives two empty
+    replies without errors."""
+    if llm is None:
+        none = Reply(None, None)
+        return none, none
+    summary, memory = await asyncio.gather(
+        ask(
+            llm,
+            summary_request,
+            purpose="summary",
+            max_tokens=summary_max_tokens,
+            timeout_s=timeout_s,
+        ),
+        ask(
+            llm, memory_request, purpose="memory", max_tokens=memory_max_tokens, timeout_s=timeout_s
+        ),
+    )
+    return summary, memory

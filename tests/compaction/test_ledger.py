@@ -3,15 +3,7 @@
 from __future__ import annotations
 
 from compaction import HeuristicEstimator, read_items
-from compaction.ledger import (
-    Ledger,
-    build_ledger,
-    command_key,
-    find_paths,
-    is_overflow_item,
-    overflow_items,
-    render_ledger,
-)
+from compaction.ledger import Ledger, build_ledger, is_overflow_item, overflow_items, render_ledger
 from tests.factories import assistant, assistant_calls, tool_call, tool_result, user
 
 ESTIMATOR = HeuristicEstimator()
@@ -80,21 +72,6 @@ def test_requests_values_and_prose_paths() -> None:
     assert ledger.requests == ("Please rename config/settings.yaml / by Friday, ticket 4521",)
     assert {"config/settings.yaml", "src/conf.py"} <= set(ledger.files)
     assert {"4521", "1286", "ZFA04Y"} <= set(ledger.values)
-
-
-def test_find_paths_ignores_urls_fractions_and_plain_words() -> None:
-    assert find_paths("see https://x.org/a/b.py and/or 1/2 or foo.bar") == []
-    assert find_paths("cat ./run.sh /etc/hosts a/b/c main.py") == [
-        "./run.sh",
-        "/etc/hosts",
-        "a/b/c",
-        "main.py",
-    ]
-
-
-def test_command_key_is_first_line_collapsed_and_clipped() -> None:
-    assert command_key("cat  <<'EOF' > x.py\nprint(1)\nEOF") == "cat <<'EOF' > x.py …"
-    assert len(command_key("echo " + "a" * 500)) == 160
 
 
 def test_ledger_is_bounded() -> None:

@@ -1,0 +1,28 @@
+"""The scanners: paths, commands, error lines and values spotted in text."""
+
+from __future__ import annotations
+
+from compaction.scan import command_key, error_lines, find_paths, mentioned_values, strip_fences
+
+
+def test_find_paths_ignores_urls_fractions_and_plain_words() -> None:
+    assert find_paths("see https://x.org/a/b.py and/or 1/2 or foo.bar") == []
+    assert find_paths("cat ./run.sh /etc/hosts a/b/c main.py") == [
+        "./run.sh",
+        "/etc/hosts",
+        "a/b/c",
+        "main.py",
+    ]
+
+
+def test_command_key_is_first_line_collapsed_and_clipped() -> None:
+    assert command_key("cat  <<'EOF' > x.py\nprint(1)\nEOF") == "cat <<'EOF' > x.py …"
+    assert len(command_key("echo " + "a" * 500)) == 160
+
+
+def test_error_lines_are_clipped_and_values_skip_code_blocks() -> None:
+    text = "ok\nValueError: " + "x" * 500 + "\nfine"
+    assert error_lines(text) == ["ValueError: " + "x" * 187 + "…"]
+    prose = "Port 8080 and build abc123 ```\nline 4242\n```"
+    assert mentioned_values(prose) == ["8080", "abc123"]
+    assert "4242" not in strip_fences(prose)
