@@ -76,7 +76,8 @@ class CompactingHook:
         untouched = Passthrough(
             body=body, headers={STATUS: "none"}, session_id=ctx.explicit_session
         )
-        if not self._options.enabled or not self._may_reach(body):
+        # Chat completions is the one API shape known until dialects/ holds one module per shape.
+        if ctx.route != "chat" or not self._options.enabled or not self._may_reach(body):
             return untouched
         try:
             chat = self._parse(ctx, body)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import hmac
 
-import orjson
 from aiohttp import web
 
 from proxy import keys
 from proxy.errors import NotFound, Unauthorized
+from proxy.http.handlers import json_response
 from proxy.http.sessions import check_session_id
 
 
@@ -40,7 +40,3 @@ def _require_admin(request: web.Request) -> None:
         scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
     ):
         raise Unauthorized("missing or wrong admin token (Authorization: Bearer <admin.token>)")
-
-
-def json_response(payload: object) -> web.Response:
-    return web.Response(body=orjson.dumps(payload), content_type="application/json")

@@ -5,7 +5,7 @@
   upstream 400/413/422 is shown to the exchange, which may ask for one retry with a new body.
 - `forward_verbatim`: everything else under /v1/. The body streams to the upstream as it arrives.
 
-Both relay the response with `streaming.relay`. Invalid JSON in a chat request is not our
+Both relay the response with `relay.relay`. Invalid JSON in a chat request is not our
 business: the bytes go upstream unchanged and the upstream's own 400 comes back.
 """
 

@@ -3,10 +3,10 @@ The admin endpoints are in proxy.http.admin."""
 
 from __future__ import annotations
 
+import orjson
 from aiohttp import web
 
 from proxy import keys
-from proxy.http.admin import json_response
 from proxy.http.forwarding import forward_hooked, forward_verbatim
 
 
@@ -25,3 +25,7 @@ async def healthz(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     registry = request.app[keys.METRICS]
     return web.Response(body=registry.render(), headers={"Content-Type": registry.content_type})
+
+
+def json_response(payload: object) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), content_type="application/json")
