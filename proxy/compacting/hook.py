@@ -44,10 +44,6 @@ SESSION = "x-compaction-session"
 # Headers that identify the caller to the upstream besides Authorization (Azure-style keys,
 # OpenAI organisation and project): they go with the proxy's own summary calls and scope reuse.
 _AUTH_HEADERS = ("api-key", "x-api-key", "OpenAI-Organization", "OpenAI-Project")
-
-# Headers that identify the caller to the upstream besides Authorization (Azure-style keys,
-# OpenAI organisation and project): they go with the proxy's own summary calls and scope reuse.
-_AUTH_HEADERS = ("api-key", "x-api-key", "OpenAI-Organization", "OpenAI-Project")
 # How much longer than a waiting request the summarizer call itself may take.
 _BACKGROUND_TIMEOUT_FACTOR = 3
 
