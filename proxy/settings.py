@@ -97,6 +97,7 @@ class CompactionSection(_Section):
     failure_cooldown_s: float = Field(default=300, ge=0)
     checkpoint_max_entries: int = Field(default=10000, gt=0)
     checkpoint_ttl_s: float = Field(default=21600, gt=0)
+    known_requests_mb: float = Field(default=256, ge=0)
 
     @field_validator("target_ratio")
     @classmethod

@@ -113,6 +113,14 @@ def fingerprint(payload: Mapping[str, Any]) -> str:
     return f"fp-{hashlib.sha256(canonical).hexdigest()[:32]}"
 
 
+def opening_of(messages: list[Any]) -> list[Any]:
+    """The messages a fingerprint reads: up to and including the first user message."""
+    for i, message in enumerate(messages):
+        if isinstance(message, Mapping) and message.get("role") == "user":
+            return messages[: i + 1]
+    return messages
+
+
 def _head_contents(messages: list[Any]) -> list[Any]:
     head = []
     for message in messages:

@@ -76,11 +76,15 @@ class Conversations:
     def needs(self, chat: ChatRequest, tokens: int) -> bool:
         return self._compactor.needs_compaction(tokens, chat.window, chat.max_output_tokens)
 
-    async def compact(self, chat: ChatRequest, before: int) -> Decision:
+    async def compact(
+        self, chat: ChatRequest, before: int, digests: Sequence[bytes] | None = None
+    ) -> Decision:
         """At the trigger: reuse a checkpoint whose view fits, else wait for a compaction of this
-        conversation already under way, else compact the view once more."""
+        conversation already under way, else compact the view once more. `digests` are the
+        messages' prefix digests when already known."""
         deadline = self._clock() + self._options.summary_timeout_s
-        digests = prefix_digests(chat.messages, chat.seed)
+        if digests is None:
+            digests = prefix_digests(chat.messages, chat.seed)
         view, tokens, _ = await self.view(chat, digests)
         if view.base is not None and not self.needs(chat, tokens):
             return self._reused(view, before, tokens)
@@ -108,7 +112,11 @@ class Conversations:
             tokens = self.estimate(chat, view.messages)
         return await self._compact_view(chat, view, tokens, digests, before, deadline, "overflow")
 
-    # -- shared with proxy.compacting.precompute ----------------------------------------------
+    # -- shared with proxy.compacting.precompute and recall -------------------------------------
+
+    async def latest(self, digests: Sequence[bytes]) -> Checkpoint | None:
+        """The checkpoint of the longest remembered prefix (the last message is the new turn)."""
+        return await self._store.longest(digests[:-1])
 
     async def view(
         self, chat: ChatRequest, digests: Sequence[bytes]

@@ -8,7 +8,7 @@ purpose (like a flow): the retry replaces what was sent, and calibration reads w
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from proxy.compacting.calibration import Calibration
@@ -38,8 +38,12 @@ class CompactedExchange:
         conversations: Conversations,
         calibration: Calibration,
         metrics: CompactionMetrics,
+        full: Callable[[], ChatRequest] | None = None,
     ) -> None:
+        """`full` parses the whole request when `chat` was built without its messages (a
+        recognized continuation, proxy.compacting.recall): only a retry needs them."""
         self._chat = chat
+        self._full = full
         self._body = body
         self._tokens = tokens
         self._headers = headers
@@ -66,6 +70,8 @@ class CompactedExchange:
         overflow = parse_overflow(status, body)
         if overflow is None:
             return None
+        if self._full is not None:
+            self._chat, self._full = self._full(), None
         chat = self._chat
         raw_forwarded = self._tokens / chat.factor
         if overflow.requested and raw_forwarded > 0:

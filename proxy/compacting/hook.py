@@ -10,6 +10,7 @@ Anything that fails here forwards the original request; it never fails the agent
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from compaction import Compactor, HeuristicEstimator, MemoryWriter
 from compaction.checkpoints import CheckpointStore, conversation_seed
@@ -21,11 +22,14 @@ from proxy.compacting.chat import (
     max_output_of,
     may_need_parsing,
     model_of,
+    opening_of,
 )
 from proxy.compacting.conversations import Conversations, Decision
 from proxy.compacting.exchange import CompactedExchange
+from proxy.compacting.known import Known, KnownRequests, view_parts
 from proxy.compacting.llm_client import LLMFactory, UpstreamLLMFactory
 from proxy.compacting.precompute import Precompute
+from proxy.compacting.recall import Recalled, decide
 from proxy.hook import Exchange, Passthrough, RequestContext
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
@@ -46,6 +50,8 @@ SESSION = "x-compaction-session"
 _AUTH_HEADERS = ("api-key", "x-api-key", "OpenAI-Organization", "OpenAI-Project")
 # How much longer than a waiting request the summarizer call itself may take.
 _BACKGROUND_TIMEOUT_FACTOR = 3
+# Below this a body is parsed whole in well under a millisecond: not worth remembering.
+_KNOWN_MIN_BODY_BYTES = 64 * 1024
 
 
 class CompactingHook:
@@ -56,8 +62,10 @@ class CompactingHook:
         conversations: Conversations,
         precompute: Precompute,
         metrics: CompactionMetrics,
+        known: KnownRequests | None = None,
     ) -> None:
         self._settings = settings
+        self._known = known or KnownRequests(max_bytes=0, min_body_bytes=0)
         self._options = settings.compaction
         self._conversations = conversations
         self._precompute = precompute
@@ -75,12 +83,26 @@ class CompactingHook:
         # Chat completions is the one API shape known until dialects/ holds one module per shape.
         if ctx.route != "chat" or not self._options.enabled or not self._may_reach(body):
             return untouched
+        key = self._known.conversation_key(_scope(ctx), body)
+        known = None
+        seen = self._known.recognize(key, body) if key is not None else None
+        if key is not None and seen is not None:
+            chat = self._chat_of(ctx, seen.fields, [], opening_messages=seen.known.opening)
+            if chat.seed == seen.known.seed:
+                known = self._known.extend(key, seen)
+                recalled = await self._recall(chat, known)
+                if recalled is not None:
+                    return self._recalled(ctx, body, chat, recalled)
         try:
             chat = self._parse(ctx, body)
         except NotAChat:
             return untouched
+        if key is not None and known is None:
+            known = self._known.learn(
+                key, body, chat.messages, seed=chat.seed, opening=opening_of(chat.messages)
+            )
         try:
-            return await self._prepare_chat(body, chat)
+            return await self._prepare_chat(body, chat, known)
         except Exception:  # fail open: the agent's request always goes through
             log.exception("compaction failed; forwarding the original request")
             self._metrics.errors.inc()
@@ -101,10 +123,22 @@ class CompactingHook:
 
     def _parse(self, ctx: RequestContext, body: bytes) -> ChatRequest:
         payload, messages = ChatRequest.parse(body)
+        return self._chat_of(ctx, payload, messages, opening_messages=messages)
+
+    def _chat_of(
+        self,
+        ctx: RequestContext,
+        payload: dict[str, Any],
+        messages: list[Any],
+        *,
+        opening_messages: list[Any],
+    ) -> ChatRequest:
+        """The request from its payload; `opening_messages` holds at least its messages up to the first
+        user message (all a fingerprint reads)."""
         model = model_of(payload)
         auth = {name: ctx.headers[name] for name in _AUTH_HEADERS if name in ctx.headers}
         tenant = conversation_seed(ctx.credential or "", *auth.values())
-        opening = fingerprint(payload)
+        opening = fingerprint({"tools": payload.get("tools"), "messages": opening_messages})
         session_id = ctx.explicit_session or opening
         factor = self.calibration.factor(model)
         return ChatRequest(
@@ -124,10 +158,42 @@ class CompactingHook:
             estimator=HeuristicEstimator(factor),
         )
 
-    async def _prepare_chat(self, body: bytes, chat: ChatRequest) -> Exchange:
+    async def _recall(self, chat: ChatRequest, known: Known) -> Recalled | None:
+        try:
+            return await decide(chat, known, self._conversations, self._precompute)
+        except Exception:  # the full path decides instead
+            log.exception("deciding from a known request failed; taking the full path")
+            return None
+
+    def _recalled(
+        self, ctx: RequestContext, body: bytes, chat: ChatRequest, recalled: Recalled
+    ) -> Exchange:
+        self._metrics.decisions.labels(status=recalled.status).inc()
+        headers = {
+            STATUS: recalled.status,
+            SESSION: chat.session_id,
+            TOKENS_BEFORE: str(recalled.tokens_before),
+            TOKENS_AFTER: str(recalled.tokens_after),
+        }
+        if recalled.checkpoint is not None:
+            self._metrics.checkpoint_hits.inc()
+            headers[COMPACTION_ID] = recalled.checkpoint.compaction_id
+        return CompactedExchange(
+            chat,
+            body=recalled.body,
+            tokens=recalled.tokens_after,
+            headers=headers,
+            conversations=self._conversations,
+            calibration=self.calibration,
+            metrics=self._metrics,
+            full=lambda: self._parse(ctx, body),
+        )
+
+    async def _prepare_chat(self, body: bytes, chat: ChatRequest, known: Known | None) -> Exchange:
         tokens = self._conversations.estimate(chat, chat.messages)
         if self._conversations.needs(chat, tokens):
-            decision = await self._conversations.compact(chat, tokens)
+            digests = known.digests if known is not None else None
+            decision = await self._conversations.compact(chat, tokens, digests)
         else:
             decision = Decision(chat.messages, "none", tokens, tokens, None)
         self._metrics.decisions.labels(status=decision.status).inc()
@@ -140,9 +206,12 @@ class CompactingHook:
         }
         if decision.compaction_id:
             headers[COMPACTION_ID] = decision.compaction_id
-        forwarded = (
-            chat.serialize(decision.messages) if decision.messages is not chat.messages else body
-        )
+        if decision.messages is chat.messages:
+            forwarded = body
+        elif known is not None:
+            forwarded = known.splice(view_parts(chat.messages, decision.messages))
+        else:
+            forwarded = chat.serialize(decision.messages)
         return CompactedExchange(
             chat,
             body=forwarded,
@@ -188,4 +257,14 @@ def build_hook(
         conversations=conversations,
         precompute=Precompute(options, conversations, tasks),
         metrics=metrics,
+        known=KnownRequests(
+            max_bytes=int(options.known_requests_mb * 1024 * 1024),
+            min_body_bytes=_KNOWN_MIN_BODY_BYTES,
+        ),
     )
+
+
+def _scope(ctx: RequestContext) -> str:
+    """Whose conversation a body is: the caller's credentials and the session it named."""
+    auth = [ctx.headers.get(name, "") for name in _AUTH_HEADERS]
+    return "\x00".join([ctx.credential or "", ctx.explicit_session or "", *auth])

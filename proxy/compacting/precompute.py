@@ -28,9 +28,13 @@ class Precompute:
         # to find nothing to do (a shorter, edited or other conversation falls outside it).
         self._quiet: LRUCache[bytes, tuple[int, int]] = LRUCache(options.checkpoint_max_entries)
 
+    def would_start(self, chat: ChatRequest, forwarded_tokens: int, raw_tokens: int) -> bool:
+        """True when `after_forwarding` would start preparing (it needs the parsed messages)."""
+        return forwarded_tokens >= self._threshold(chat) and not self._is_quiet(chat, raw_tokens)
+
     def after_forwarding(self, chat: ChatRequest, forwarded_tokens: int, raw_tokens: int) -> None:
         """Start preparing the next checkpoint if the forwarded view is past the ratio."""
-        if forwarded_tokens < self._threshold(chat) or self._is_quiet(chat, raw_tokens):
+        if not self.would_start(chat, forwarded_tokens, raw_tokens):
             return
         if self._tasks.closed:  # shutting down: no new background work
             return
