@@ -16,6 +16,7 @@ from proxy.http import admin, handlers
 from proxy.http.middlewares import error_middleware, observe_middleware
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
+from proxy.lag import watch_loop_lag
 from proxy.metrics import Metrics
 from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks
@@ -76,6 +77,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _tasks_ctx(app: web.Application) -> AsyncIterator[None]:
+    app[keys.TASKS].spawn(watch_loop_lag(app[keys.METRICS].loop_lag), name="loop-lag")
     yield
     await app[keys.TASKS].close()
 
