@@ -11,6 +11,7 @@ from proxy import keys
 from proxy.compacting.hook import build_hook
 from proxy.compacting.llm_client import LLMFactory
 from proxy.compacting.stores.memory import MemoryStore
+from proxy.compacting.workers import Workers
 from proxy.hook import Hook
 from proxy.http import admin, handlers
 from proxy.http.middlewares import error_middleware, observe_middleware
@@ -46,6 +47,7 @@ def create_app(
     )
     app[keys.TASKS] = BackgroundTasks()
     app[keys.UPSTREAM] = Upstream(settings.upstream, app[keys.METRICS])
+    app[keys.WORKERS] = Workers(settings.compaction.workers)
     if hook is None:
         options = settings.compaction
         hook = build_hook(
@@ -56,9 +58,11 @@ def create_app(
             records=app[keys.RECORDS],
             metrics=app[keys.METRICS].compaction,
             tasks=app[keys.TASKS],
+            offload=app[keys.WORKERS],
         )
     app[keys.HOOK] = hook
     app.cleanup_ctx.append(_upstream_ctx)
+    app.cleanup_ctx.append(_workers_ctx)
     # Cleanup runs in reverse order: background work stops before the ClientSession closes.
     app.cleanup_ctx.append(_tasks_ctx)
     _add_routes(app.router)
@@ -74,6 +78,15 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await upstream.close()
+
+
+async def _workers_ctx(app: web.Application) -> AsyncIterator[None]:
+    workers = app[keys.WORKERS]
+    workers.open()
+    try:
+        yield
+    finally:
+        await workers.close()
 
 
 async def _tasks_ctx(app: web.Application) -> AsyncIterator[None]:

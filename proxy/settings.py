@@ -98,6 +98,7 @@ class CompactionSection(_Section):
     checkpoint_max_entries: int = Field(default=10000, gt=0)
     checkpoint_ttl_s: float = Field(default=21600, gt=0)
     known_requests_mb: float = Field(default=256, ge=0)
+    workers: int = Field(default=1, ge=0)
 
     @field_validator("target_ratio")
     @classmethod

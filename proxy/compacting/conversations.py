@@ -139,8 +139,8 @@ class Conversations:
             return view, self.estimate(chat, view.messages), None
         return parent_view, parent_tokens, newest
 
-    def plan(self, chat: ChatRequest, view: View) -> Plan:
-        return self._compactor.plan(
+    async def plan(self, chat: ChatRequest, view: View) -> Plan:
+        return await self._compactor.plan_async(
             view.messages,
             window=chat.window,
             tools=chat.tools,
@@ -181,7 +181,7 @@ class Conversations:
         deadline: float,
         reason: str,
     ) -> Decision:
-        plan = self.plan(chat, view)
+        plan = await self.plan(chat, view)
         task = self.start(chat, view, plan, digests, reason)
         if task is None:
             status = "reused" if view.base is not None else "failed"

@@ -14,6 +14,7 @@ from typing import Any
 
 from compaction import Compactor, HeuristicEstimator, MemoryWriter
 from compaction.checkpoints import CheckpointStore, conversation_seed
+from compaction.offload import Offload
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.chat import (
     ChatRequest,
@@ -232,9 +233,10 @@ def build_hook(
     records: SessionRecords,
     metrics: CompactionMetrics,
     tasks: BackgroundTasks,
+    offload: Offload | None = None,
 ) -> CompactingHook:
     """The compacting hook, configured from `settings` (see app.create_app). `llm_for` defaults
-    to summarizers over `upstream`."""
+    to summarizers over `upstream`; `offload` runs compactions' CPU work (default: inline)."""
     options = settings.compaction
     # A request stops waiting after summary_timeout_s; the summarization itself may go on a
     # while longer in the background and still record its checkpoint.
@@ -242,6 +244,7 @@ def build_hook(
     compactor = Compactor(
         settings=options.library_settings(llm_timeout_s=llm_timeout_s),
         memory=MemoryWriter(settings.memory.dir),
+        offload=offload,
     )
     conversations = Conversations(
         options,

@@ -55,7 +55,7 @@ class Precompute:
             # History only grows: nothing to do until the view grows past the threshold.
             self._quiet_for(chat, raw_tokens, threshold - tokens)
             return
-        plan = conversations.plan(chat, view)
+        plan = await conversations.plan(chat, view)
         if not await conversations.is_stored(digests, plan, view):
             conversations.start(chat, view, plan, digests, "precompute")
 

@@ -1,0 +1,166 @@
+"""The CPU stages of one compaction, around its two model calls (compaction.compactor).
+
+`make_plan` decides where to cut; `fold` reads the folded messages and prepares what the model is asked (transcript, ledger,
+budgets); `finish` turns the model's answers into the summary, verifies it, builds the compacted
+list and checks it. Each is a module-level function of one frozen, picklable job, so an
+`Offload` can run it in another process: a result refers to the caller's messages by index only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compaction.composition import Composed, body_budget, compose_summary, is_too_little
+from compaction.extract import extract_memory_items
+from compaction.invariants import check_compacted
+from compaction.ledger import Ledger, build_ledger
+from compaction.messages import Item, Shape, read_items
+from compaction.plan import plan_compaction
+from compaction.segment import split
+from compaction.settings import CompactionSettings
+from compaction.summarize import summary_message, summary_text
+from compaction.text import is_cjk_dominant
+from compaction.tokens import estimate_request
+from compaction.transcript import render_transcript
+from compaction.types import MemoryItem, Plan, TokenEstimator, Verification
+from compaction.verify import check_preserved
+
+
+@dataclass(frozen=True)
+class PlanJob:
+    messages: list[Any]
+    tools: Any
+    estimator: TokenEstimator
+    shape: Shape
+    window: int
+    target_ratio: float
+    keep_recent_rounds: int
+    summary_budget_tokens: int
+    max_output_tokens: int | None
+
+
+def make_plan(job: PlanJob) -> Plan:
+    segments = split(job.messages, job.estimator, job.tools, shape=job.shape)
+    return plan_compaction(
+        segments,
+        window=job.window,
+        target_ratio=job.target_ratio,
+        keep_recent_rounds=job.keep_recent_rounds,
+        summary_budget_tokens=job.summary_budget_tokens,
+        max_output_tokens=job.max_output_tokens,
+    )
+
+
+@dataclass(frozen=True)
+class FoldJob:
+    folded: list[Any]
+    """The raw folded messages, in order."""
+    shape: Shape
+    estimator: TokenEstimator
+    settings: CompactionSettings
+    summary_budget_tokens: int
+
+
+@dataclass(frozen=True)
+class Fold:
+    too_little: bool
+    previous_summary: str | None
+    fresh: list[Item]
+    """The folded items that are not an earlier summary."""
+    cjk: bool
+    transcript: str
+    ledger: Ledger
+    body_budget: int
+
+
+def fold(job: FoldJob) -> Fold:
+    shape, estimator = job.shape, job.estimator
+    framing = estimator.count_message(summary_message("", shape))
+    if is_too_little(sum(estimator.count_message(m) for m in job.folded), framing):
+        return Fold(True, None, [], False, "", build_ledger([], []), 0)
+    items = read_items(job.folded, shape)
+    previous = [
+        summary_text(job.folded[i], shape) for i, it in enumerate(items) if it.kind == "summary"
+    ]
+    fresh = [i for i, item in enumerate(items) if item.kind != "summary"]
+    previous_summary = "\n\n".join(t for t in previous if t) or None
+    prose = [items[i].text for i in fresh if items[i].is_prose]
+    replaced = sum(estimator.count_message(job.folded[i]) for i in fresh)
+    return Fold(
+        too_little=False,
+        previous_summary=previous_summary,
+        fresh=[items[i] for i in fresh],
+        cjk=is_cjk_dominant([*prose, previous_summary or ""]),
+        transcript=render_transcript(
+            items,
+            fresh,
+            estimator=estimator,
+            max_tokens=job.settings.transcript_max_tokens,
+            tool_output_clip_chars=job.settings.tool_output_clip_chars,
+        ),
+        ledger=build_ledger(items, fresh),
+        body_budget=body_budget(job.summary_budget_tokens, framing, replaced),
+    )
+
+
+@dataclass(frozen=True)
+class FinishJob:
+    messages: list[Any]
+    plan: Plan
+    tools: Any
+    shape: Shape
+    estimator: TokenEstimator
+    fold: Fold
+    summary_reply: str | None
+    memory_reply: str | None
+
+
+@dataclass(frozen=True)
+class Finish:
+    found: list[MemoryItem]
+    memory_error: str | None
+    summary: Composed
+    verification: Verification
+    summary_message: Any
+    problems: list[str]
+    tokens_after: int
+
+
+def finish(job: FinishJob) -> Finish:
+    plan, shape, folded = job.plan, job.shape, job.fold
+    found, memory_error = extract_memory_items(job.memory_reply, folded.fresh)
+    summary = compose_summary(
+        job.summary_reply,
+        folded.previous_summary,
+        folded.ledger,
+        found,
+        budget=folded.body_budget,
+        folded_count=len(plan.folded),
+        estimator=job.estimator,
+    )
+    verification = check_preserved(
+        [i.content for i in found] + folded.ledger.key_entries(), summary.body
+    )
+    inserted = summary_message(summary.body, shape)
+    compacted = compacted_list(job.messages, plan, inserted)
+    return Finish(
+        found=found,
+        memory_error=memory_error,
+        summary=summary,
+        verification=verification,
+        summary_message=inserted,
+        problems=check_compacted(job.messages, compacted, plan, shape=shape),
+        tokens_after=estimate_request(compacted, job.tools, job.estimator),
+    )
+
+
+def compacted_list(messages: Sequence[Any], plan: Plan, inserted: Any) -> list[Any]:
+    """Head, the summary, the pinned messages and the kept tail: the same objects as given."""
+    return [
+        *messages[: plan.head_end],
+        inserted,
+        *(messages[i] for i in plan.pinned),
+        *messages[plan.keep_from :],
+    ]
