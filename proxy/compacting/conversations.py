@@ -85,7 +85,7 @@ class Conversations:
         deadline = self._clock() + self._options.summary_timeout_s
         if digests is None:
             digests = prefix_digests(chat.messages, chat.seed)
-        view, tokens, _ = await self.view(chat, digests)
+        view, tokens, _ = await self.view(chat, digests, before)
         if view.base is not None and not self.needs(chat, tokens):
             return self._reused(view, before, tokens)
         pending = self._flight.find(reversed(digests))
@@ -119,9 +119,10 @@ class Conversations:
         return await self._store.longest(digests[:-1])
 
     async def view(
-        self, chat: ChatRequest, digests: Sequence[bytes]
+        self, chat: ChatRequest, digests: Sequence[bytes], original_tokens: int | None = None
     ) -> tuple[View, int, Checkpoint | None]:
-        """The view to forward, its tokens, and a precomputed checkpoint still held in reserve.
+        """The view to forward, its tokens, and a precomputed checkpoint still held in reserve
+        (`original_tokens`: the estimate of the original messages, when known).
 
         A checkpoint prepared ahead of the trigger is used only once the view it extends (its
         parent's, or the original) reaches the trigger: applied earlier, it would move every
@@ -130,6 +131,8 @@ class Conversations:
         # The last message is never part of a checkpoint: it is the new turn.
         newest = await self._store.longest(digests[:-1])
         view = View.of(chat.messages, newest)
+        if newest is None and original_tokens is not None:
+            return view, original_tokens, None  # the caller's estimate of the same messages
         if newest is None or not newest.precomputed:
             return view, self.estimate(chat, view.messages), None
         parent = await self._stored(digests, newest.parent)

@@ -30,7 +30,7 @@ from proxy.compacting.exchange import CompactedExchange
 from proxy.compacting.known import Known, KnownRequests, view_parts
 from proxy.compacting.llm_client import LLMFactory, UpstreamLLMFactory
 from proxy.compacting.precompute import Precompute
-from proxy.compacting.recall import Recalled, decide
+from proxy.compacting.recall import Recalled, decide, estimate_known
 from proxy.hook import Exchange, Passthrough, RequestContext
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
@@ -99,9 +99,7 @@ class CompactingHook:
         except NotAChat:
             return untouched
         if key is not None and known is None:
-            known = self._known.learn(
-                key, body, chat.messages, seed=chat.seed, opening=opening_of(chat.messages)
-            )
+            known = await self._learn(key, body, chat)
         try:
             return await self._prepare_chat(body, chat, known)
         except Exception:  # fail open: the agent's request always goes through
@@ -159,6 +157,16 @@ class CompactingHook:
             estimator=HeuristicEstimator(factor),
         )
 
+    async def _learn(self, key: bytes, body: bytes, chat: ChatRequest) -> Known | None:
+        try:
+            opening = opening_of(chat.messages)
+            return await self._known.learn(
+                key, body, len(chat.messages), seed=chat.seed, opening=opening
+            )
+        except Exception:  # only the next request's speed depends on it
+            log.exception("remembering a long request failed")
+            return None
+
     async def _recall(self, chat: ChatRequest, known: Known) -> Recalled | None:
         try:
             return await decide(chat, known, self._conversations, self._precompute)
@@ -191,7 +199,10 @@ class CompactingHook:
         )
 
     async def _prepare_chat(self, body: bytes, chat: ChatRequest, known: Known | None) -> Exchange:
-        tokens = self._conversations.estimate(chat, chat.messages)
+        if known is not None:  # counted off the loop already
+            tokens = estimate_known(chat, known)
+        else:
+            tokens = self._conversations.estimate(chat, chat.messages)
         if self._conversations.needs(chat, tokens):
             digests = known.digests if known is not None else None
             decision = await self._conversations.compact(chat, tokens, digests)
@@ -263,6 +274,7 @@ def build_hook(
         known=KnownRequests(
             max_bytes=int(options.known_requests_mb * 1024 * 1024),
             min_body_bytes=_KNOWN_MIN_BODY_BYTES,
+            offload=offload,
         ),
     )
 

@@ -29,6 +29,7 @@ from cachetools import LRUCache
 
 from compaction import HeuristicEstimator
 from compaction.checkpoints import prefix_digests
+from compaction.offload import Inline, Offload
 from proxy.compacting.spans import Items, locate_value, scan_items
 
 Part = int | bytes
@@ -72,7 +73,15 @@ class Recognized:
 
 
 class KnownRequests:
-    def __init__(self, *, max_bytes: int, min_body_bytes: int, key: bytes = b'"messages"') -> None:
+    def __init__(
+        self,
+        *,
+        max_bytes: int,
+        min_body_bytes: int,
+        key: bytes = b'"messages"',
+        offload: Offload | None = None,
+    ) -> None:
+        self._offload: Offload = offload or Inline()
         self._cache: LRUCache[bytes, Known] = LRUCache(max(1, max_bytes), getsizeof=_size_of)
         self._max_bytes = max_bytes
         self._min_body_bytes = min_body_bytes
@@ -127,23 +136,21 @@ class KnownRequests:
         self._put(key, extended)
         return extended
 
-    def learn(
-        self, key: bytes, body: bytes, messages: list[Any], *, seed: bytes, opening: list[Any]
+    async def learn(
+        self, key: bytes, body: bytes, count: int, *, seed: bytes, opening: list[Any]
     ) -> Known | None:
-        """Remember a fully parsed body (`messages` its items); None if its bytes cannot be
-        followed (then it is not remembered)."""
-        open_at = locate_value(body, self._key)
-        items = scan_items(body, open_at) if open_at is not None else None
-        if open_at is None or items is None or len(items.starts) != len(messages):
-            return None
-        if messages and not _same(body, items, messages):
+        """Remember a body the caller parsed (`count` items); None if its bytes cannot be
+        followed (then it is not remembered). The scan, the digests and the counts run through
+        the offload: their cost grows with the whole body."""
+        found = await self._offload.run(learn_body, LearnJob(body, self._key, seed))
+        if found is None or len(found.digests) != count:
             return None
         known = Known(
             body=body,
-            open_at=open_at,
-            items=items,
-            digests=prefix_digests(messages, seed),
-            tokens=list(itertools.accumulate((self._count(m) for m in messages), initial=0)),
+            open_at=found.open_at,
+            items=found.items,
+            digests=found.digests,
+            tokens=found.tokens,
             seed=seed,
             opening=opening,
         )
@@ -155,6 +162,45 @@ class KnownRequests:
             self._cache[key] = known
         else:
             self._cache.pop(key, None)
+
+
+@dataclass(frozen=True)
+class LearnJob:
+    body: bytes
+    key: bytes
+    seed: bytes
+
+
+@dataclass(frozen=True)
+class Learned:
+    open_at: int
+    items: Items
+    digests: list[bytes]
+    tokens: list[int]
+
+
+def learn_body(job: LearnJob) -> Learned | None:
+    """Where the items of `job.body` are, their prefix digests and cumulative counts; None when
+    the bytes cannot be followed. A job for an Offload (another process may run it)."""
+    body = job.body
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    messages = payload.get(orjson.loads(job.key)) if isinstance(payload, dict) else None
+    open_at = locate_value(body, job.key)
+    items = scan_items(body, open_at) if open_at is not None else None
+    if not isinstance(messages, list) or open_at is None or items is None:
+        return None
+    if len(items.starts) != len(messages) or (messages and not _same(body, items, messages)):
+        return None
+    count = HeuristicEstimator().count_message
+    return Learned(
+        open_at=open_at,
+        items=items,
+        digests=prefix_digests(messages, job.seed),
+        tokens=list(itertools.accumulate((count(m) for m in messages), initial=0)),
+    )
 
 
 def splice(body: bytes, open_at: int, items: Items, parts: Sequence[Part]) -> bytes:

@@ -38,14 +38,12 @@ class Recalled:
 async def decide(
     chat: ChatRequest, known: Known, conversations: Conversations, precompute: Precompute
 ) -> Recalled | None:
-    tokens = known.tokens
-    count = len(known.digests)
     fixed = chat.estimator.count_tools(chat.tools) + REPLY_PRIMING_TOKENS
-    before = round(tokens[count] * chat.factor) + fixed
+    before = estimate_known(chat, known)
     checkpoint = await conversations.latest(known.digests)
     if checkpoint is None:
         after, parts = before, None
-    elif checkpoint.precomputed or checkpoint.cut > count:
+    elif checkpoint.precomputed or checkpoint.cut > len(known.digests):
         return None
     else:
         after = round(_view_tokens(known, checkpoint) * chat.factor) + fixed
@@ -59,6 +57,12 @@ async def decide(
     if parts is None:
         return Recalled("none", before, after, None, known.body)
     return Recalled("reused", before, after, checkpoint, known.splice(parts))
+
+
+def estimate_known(chat: ChatRequest, known: Known) -> int:
+    """The request's estimate from the remembered counts (the full path's, up to rounding)."""
+    fixed = chat.estimator.count_tools(chat.tools) + REPLY_PRIMING_TOKENS
+    return round(known.tokens[len(known.digests)] * chat.factor) + fixed
 
 
 def _view_tokens(known: Known, checkpoint: Checkpoint) -> int:

@@ -72,14 +72,14 @@ async def test_an_edited_history_is_not_taken_for_the_known_one(
     assert len(script.calls("summary")) == 2
 
 
-def test_a_recognized_body_gets_the_digests_and_counts_of_a_full_computation() -> None:
+async def test_a_recognized_body_gets_the_digests_and_counts_of_a_full_computation() -> None:
     known = KnownRequests(max_bytes=1 << 30, min_body_bytes=0)
     seed = conversation_seed("tenant", "session")
     first = long_history(3)
     body = orjson.dumps({"model": "m", "messages": first, "stream": True})
     key = known.conversation_key("scope", body)
     assert key is not None
-    assert known.learn(key, body, first, seed=seed, opening=first[:2]) is not None
+    assert await known.learn(key, body, len(first), seed=seed, opening=first[:2]) is not None
     second = grown(first, 1)
     body2 = orjson.dumps({"model": "m", "messages": second, "stream": True})
     seen = known.recognize(key, body2)
@@ -88,21 +88,21 @@ def test_a_recognized_body_gets_the_digests_and_counts_of_a_full_computation() -
     assert seen.added == second[-2:]
     extended = known.extend(key, seen)
     assert extended.digests == prefix_digests(second, seed)
-    learned = KnownRequests(max_bytes=1 << 30, min_body_bytes=0).learn(
-        key, body2, second, seed=seed, opening=second[:2]
+    learned = await KnownRequests(max_bytes=1 << 30, min_body_bytes=0).learn(
+        key, body2, len(second), seed=seed, opening=second[:2]
     )
     assert learned is not None
     assert extended.tokens == learned.tokens
     assert extended.items == learned.items
 
 
-def test_a_body_that_does_not_continue_the_known_one_is_not_recognized() -> None:
+async def test_a_body_that_does_not_continue_the_known_one_is_not_recognized() -> None:
     known = KnownRequests(max_bytes=1 << 30, min_body_bytes=0)
     first = long_history(3)
     body = orjson.dumps({"model": "m", "messages": first})
     key = known.conversation_key("scope", body)
     assert key is not None
-    known.learn(key, body, first, seed=b"s", opening=first[:2])
+    await known.learn(key, body, len(first), seed=b"s", opening=first[:2])
     shorter = orjson.dumps({"model": "m", "messages": [*first[:-2], f.user("other")]})
     assert known.recognize(key, shorter) is None
     other_model = orjson.dumps({"model": "n", "messages": grown(first, 1)})
