@@ -169,7 +169,12 @@ async def _post(
 
 
 async def reuse_figures(
-    session: aiohttp.ClientSession, proxy: str, floor: str, run_id: str, repeats: int = 9
+    session: aiohttp.ClientSession,
+    proxy: str,
+    floor: str,
+    run_id: str,
+    windows_list: tuple[int, ...] = (1, 2, 5, 10, 20),
+    repeats: int = 15,
 ) -> None:
     print("(b) reused requests: the proxy's own time (x-compaction-proxy-overhead-ms), medians")
     print(
@@ -178,7 +183,7 @@ async def reuse_figures(
     )
     chat_url, floor_url = f"{proxy}/v1/chat/completions", f"{floor}/v1/chat/completions"
     first_own = None
-    for windows in (1, 2, 5, 10, 20):
+    for windows in windows_list:
         base = history(windows * WINDOW, tag=f"b{windows}{run_id}-")
         sid = f"reuse-{windows}-{run_id}"
         started = time.perf_counter()
@@ -259,7 +264,7 @@ async def big_figures(session: aiohttp.ClientSession, proxy: str, mb: float, run
 # --- orchestration ----------------------------------------------------------------------------
 
 
-async def run(only: str, big_mb: float, wrk_duration: int) -> None:
+async def run(only: str, big_mb: float, wrk_duration: int, windows: tuple[int, ...]) -> None:
     up, prx, flr = free_port(), free_port(), free_port()
     upstream, proxy, floor = (f"http://127.0.0.1:{p}" for p in (up, prx, flr))
     memory = tempfile.TemporaryDirectory()
@@ -285,7 +290,7 @@ async def run(only: str, big_mb: float, wrk_duration: int) -> None:
             if "a" in only:
                 await stall_figures(session, proxy, run_id)
             if "b" in only:
-                await reuse_figures(session, proxy, floor, run_id)
+                await reuse_figures(session, proxy, floor, run_id, windows)
             if "c" in only:
                 await cpu_figures()
             if "e" in only and big_mb > 0:
@@ -309,6 +314,11 @@ def main() -> None:
     parser.add_argument("--only", default="abcde", help="sections to run, e.g. 'ab'")
     parser.add_argument("--big-mb", type=float, default=50, help="(e) body size; 0 skips it")
     parser.add_argument("--wrk-duration", type=int, default=4, help="(d) seconds per wrk run")
+    parser.add_argument(
+        "--windows",
+        default="1,2,5,10,20",
+        help="(b) history sizes, in windows (default 1,2,5,10,20)",
+    )
     options = parser.parse_args()
     if options.mode == "serve-upstream":
         serve_upstream(int(options.args[0]))
@@ -316,7 +326,8 @@ def main() -> None:
         serve_floor(int(options.args[0]))
     else:
         with asyncio.Runner(loop_factory=_loop) as runner:
-            runner.run(run(options.only, options.big_mb, options.wrk_duration))
+            windows = tuple(int(w) for w in options.windows.split(","))
+            runner.run(run(options.only, options.big_mb, options.wrk_duration, windows))
 
 
 if __name__ == "__main__":
