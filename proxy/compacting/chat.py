@@ -33,7 +33,8 @@ def may_need_parsing(
     bound = len(body) * max(1.0, factor)
     if bound >= lowest_ratio * smallest_window:
         return True
-    found = _MAX_OUTPUT.search(body)
+    # The regular expression only where it can match: `in` is a memchr, the search is not.
+    found = _MAX_OUTPUT.search(body) if b'_tokens"' in body else None
     if found and bound + int(found.group(1)) > smallest_window:
         return True
     return any(part in body for part in _FIXED_COST_PARTS)

@@ -88,7 +88,14 @@ class CompactingHook:
         known = None
         seen = self._known.recognize(key, body) if key is not None else None
         if key is not None and seen is not None:
-            chat = self._chat_of(ctx, seen.fields, [], opening_messages=seen.known.opening)
+            tools, opening = seen.known.fingerprint or (None, None)
+            chat = self._chat_of(
+                ctx,
+                seen.fields,
+                [],
+                opening_messages=seen.known.opening,
+                opening=opening if seen.fields.get("tools") == tools else None,
+            )
             if chat.seed == seen.known.seed:
                 known = self._known.extend(key, seen)
                 recalled = await self._recall(chat, known)
@@ -131,13 +138,15 @@ class CompactingHook:
         messages: list[Any],
         *,
         opening_messages: list[Any],
+        opening: str | None = None,
     ) -> ChatRequest:
-        """The request from its payload; `opening_messages` holds at least its messages up to the first
-        user message (all a fingerprint reads)."""
+        """The request from its payload; `opening_messages` holds at least its messages up to
+        the first user message (all a fingerprint reads); `opening`, their fingerprint if known."""
         model = model_of(payload)
         auth = {name: ctx.headers[name] for name in _AUTH_HEADERS if name in ctx.headers}
         tenant = conversation_seed(ctx.credential or "", *auth.values())
-        opening = fingerprint({"tools": payload.get("tools"), "messages": opening_messages})
+        if opening is None:  # hashing the opening costs as much as the first user message is long
+            opening = fingerprint({"tools": payload.get("tools"), "messages": opening_messages})
         session_id = ctx.explicit_session or opening
         factor = self.calibration.factor(model)
         return ChatRequest(
@@ -161,7 +170,12 @@ class CompactingHook:
         try:
             opening = opening_of(chat.messages)
             return await self._known.learn(
-                key, body, len(chat.messages), seed=chat.seed, opening=opening
+                key,
+                body,
+                len(chat.messages),
+                seed=chat.seed,
+                opening=opening,
+                fingerprint=(chat.tools, chat.opening),
             )
         except Exception:  # only the next request's speed depends on it
             log.exception("remembering a long request failed")

@@ -49,6 +49,8 @@ class Known:
     tokens: list[int]
     seed: bytes
     opening: list[Any]
+    fingerprint: tuple[Any, str] | None = None
+    """The `tools` of the request and the fingerprint of its opening with them."""
 
     @property
     def size(self) -> int:
@@ -132,12 +134,20 @@ class KnownRequests:
             tokens=known.tokens + list(counts)[1:],
             seed=known.seed,
             opening=known.opening,
+            fingerprint=known.fingerprint,
         )
         self._put(key, extended)
         return extended
 
     async def learn(
-        self, key: bytes, body: bytes, count: int, *, seed: bytes, opening: list[Any]
+        self,
+        key: bytes,
+        body: bytes,
+        count: int,
+        *,
+        seed: bytes,
+        opening: list[Any],
+        fingerprint: tuple[Any, str] | None = None,
     ) -> Known | None:
         """Remember a body the caller parsed (`count` items); None if its bytes cannot be
         followed (then it is not remembered). The scan, the digests and the counts run through
@@ -153,6 +163,7 @@ class KnownRequests:
             tokens=found.tokens,
             seed=seed,
             opening=opening,
+            fingerprint=fingerprint,
         )
         self._put(key, known)
         return known

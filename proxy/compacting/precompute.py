@@ -16,6 +16,9 @@ from proxy.compacting.conversations import Conversations
 from proxy.settings import CompactionSection
 from proxy.tasks import BackgroundTasks
 
+# Growth (share of the window) after which a conversation with nothing to fold is checked again.
+_RECHECK_GROWTH = 0.02
+
 
 class Precompute:
     def __init__(
@@ -56,8 +59,12 @@ class Precompute:
             self._quiet_for(chat, raw_tokens, threshold - tokens)
             return
         plan = await conversations.plan(chat, view)
-        if not await conversations.is_stored(digests, plan, view):
-            conversations.start(chat, view, plan, digests, "precompute")
+        if await conversations.is_stored(digests, plan, view):
+            return
+        if conversations.start(chat, view, plan, digests, "precompute") is None:
+            # Nothing new to fold yet (the recent rounds are all there is): look again once the
+            # conversation grew a little, not on every request.
+            self._quiet_for(chat, raw_tokens, _RECHECK_GROWTH * chat.window)
 
     def _threshold(self, chat: ChatRequest) -> float:
         ratio = self._options.precompute_ratio
