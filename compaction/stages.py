@@ -24,7 +24,7 @@ from compaction.summarize import summary_message, summary_text
 from compaction.text import is_cjk_dominant
 from compaction.tokens import estimate_request
 from compaction.transcript import render_transcript
-from compaction.types import MemoryItem, Plan, TokenEstimator, Verification
+from compaction.types import CompactionResult, MemoryItem, Plan, TokenEstimator, Verification
 from compaction.verify import check_preserved
 
 
@@ -164,3 +164,41 @@ def compacted_list(messages: Sequence[Any], plan: Plan, inserted: Any) -> list[A
         *(messages[i] for i in plan.pinned),
         *messages[plan.keep_from :],
     ]
+
+
+def drop_folded(
+    messages: list[Any],
+    plan: Plan,
+    *,
+    shape: Shape,
+    tools: Any,
+    estimator: TokenEstimator,
+    compaction_id: str,
+) -> CompactionResult:
+    """The last resort, at no cost that grows with the folded part: the folded messages left
+    out with a one-line note, checked like any result (the input unchanged if the check fails)."""
+    folded = len(plan.folded)
+    note = f"{folded} earlier messages were omitted to fit the context window."
+    inserted = summary_message(note, shape)
+    compacted = compacted_list(messages, plan, inserted)
+    problems = check_compacted(messages, compacted, plan, shape=shape) if folded else ["nothing"]
+    tokens_after = estimate_request(compacted, tools, estimator)
+    ok = not problems and tokens_after < plan.tokens_before
+    return CompactionResult(
+        messages=compacted if ok else messages,
+        path="dropped" if ok else "unchanged",
+        reason=f"dropped {folded} messages: no summary in time" if ok else "nothing to drop",
+        keep_from=plan.keep_from if ok else 0,
+        prefix_len=plan.head_end + 1 + len(plan.pinned) if ok else 0,
+        summary_text=note if ok else "",
+        summary_message=inserted if ok else None,
+        memory_items=(),
+        verification=None,
+        tokens_before=plan.tokens_before,
+        tokens_after=tokens_after if ok else plan.tokens_before,
+        fits=ok and plan.fits and tokens_after <= plan.target_tokens,
+        compaction_id=compaction_id,
+        duration_s=0.0,
+        folded_count=folded if ok else 0,
+        errors=tuple(problems[:3]) if not ok else (),
+    )

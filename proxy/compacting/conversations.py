@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from compaction.checkpoints import (
     checkpoint_after,
     prefix_digests,
 )
+from compaction.stages import drop_folded
 from compaction.types import ChatLLM
 from proxy.compacting.chat import ChatRequest
 from proxy.compacting.cooldown import Cooldown
@@ -34,6 +36,9 @@ from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
 from proxy.settings import CompactionSection
 from proxy.tasks import BackgroundTasks
+
+# How long a request that stopped waiting for a summary waits for the one built by code.
+_FALLBACK_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -199,12 +204,28 @@ class Conversations:
             # writer skips items already there).
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
-            result = await self._run(chat, view, plan, llm=None)
+            result = await self._fallback(chat, view, plan)
         if result.path == "unchanged":
             return Decision(view.messages, "failed", before, tokens, None)
         return Decision(
             result.messages, "applied", before, result.tokens_after, result.compaction_id
         )
+
+    async def _fallback(self, chat: ChatRequest, view: View, plan: Plan) -> CompactionResult:
+        """The summary built by code; when even that is not ready within a few seconds (a huge
+        history: its CPU work queues behind the summarization's), the folded part is dropped
+        with a note, so a request waits summary_timeout_s plus a few seconds at most."""
+        try:
+            return await asyncio.wait_for(self._run(chat, view, plan, llm=None), _FALLBACK_GRACE_S)
+        except TimeoutError:
+            return drop_folded(
+                view.messages,
+                plan,
+                shape=self._compactor.shape,
+                tools=chat.tools,
+                estimator=chat.estimator,
+                compaction_id=uuid.uuid4().hex,
+            )
 
     def _reused(self, view: View, before: int, tokens: int) -> Decision:
         self._metrics.checkpoint_hits.inc()
