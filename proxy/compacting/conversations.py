@@ -119,9 +119,10 @@ class Conversations:
 
     # -- shared with proxy.compacting.precompute and recall -------------------------------------
 
-    async def latest(self, digests: Sequence[bytes]) -> Checkpoint | None:
-        """The checkpoint of the longest remembered prefix (the last message is the new turn)."""
-        return await self._store.longest(digests[:-1])
+    async def latest(self, digests: Sequence[bytes], count: int | None = None) -> Checkpoint | None:
+        """The checkpoint of the longest remembered prefix of a request of `count` messages
+        (default: all `digests`); its last message is the new turn, never in a checkpoint."""
+        return await self._store.longest(digests[: (len(digests) if count is None else count) - 1])
 
     async def view(
         self, chat: ChatRequest, digests: Sequence[bytes], original_tokens: int | None = None

@@ -218,7 +218,7 @@ class CompactingHook:
         else:
             tokens = self._conversations.estimate(chat, chat.messages)
         if self._conversations.needs(chat, tokens):
-            digests = known.digests if known is not None else None
+            digests = known.request_digests() if known is not None else None
             decision = await self._conversations.compact(chat, tokens, digests)
         else:
             decision = Decision(chat.messages, "none", tokens, tokens, None)

@@ -38,9 +38,13 @@ Part = int | bytes
 
 @dataclass(frozen=True)
 class Known:
-    """One request of a conversation as seen: `tokens[i]` is the estimate (calibration 1) of
-    items[:i]; `digests[i]` identifies items[:i + 1] under `seed`; `opening` holds the items up
-    to the first user message (what a fingerprint session id is made of)."""
+    """One request of a conversation as seen, with `count` items: `tokens[i]` is the estimate
+    (calibration 1) of items[:i]; `digests[i]` identifies items[:i + 1] under `seed`; `opening`
+    holds the items up to the first user message (what a fingerprint session id is made of).
+
+    The lists may run past `count`: a continuation appends to them in place (so a request costs
+    what it adds, not a copy of the history), and only indices below `count` are this request's.
+    """
 
     body: bytes
     open_at: int
@@ -49,12 +53,17 @@ class Known:
     tokens: list[int]
     seed: bytes
     opening: list[Any]
+    count: int
     fingerprint: tuple[Any, str] | None = None
     """The `tools` of the request and the fingerprint of its opening with them."""
 
     @property
     def size(self) -> int:
         return len(self.body)
+
+    def request_digests(self) -> list[bytes]:
+        """The prefix digests of this request's items (a copy)."""
+        return self.digests[: self.count]
 
     def splice(self, parts: Sequence[Part]) -> bytes:
         """The body with its items array replaced by `parts`; runs of consecutive original items
@@ -106,7 +115,7 @@ class KnownRequests:
         items = known.items
         if len(body) <= items.close or not body.startswith(memoryview(known.body)[: items.close]):
             return None
-        first = items.ends[-1] if items.ends else None
+        first = items.ends[known.count - 1] if known.count else None
         tail = scan_items(body, known.open_at, first=first)
         if tail is None:
             return None
@@ -121,19 +130,37 @@ class KnownRequests:
 
     def extend(self, key: bytes, seen: Recognized) -> Known:
         """Remember the recognized body: only its added items are hashed and counted."""
-        known, tail = seen.known, seen.tail
-        last = known.digests[-1] if known.digests else known.seed
+        known, tail, count = seen.known, seen.tail, seen.known.count
+        last = known.digests[count - 1] if count else known.seed
         counts = itertools.accumulate(
-            (self._count(m) for m in seen.added), initial=known.tokens[-1]
+            (self._count(m) for m in seen.added), initial=known.tokens[count]
         )
+        starts, ends, digests, tokens = (
+            known.items.starts,
+            known.items.ends,
+            known.digests,
+            known.tokens,
+        )
+        if len(digests) != count:  # another continuation appended already: branch off
+            starts, ends, digests, tokens = (
+                starts[:count],
+                ends[:count],
+                digests[:count],
+                tokens[: count + 1],
+            )
+        starts += tail.starts
+        ends += tail.ends
+        digests += prefix_digests(seen.added, last)
+        tokens += list(counts)[1:]
         extended = Known(
             body=seen.body,
             open_at=known.open_at,
-            items=Items(known.items.starts + tail.starts, known.items.ends + tail.ends, tail.close),
-            digests=known.digests + prefix_digests(seen.added, last),
-            tokens=known.tokens + list(counts)[1:],
+            items=Items(starts, ends, tail.close),
+            digests=digests,
+            tokens=tokens,
             seed=known.seed,
             opening=known.opening,
+            count=count + len(seen.added),
             fingerprint=known.fingerprint,
         )
         self._put(key, extended)
@@ -163,6 +190,7 @@ class KnownRequests:
             tokens=found.tokens,
             seed=seed,
             opening=opening,
+            count=count,
             fingerprint=fingerprint,
         )
         self._put(key, known)
@@ -258,4 +286,4 @@ def _same(body: bytes, items: Items, messages: list[Any]) -> bool:
 
 def _size_of(known: Known) -> int:
     # The body dominates; the per-item lists cost about 100 bytes an item.
-    return known.size + 100 * len(known.items.starts)
+    return known.size + 100 * known.count

@@ -40,10 +40,10 @@ async def decide(
 ) -> Recalled | None:
     fixed = chat.estimator.count_tools(chat.tools) + REPLY_PRIMING_TOKENS
     before = estimate_known(chat, known)
-    checkpoint = await conversations.latest(known.digests)
+    checkpoint = await conversations.latest(known.digests, known.count)
     if checkpoint is None:
         after, parts = before, None
-    elif checkpoint.precomputed or checkpoint.cut > len(known.digests):
+    elif checkpoint.precomputed or checkpoint.cut > known.count:
         return None
     else:
         after = round(_view_tokens(known, checkpoint) * chat.factor) + fixed
@@ -62,14 +62,14 @@ async def decide(
 def estimate_known(chat: ChatRequest, known: Known) -> int:
     """The request's estimate from the remembered counts (the full path's, up to rounding)."""
     fixed = chat.estimator.count_tools(chat.tools) + REPLY_PRIMING_TOKENS
-    return round(known.tokens[len(known.digests)] * chat.factor) + fixed
+    return round(known.tokens[known.count] * chat.factor) + fixed
 
 
 def _view_tokens(known: Known, checkpoint: Checkpoint) -> int:
     tokens = known.tokens
     pinned = sum(tokens[i + 1] - tokens[i] for i in checkpoint.pinned)
     summary = HeuristicEstimator().count_message(checkpoint.summary_message)
-    kept = tokens[len(known.digests)] - tokens[checkpoint.cut]
+    kept = tokens[known.count] - tokens[checkpoint.cut]
     return tokens[checkpoint.head_end] + summary + pinned + kept
 
 
@@ -79,5 +79,5 @@ def _view_parts(known: Known, checkpoint: Checkpoint) -> list[Part]:
         *range(checkpoint.head_end),
         orjson.dumps(checkpoint.summary_message),
         *checkpoint.pinned,
-        *range(checkpoint.cut, len(known.digests)),
+        *range(checkpoint.cut, known.count),
     ]

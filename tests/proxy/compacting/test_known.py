@@ -107,3 +107,22 @@ async def test_a_body_that_does_not_continue_the_known_one_is_not_recognized() -
     assert known.recognize(key, shorter) is None
     other_model = orjson.dumps({"model": "n", "messages": grown(first, 1)})
     assert known.recognize(key, other_model) is None
+
+
+async def test_two_continuations_of_one_request_each_get_their_own_digests() -> None:
+    known = KnownRequests(max_bytes=1 << 30, min_body_bytes=0)
+    seed = conversation_seed("tenant", "session")
+    first = long_history(3)
+    body = orjson.dumps({"model": "m", "messages": first})
+    key = known.conversation_key("scope", body)
+    assert key is not None
+    await known.learn(key, body, len(first), seed=seed, opening=first[:2])
+    one, other = grown(first, 1), grown(first, 2)
+    seen_one = known.recognize(key, orjson.dumps({"model": "m", "messages": one}))
+    seen_other = known.recognize(key, orjson.dumps({"model": "m", "messages": other}))
+    assert seen_one is not None and seen_other is not None
+    extended_one = known.extend(key, seen_one)
+    extended_other = known.extend(key, seen_other)  # branches off the same request
+    assert extended_one.request_digests() == prefix_digests(one, seed)
+    assert extended_other.request_digests() == prefix_digests(other, seed)
+    assert extended_one.tokens[: extended_one.count + 1] == extended_other.tokens[: len(one) + 1]
