@@ -33,6 +33,7 @@ from compaction.settings import CompactionSettings
 from compaction.stages import (
     FinishJob,
     FoldJob,
+    Packed,
     PlanJob,
     compacted_list,
     finish,
@@ -76,6 +77,7 @@ class Compactor:
         a process pool so its event loop keeps answering meanwhile)."""
         self.settings = settings or CompactionSettings()
         self.offload: Offload = offload or Inline()
+        self.crossing = not isinstance(self.offload, Inline)
         self.shape = shape
         self.estimator: TokenEstimator = estimator or HeuristicEstimator(shape=shape)
         self.memory = memory
@@ -127,16 +129,10 @@ class Compactor:
         job = self._plan_job(messages, window, tools, max_output_tokens, estimator)
         return await self.offload.run(make_plan, job)
 
-    def _plan_job(
-        self,
-        messages: Sequence[Any],
-        window: int,
-        tools: Any,
-        max_output_tokens: int | None,
-        estimator: TokenEstimator | None,
-    ) -> PlanJob:
+    def _plan_job(self, messages: Sequence[Any], window: int, *rest: Any) -> PlanJob:
+        tools, max_output_tokens, estimator = rest
         return PlanJob(
-            messages=list(messages),
+            messages=Packed.of(messages, crossing=self.crossing),
             tools=tools,
             estimator=estimator or self.estimator,
             shape=self.shape,
@@ -214,11 +210,11 @@ class _Run:
         folded = plan.folded
         if not folded:
             return self.unchanged(plan.note or "nothing to fold")
-        offload = self.compactor.offload
+        offload, crossing = self.compactor.offload, self.compactor.crossing
         prepared = await offload.run(
             fold,
             FoldJob(
-                folded=[messages[i] for i in folded],
+                folded=Packed.of([messages[i] for i in folded], crossing=crossing),
                 shape=shape,
                 estimator=self.estimator,
                 settings=self.settings,
@@ -245,7 +241,7 @@ class _Run:
         done = await offload.run(
             finish,
             FinishJob(
-                messages=messages,
+                messages=Packed.of(messages, crossing=crossing),
                 plan=plan,
                 tools=self.tools,
                 shape=shape,

@@ -12,11 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from compaction.composition import Composed, body_budget, compose_summary, is_too_little
 from compaction.extract import extract_memory_items
 from compaction.invariants import check_compacted
 from compaction.ledger import Ledger, build_ledger
-from compaction.messages import Item, Shape, read_items
+from compaction.messages import Shape, read_items
 from compaction.plan import plan_compaction
 from compaction.segment import split
 from compaction.settings import CompactionSettings
@@ -29,8 +31,33 @@ from compaction.verify import check_preserved
 
 
 @dataclass(frozen=True)
+class Packed:
+    """Messages on their way to a job: as JSON bytes when they cross to another process (a
+    megabyte of JSON pickles as one buffer, where the same messages as objects cost a pickle
+    memo entry each, both ways), else the list itself."""
+
+    json: bytes | None
+    items: list[Any] | None
+
+    @classmethod
+    def of(cls, messages: Sequence[Any], *, crossing: bool) -> Packed:
+        if crossing:
+            try:
+                return cls(orjson.dumps(list(messages)), None)
+            except (TypeError, orjson.JSONEncodeError):
+                pass  # not plain JSON (an in-process caller's objects): pickled as they are
+        return cls(None, list(messages))
+
+    def unpack(self) -> list[Any]:
+        if self.json is not None:
+            loaded: list[Any] = orjson.loads(self.json)
+            return loaded
+        return self.items if self.items is not None else []
+
+
+@dataclass(frozen=True)
 class PlanJob:
-    messages: list[Any]
+    messages: Packed
     tools: Any
     estimator: TokenEstimator
     shape: Shape
@@ -42,7 +69,7 @@ class PlanJob:
 
 
 def make_plan(job: PlanJob) -> Plan:
-    segments = split(job.messages, job.estimator, job.tools, shape=job.shape)
+    segments = split(job.messages.unpack(), job.estimator, job.tools, shape=job.shape)
     return plan_compaction(
         segments,
         window=job.window,
@@ -55,7 +82,7 @@ def make_plan(job: PlanJob) -> Plan:
 
 @dataclass(frozen=True)
 class FoldJob:
-    folded: list[Any]
+    folded: Packed
     """The raw folded messages, in order."""
     shape: Shape
     estimator: TokenEstimator
@@ -67,8 +94,6 @@ class FoldJob:
 class Fold:
     too_little: bool
     previous_summary: str | None
-    fresh: list[Item]
-    """The folded items that are not an earlier summary."""
     cjk: bool
     transcript: str
     ledger: Ledger
@@ -76,22 +101,21 @@ class Fold:
 
 
 def fold(job: FoldJob) -> Fold:
-    shape, estimator = job.shape, job.estimator
+    shape, estimator, folded = job.shape, job.estimator, job.folded.unpack()
     framing = estimator.count_message(summary_message("", shape))
-    if is_too_little(sum(estimator.count_message(m) for m in job.folded), framing):
-        return Fold(True, None, [], False, "", build_ledger([], []), 0)
-    items = read_items(job.folded, shape)
+    if is_too_little(sum(estimator.count_message(m) for m in folded), framing):
+        return Fold(True, None, False, "", build_ledger([], []), 0)
+    items = read_items(folded, shape)
     previous = [
-        summary_text(job.folded[i], shape) for i, it in enumerate(items) if it.kind == "summary"
+        summary_text(folded[i], shape) for i, it in enumerate(items) if it.kind == "summary"
     ]
     fresh = [i for i, item in enumerate(items) if item.kind != "summary"]
     previous_summary = "\n\n".join(t for t in previous if t) or None
     prose = [items[i].text for i in fresh if items[i].is_prose]
-    replaced = sum(estimator.count_message(job.folded[i]) for i in fresh)
+    replaced = sum(estimator.count_message(folded[i]) for i in fresh)
     return Fold(
         too_little=False,
         previous_summary=previous_summary,
-        fresh=[items[i] for i in fresh],
         cjk=is_cjk_dominant([*prose, previous_summary or ""]),
         transcript=render_transcript(
             items,
@@ -107,7 +131,7 @@ def fold(job: FoldJob) -> Fold:
 
 @dataclass(frozen=True)
 class FinishJob:
-    messages: list[Any]
+    messages: Packed
     plan: Plan
     tools: Any
     shape: Shape
@@ -129,8 +153,13 @@ class Finish:
 
 
 def finish(job: FinishJob) -> Finish:
-    plan, shape, folded = job.plan, job.shape, job.fold
-    found, memory_error = extract_memory_items(job.memory_reply, folded.fresh)
+    plan, shape, folded, messages = job.plan, job.shape, job.fold, job.messages.unpack()
+    # Read again here, and only if the model's answer holds no items: cheaper than carrying
+    # the folded items from one job to the next.
+    fresh = (
+        item for item in (shape.read(messages[i]) for i in plan.folded) if item.kind != "summary"
+    )
+    found, memory_error = extract_memory_items(job.memory_reply, fresh)
     summary = compose_summary(
         job.summary_reply,
         folded.previous_summary,
@@ -144,14 +173,14 @@ def finish(job: FinishJob) -> Finish:
         [i.content for i in found] + folded.ledger.key_entries(), summary.body
     )
     inserted = summary_message(summary.body, shape)
-    compacted = compacted_list(job.messages, plan, inserted)
+    compacted = compacted_list(messages, plan, inserted)
     return Finish(
         found=found,
         memory_error=memory_error,
         summary=summary,
         verification=verification,
         summary_message=inserted,
-        problems=check_compacted(job.messages, compacted, plan, shape=shape),
+        problems=check_compacted(messages, compacted, plan, shape=shape),
         tokens_after=estimate_request(compacted, job.tools, job.estimator),
     )
 
