@@ -9,6 +9,7 @@ directories created 0700. The only file I/O in the library lives here.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from compaction.text import normalize
 from compaction.types import MemoryItem, as_memory_type
 
 FILE_NAME = "compaction_flush.jsonl"
+logger = logging.getLogger(__name__)
 SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
@@ -119,6 +121,24 @@ class MemoryWriter:
                         seen.discard((record["type"], item_identity(record["content"])))
                     raise
             return records
+
+
+async def write_items(
+    memory: MemoryWriter | None,
+    session_id: str | None,
+    compaction_id: str,
+    items: Sequence[MemoryItem],
+) -> str | None:
+    """Append `items` with `memory` (if any); the error as text when writing failed, which must
+    never cost the compaction that produced them."""
+    if memory is None or session_id is None or not items:
+        return None
+    try:
+        await memory.append(session_id, compaction_id, items)
+    except Exception as exc:  # a memory file problem is reported, not raised
+        logger.warning("memory flush failed for session %r: %r", session_id, exc)
+        return f"memory flush failed: {type(exc).__name__}: {exc}"
+    return None
 
 
 def _load_keys(path: Path) -> set[tuple[str, str]]:

@@ -88,37 +88,65 @@ CODE_EXTENSIONS = frozenset(
     ]
 )
 
-_TOKEN_SPLIT = re.compile(r"[\s'\"`;|&<>(){}\[\],=*!?]+")
+_EXTENSIONS = "|".join(sorted(CODE_EXTENSIONS, key=len, reverse=True))
+_PART = r"[\w.+@-]+"
+# One pass over the whole text finds the candidates; only the few hits are looked at in Python.
+# A path is not glued to a word, a tag (`</pr_description>`), a URL or another path before it.
+_PATH = re.compile(
+    rf"(?<![\w<>/.~$:%-])"
+    rf"(?:(?:~|\.{{1,2}})?/{_PART}(?:/{_PART})*/?"  # absolute, ./ ../ ~/
+    rf"|{_PART}(?:/{_PART})+/?"  # relative and nested
+    rf"|[\w+@-][\w.+@-]*\.(?:{_EXTENSIONS})\b)"  # a file name with a known extension
+    rf"(?![\w/:])",
+    re.IGNORECASE,
+)
+_KNOWN_EXTENSION = re.compile(rf"\.(?:{_EXTENSIONS})$", re.IGNORECASE)
+_PLACEHOLDER = re.compile(
+    r"/path/to/|(?:^|/)(?:your|my|some)[_-]|\.\.\.|^/?(?:\w+_)?(?:description|example)$"
+)
+_HAS_LETTER = re.compile(r"[^\W\d_]")
 _TRAILING = ".:;,)"
 _FENCED_SHELL = re.compile(r"```(?:bash|sh|shell|console)[ \t]*\n(.*?)```", re.DOTALL)
 _FENCE = re.compile(r"```.*?(?:```|$)", re.DOTALL)
 _ERROR_LINE = re.compile(
-    r"^\s*(?:[\w.]*(?:Error|Exception)\b|error:|ERROR\b|FAILED\b|fatal:|panic:|E\s{3})"
+    r"^[ \t]*(?:[\w.]*(?:Error|Exception)\b[^\n]*?\S[^\n]*"
+    r"|(?:error|ERROR|fatal|panic):[ \t]*(?:\n[ \t]*)?\S[^\n]*)$",
+    re.MULTILINE,
 )
-_NUMBER = re.compile(r"\b\d{3,}\b")
+# A number of three or more digits is shown with the words before it (or, opening a line, after
+# it): "order 12345", never a bare 12345. The digits are found over the whole text; only the few
+# hits look at a bounded slice around them, so no long run can make the scan quadratic.
+_DIGITS = re.compile(r"(?<![^\W\d])\d{3,}")  # not the digits of an identifier like abc123
+_WORDS_BEFORE = re.compile(r"(?:[^\s]{1,40}[ \t]+){0,2}[^\s]{0,40}\Z")
+_WORDS_AFTER = re.compile(r"[^\s]{0,40}(?:[ \t]+[^\s]{1,40}){0,2}")
+_CONTEXT_CHARS = 130
 _IDENTIFIER = re.compile(r"\b(?=[A-Za-z_-]*\d)(?=[\d_-]*[A-Za-z])[A-Za-z0-9_-]{5,40}\b")
 
 
 def looks_like_path(token: str) -> bool:
-    """A file or directory path: absolute, relative with a dot, nested, or a known extension."""
-    if "://" in token or not any(ch.isalpha() for ch in token) or len(token) > PATH_CHARS:
-        return False
-    if token.startswith(("/", "./", "../", "~/")):
-        return len(token) > 1 and not token.startswith("//")
-    _, dot, extension = token.rpartition(".")
-    has_extension = bool(dot) and extension.lower() in CODE_EXTENSIONS
-    inner = token.strip("/").count("/")
-    return has_extension or inner >= 2
+    """A file or directory path: absolute, relative with a dot, nested, or a known extension;
+    never a URL, a placeholder (`/path/to/dir`) or a template tag."""
+    return find_paths(token) == [token]
 
 
 def find_paths(text: str) -> list[str]:
     """Path-looking tokens of `text` (shell commands or prose), in order, trailing punctuation cut."""
     found: list[str] = []
-    for raw in _TOKEN_SPLIT.split(text):
+    for raw in _PATH.findall(text):
         token = raw.rstrip(_TRAILING)
-        if token and looks_like_path(token):
+        if _is_path(token):
             found.append(token)
     return found
+
+
+def _is_path(token: str) -> bool:
+    if len(token) > PATH_CHARS or len(token) < 2 or not _HAS_LETTER.search(token):
+        return False
+    if _PLACEHOLDER.search(token):
+        return False
+    if token.startswith(("/", "./", "../", "~/")):
+        return not token.startswith("//")
+    return token.strip("/").count("/") >= 2 or bool(_KNOWN_EXTENSION.search(token))
 
 
 def command_key(command: str) -> str:
@@ -142,12 +170,19 @@ def call_commands_and_paths(call: ToolCall) -> tuple[list[str], list[str]]:
     for key, value in arguments.items():
         if not isinstance(value, str) or not value.strip():
             continue
-        if key in PATH_ARGUMENTS and len(value) <= PATH_CHARS:
+        if key in PATH_ARGUMENTS and _is_argument_path(value.strip()):
             paths.append(value.strip())
         elif key in SHELL_ARGUMENTS and is_shell_tool(call.name or ""):
             commands.append(value)
             paths += find_paths(value)
     return commands, paths
+
+
+def _is_argument_path(value: str) -> bool:
+    """A path argument's value, when it is one (an airport code under `destination` is not)."""
+    if len(value) > PATH_CHARS or "\n" in value or not _HAS_LETTER.search(value):
+        return False
+    return "/" in value or bool(_KNOWN_EXTENSION.search(value))
 
 
 def fenced_commands(text: str) -> list[str]:
@@ -156,9 +191,13 @@ def fenced_commands(text: str) -> list[str]:
 
 
 def error_lines(text: str) -> list[str]:
-    return [
-        clip_end(line.strip(), ERROR_CHARS) for line in text.splitlines() if _ERROR_LINE.match(line)
-    ]
+    """Lines that report an error with something to say (a bare `ERROR:` takes the next line)."""
+    return [clip_end(collapse_spaces(m), ERROR_CHARS) for m in _ERROR_LINE.findall(text)]
+
+
+def first_error_line(text: str) -> str | None:
+    found = _ERROR_LINE.search(text)
+    return clip_end(collapse_spaces(found.group(0)), ERROR_CHARS) if found else None
 
 
 def strip_fences(text: str) -> str:
@@ -167,11 +206,25 @@ def strip_fences(text: str) -> str:
 
 
 def mentioned_values(text: str) -> list[str]:
-    """Numbers and identifiers in prose, code blocks excluded (line numbers there are noise)."""
+    """Numbers with the words around them ("order 12345", not a bare 12345) and identifiers
+    mixing letters and digits, in prose; code blocks excluded (line numbers there are noise)."""
     prose = strip_fences(text)
-    return _NUMBER.findall(prose) + _IDENTIFIER.findall(prose)
+    numbers: list[str] = []
+    for found in _DIGITS.finditer(prose):
+        start, end = found.span()
+        before = _WORDS_BEFORE.search(prose[max(0, start - _CONTEXT_CHARS) : start])
+        after = _WORDS_AFTER.match(prose, end, end + _CONTEXT_CHARS)
+        lead = before.group(0) if before else ""
+        tail = after.group(0) if after else ""
+        # Words before it when there are any (the rest of its own token after), else after it.
+        rest = tail.split(" ", 1)[0] if lead.strip() else tail
+        value = lead + found.group(0) + rest
+        value = collapse_spaces(value).rstrip(".:,;/-")
+        if value != found.group(0):
+            numbers.append(value)
+    return numbers + _IDENTIFIER.findall(prose)
 
 
 def first_lines(text: str, limit: int = REQUEST_CHARS) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return clip_end(" / ".join(lines[:2]), limit) if lines else ""
+    """The opening of a request, whitespace collapsed and clipped."""
+    return clip_end(collapse_spaces(text[: limit * 4]), limit)

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cachetools import LRUCache
+
 from compaction import CompactionResult, Compactor, Plan
 from compaction.checkpoints import (
     Checkpoint,
@@ -69,6 +71,8 @@ class Conversations:
         self._clock = clock
         self._flight: SingleFlight[bytes, CompactionResult] = SingleFlight(tasks)
         self._cooldown = Cooldown(options.failure_threshold, options.failure_cooldown_s, clock)
+        # Reserves whose memory items this process has written (applied at least once).
+        self._flushed: LRUCache[str, None] = LRUCache(options.checkpoint_max_entries)
 
     def estimate(self, chat: ChatRequest, messages: list[Any]) -> int:
         return self._compactor.estimate(messages, chat.tools, estimator=chat.estimator)
@@ -106,6 +110,7 @@ class Conversations:
         if reserve is not None:
             view = View.of(chat.messages, reserve)
             tokens = self.estimate(chat, view.messages)
+            await self._flush_reserve(chat, reserve)
         return await self._compact_view(chat, view, tokens, digests, before, deadline, "overflow")
 
     # -- shared with proxy.compacting.precompute ----------------------------------------------
@@ -128,16 +133,18 @@ class Conversations:
         parent_view = View.of(chat.messages, parent)
         parent_tokens = self.estimate(chat, parent_view.messages)
         if self.needs(chat, parent_tokens):
+            await self._flush_reserve(chat, newest)
             return view, self.estimate(chat, view.messages), None
         return parent_view, parent_tokens, newest
 
-    def plan(self, chat: ChatRequest, view: View) -> Plan:
+    def plan(self, chat: ChatRequest, view: View, *, target_ratio: float | None = None) -> Plan:
         return self._compactor.plan(
             view.messages,
             window=chat.window,
             tools=chat.tools,
             max_output_tokens=chat.max_output_tokens,
             estimator=chat.estimator,
+            target_ratio=target_ratio,
         )
 
     def running(self, digests: Sequence[bytes]) -> bool:
@@ -211,7 +218,8 @@ class Conversations:
             self._metrics.cooldown_skips.inc()
         else:
             llm = self._llm_for(LLMRequest(summary_model, chat.credential, chat.auth_headers))
-        result = await self._run(chat, view, plan, llm=llm)
+        # A precomputed compaction may never be applied: its memory items wait in its checkpoint.
+        result = await self._run(chat, view, plan, llm=llm, flush=reason != "precompute")
         if llm is not None and result.path != "unchanged":
             # "unchanged" says nothing about the summarizer (nothing to fold, or no gain).
             ok = result.path == "llm"
@@ -228,7 +236,7 @@ class Conversations:
         return result
 
     async def _run(
-        self, chat: ChatRequest, view: View, plan: Plan, *, llm: ChatLLM | None
+        self, chat: ChatRequest, view: View, plan: Plan, *, llm: ChatLLM | None, flush: bool = True
     ) -> CompactionResult:
         return await self._compactor.run(
             view.messages,
@@ -237,6 +245,16 @@ class Conversations:
             session_id=chat.session_id,
             tools=chat.tools,
             estimator=chat.estimator,
+            flush_memory=flush,
+        )
+
+    async def _flush_reserve(self, chat: ChatRequest, reserve: Checkpoint) -> None:
+        """A precomputed checkpoint is being applied: its memory items are due now (once)."""
+        if reserve.compaction_id in self._flushed or not reserve.memory_items:
+            return
+        self._flushed[reserve.compaction_id] = None
+        await self._compactor.flush_memory(
+            chat.session_id, reserve.compaction_id, reserve.memory_items
         )
 
     async def _stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:

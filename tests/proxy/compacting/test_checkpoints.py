@@ -79,9 +79,12 @@ async def test_precompute_prepares_the_checkpoint_before_the_trigger(
     grown = conversation_of(int(WINDOW * 0.88), grow=messages)
     response = await post(client, proxy, grown)
     assert response.headers["x-compaction-status"] == "reused", response.headers
-    assert len(script.calls("summary")) == 1
     record = proxy.app[keys.RECORDS].get("agent-1")["records"][0]
     assert record["reason"] == "precompute"
+    # Served from the precomputed checkpoint. The view now keeps as much as fits the target, so
+    # it is past the precompute ratio again and the next step may be prepared in the background
+    # (that call hangs on `never`); the request itself never waited for a summary.
+    assert response.headers["x-compaction-id"] == record["id"]
 
 
 async def test_a_precomputed_checkpoint_waits_in_reserve_until_the_trigger(
@@ -106,13 +109,14 @@ async def test_a_precomputed_checkpoint_waits_in_reserve_until_the_trigger(
     response = await post(client, proxy, messages)
     assert int(response.headers["x-compaction-tokens-after"]) < 0.85 * WINDOW
     assert response.headers["x-compaction-id"] == first_id
-    # Once that view reaches the trigger, the reserve is used without a new summary.
-    summaries = len(script.calls("summary"))
+    # Once that view reaches the trigger, the reserve is used without a new summary (the view
+    # then keeps as much as fits the target, so the next reserve may be prepared in the
+    # background: a "precompute" record, never a "trigger" one).
     messages = conversation_of(int(tokens(messages) + 0.3 * WINDOW), grow=messages)
     response = await post(client, proxy, messages)
     assert response.headers["x-compaction-status"] == "reused"
     assert response.headers["x-compaction-id"] == records.get("agent-1")["records"][1]["id"]
-    assert len(script.calls("summary")) == summaries
+    assert all(r["reason"] == "precompute" for r in records.get("agent-1")["records"][1:])
 
 
 async def test_a_quiet_conversation_does_not_silence_another_in_the_same_session(
