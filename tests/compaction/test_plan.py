@@ -240,3 +240,19 @@ def test_every_corpus_conversation_gets_a_block_aligned_valid_plan(
         assert problems == [], conv_id
         if segments.total_tokens > window and not plan.fits:
             assert plan.note, conv_id
+
+
+def test_over_the_target_more_than_keep_recent_rounds_are_kept_up_to_it() -> None:
+    messages = f.simple_conversation(60, words=60)
+    segments, plan = plan_for(messages, 8_000, keep_recent_rounds=2, summary_budget_tokens=500)
+    kept_rounds = [r for r in segments.rounds if r.start >= plan.keep_from]
+    assert len(kept_rounds) > 2 and plan.fits
+    assert output_tokens(messages, plan) > 0.5 * 8_000  # near the 0.6 target, not far below
+
+
+def test_strict_alternation_pins_nothing_and_keeps_from_an_assistant_turn() -> None:
+    messages = f.simple_conversation(30, words=60)
+    segments, plan = plan_for(messages, 4_000, strict_alternation=True)
+    assert plan.folded and plan.pinned == ()
+    assert messages[plan.keep_from]["role"] == "assistant"
+    assert segments.task in plan.quoted  # the task goes into the summary instead

@@ -189,3 +189,24 @@ async def test_a_summary_that_outlives_its_request_is_used_once_it_lands(
     assert (
         "The user wants the failing tests fixed" in forwarded(script)[1]["messages"][1]["content"]
     )
+
+
+async def test_a_precomputed_compaction_writes_memory_only_when_applied(
+    start: Any, script: Script, client: Any, tmp_path: Any
+) -> None:
+    proxy = await start(compaction={"precompute_ratio": 0.6})
+    memory_file = tmp_path / "memory" / "agent-1" / "compaction_flush.jsonl"
+    messages = conversation_of(int(WINDOW * 0.7))
+    await post(client, proxy, messages)
+    records = proxy.app[keys.RECORDS]
+    await wait_for(lambda: len(records.get("agent-1")["records"]) == 1)
+    assert records.get("agent-1")["records"][0]["memory_items"] > 0
+    assert not memory_file.exists()  # prepared, not applied: nothing written yet
+    grown = conversation_of(int(WINDOW * 0.88), grow=messages)
+    response = await post(client, proxy, grown)
+    assert response.headers["x-compaction-status"] == "reused"
+    lines = memory_file.read_text().splitlines()
+    assert lines and all(
+        orjson.loads(line)["compaction_id"] == records.get("agent-1")["records"][0]["id"]
+        for line in lines
+    )
