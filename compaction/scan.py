@@ -93,7 +93,7 @@ _PART = r"[\w.+@-]+"
 # One pass over the whole text finds the candidates; only the few hits are looked at in Python.
 # A path is not glued to a word, a tag (`</pr_description>`), a URL or another path before it.
 _PATH = re.compile(
-    rf"(?<![\w<>/.~$:%-])"
+    rf"(?<![\w<>/.~$:%-])(?=[\w.+@~-]*[/.])"  # a word start, and a word with a slash or a dot
     rf"(?:(?:~|\.{{1,2}})?/{_PART}(?:/{_PART})*/?"  # absolute, ./ ../ ~/
     rf"|{_PART}(?:/{_PART})+/?"  # relative and nested
     rf"|[\w+@-][\w.+@-]*\.(?:{_EXTENSIONS})\b)"  # a file name with a known extension
@@ -114,11 +114,9 @@ _ERROR_LINE = re.compile(
     re.MULTILINE,
 )
 # A number of three or more digits is shown with the words before it (or, opening a line, after
-# it): "order 12345", never a bare 12345. The digits are found over the whole text; only the few
-# hits look at a bounded slice around them, so no long run can make the scan quadratic.
+# it): "order 12345", never a bare 12345. The digits are found over the whole text; each hit looks
+# only at a bounded slice around it, so no long run can make the scan quadratic.
 _DIGITS = re.compile(r"(?<![^\W\d])\d{3,}")  # not the digits of an identifier like abc123
-_WORDS_BEFORE = re.compile(r"(?:[^\s]{1,40}[ \t]+){0,2}[^\s]{0,40}\Z")
-_WORDS_AFTER = re.compile(r"[^\s]{0,40}(?:[ \t]+[^\s]{1,40}){0,2}")
 _CONTEXT_CHARS = 130
 _IDENTIFIER = re.compile(r"\b(?=[A-Za-z_-]*\d)(?=[\d_-]*[A-Za-z])[A-Za-z0-9_-]{5,40}\b")
 
@@ -209,20 +207,25 @@ def mentioned_values(text: str) -> list[str]:
     """Numbers with the words around them ("order 12345", not a bare 12345) and identifiers
     mixing letters and digits, in prose; code blocks excluded (line numbers there are noise)."""
     prose = strip_fences(text)
-    numbers: list[str] = []
-    for found in _DIGITS.finditer(prose):
-        start, end = found.span()
-        before = _WORDS_BEFORE.search(prose[max(0, start - _CONTEXT_CHARS) : start])
-        after = _WORDS_AFTER.match(prose, end, end + _CONTEXT_CHARS)
-        lead = before.group(0) if before else ""
-        tail = after.group(0) if after else ""
-        # Words before it when there are any (the rest of its own token after), else after it.
-        rest = tail.split(" ", 1)[0] if lead.strip() else tail
-        value = lead + found.group(0) + rest
-        value = collapse_spaces(value).rstrip(".:,;/-")
-        if value != found.group(0):
-            numbers.append(value)
-    return numbers + _IDENTIFIER.findall(prose)
+    numbers = [_in_context(prose, *found.span()) for found in _DIGITS.finditer(prose)]
+    return [n for n in numbers if n] + _IDENTIFIER.findall(prose)
+
+
+def _in_context(prose: str, start: int, end: int) -> str:
+    """The number at prose[start:end] as its own token with the two words before it (after it,
+    opening a line); "" when it stands alone. Bounded slices, split at C speed."""
+    line = prose.rfind("\n", max(0, start - _CONTEXT_CHARS), start) + 1
+    before = prose[line or max(0, start - _CONTEXT_CHARS) : start].split()
+    if not line and start > _CONTEXT_CHARS and before:
+        before = before[1:]  # the slice may open inside a word
+    stop = prose.find("\n", end, end + _CONTEXT_CHARS)
+    after = prose[end : stop if stop >= 0 else end + _CONTEXT_CHARS].split(maxsplit=3)[:3]
+    prefix = before.pop() if before and not prose[start - 1].isspace() else ""
+    suffix = after.pop(0) if after and end < len(prose) and not prose[end].isspace() else ""
+    token = prefix + prose[start:end] + suffix
+    words = [*before[-2:], token] if before else [token, *after[:2]]
+    value = " ".join(words).rstrip(".:,;/-")
+    return "" if value == prose[start:end] else value
 
 
 def first_lines(text: str, limit: int = REQUEST_CHARS) -> str:
