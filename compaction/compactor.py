@@ -243,8 +243,8 @@ class _Run:
             estimator=self.estimator,
         )
         memory_items = summary.memory_items(found)
-        # Whatever the summary has no room for is among memory_items: moved, not lost.
-        keys = [i.content for i in found] + ledger.requests_and_trail()
+        # The key decisions and user requests; what has no room is in memory_items: moved.
+        keys = [i.content for i in found] + list(ledger.requests)
         verification = check_preserved(keys, summary.body, moved_to_memory=True)
 
         inserted = summary_message(summary.body, shape)

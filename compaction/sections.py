@@ -12,7 +12,8 @@ summary is updated, and no summary ever wraps an earlier one:
     - (decision) …
 
 Requests and key items are served first (up to PRIORITY_SHARE of the budget), then the tool
-trail (newest calls first when it is short), files and values share the rest. What does not fit
+trail, files and values share the rest; requests and calls are taken newest first when the room
+is short (the task itself is pinned or quoted apart). What does not fit
 comes back as overflow, for the memory file.
 """
 
@@ -37,7 +38,7 @@ _TITLES: dict[str, str] = {
     "values": "Numbers and identifiers mentioned",
 }
 _INLINE = frozenset({"files", "values"})
-_NEWEST_FIRST = frozenset({"trail"})
+_NEWEST_FIRST = frozenset({"requests", "trail"})  # the task is pinned or quoted apart
 _TASK = re.compile(re.escape(TASK_HEADING) + r"\n<task>\n(.*?)\n</task>", re.DOTALL)
 _ITEM = re.compile(r"^- \((decision|fact|preference|todo)\) (.+)$", re.MULTILINE)
 _LIST_SECTION = re.compile(r"^- ([^:\n]+):\n((?:  - .*\n?)*)", re.MULTILINE)

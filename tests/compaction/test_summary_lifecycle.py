@@ -15,8 +15,11 @@ SETTINGS = CompactionSettings(llm_timeout_s=1)
 LOSSY = "The agent worked on the task and made progress."
 
 
-async def _grow_and_compact(llm: Any, steps: int = 24, window: int = 3_000) -> list[Any]:
-    """Compact a growing agent conversation again and again, like the proxy's extensions."""
+async def _grow_and_compact(
+    llm: Any, steps: int = 24, window: int = 3_000, memory: list[str] | None = None
+) -> list[Any]:
+    """Compact a growing agent conversation again and again, like the proxy's extensions; the
+    memory items written along the way go to `memory`."""
     compactor = Compactor(settings=SETTINGS)
     base = agent_conversation(40, blocks=2, output_chars=600)
     sent: list[Any] = base[:12]
@@ -29,24 +32,32 @@ async def _grow_and_compact(llm: Any, steps: int = 24, window: int = 3_000) -> l
             assert check_compacted(sent, result.messages, plan) == []
             sent = result.messages
             summaries.append(result.summary_text)
+            if memory is not None:
+                memory += [item.content for item in result.memory_items]
     return summaries
 
 
 async def test_fallback_summaries_merge_instead_of_nesting() -> None:
-    summaries = await _grow_and_compact(None)
+    memory: list[str] = []
+    summaries = await _grow_and_compact(None, memory=memory)
     assert len(summaries) >= 3
     last = summaries[-1]
     assert last.count("Built without the model") == 1
     assert last.count("## Ledger of the condensed turns") == 1
     assert "Earlier summary" not in last and "chars omitted" not in last
-    assert "Task 1: edit src/module_1.py" in last  # the first folded request is carried
+    # Every folded request is carried in the summary, or moved to memory when it had no room.
+    kept = "\n".join([last, *memory])
+    assert all(f"Task {i}: edit src/module_{i}.py" in kept for i in range(1, 20))
+    assert "Task 19: edit src/module_19.py" in last  # the newest first when room is short
 
 
 async def test_a_forgetful_model_does_not_lose_what_code_collected() -> None:
-    lossy = await _grow_and_compact(ScriptedLLM(summary=LOSSY))
+    memory: list[str] = []
+    lossy = await _grow_and_compact(ScriptedLLM(summary=LOSSY), memory=memory)
     plain = await _grow_and_compact(None)
     assert len(lossy) >= 3 and lossy[-1].startswith(LOSSY)
-    assert "Task 1: edit src/module_1.py" in lossy[-1]
+    kept = "\n".join([lossy[-1], *memory])
+    assert all(f"Task {i}: edit src/module_{i}.py" in kept for i in range(1, 20))
     assert lossy[-1].count("## Ledger of the condensed turns") == 1
     requests = lossy[-1].count("  - Task ")
     assert requests >= plain[-1].count("  - Task ") - 1 and requests >= 3
