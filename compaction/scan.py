@@ -116,7 +116,7 @@ _ERROR_LINE = re.compile(
 # A number of three or more digits is shown with the words before it (or, opening a line, after
 # it): "order 12345", never a bare 12345. The digits are found over the whole text; each hit looks
 # only at a bounded slice around it, so no long run can make the scan quadratic.
-_DIGITS = re.compile(r"(?<![^\W\d])\d{3,}")  # not the digits of an identifier like abc123
+_DIGITS = re.compile(r"(?<!\w)\d{3,}")  # not digits inside a word (abc123, user_7287)
 _CONTEXT_CHARS = 130
 _IDENTIFIER = re.compile(r"\b(?=[A-Za-z_-]*\d)(?=[\d_-]*[A-Za-z])[A-Za-z0-9_-]{5,40}\b")
 
