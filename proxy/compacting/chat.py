@@ -11,11 +11,13 @@ import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import orjson
 
 from compaction import HeuristicEstimator
+from proxy.compacting.splice import FieldSpan, locate_field
 
 _HEAD_ROLES = ("system", "developer")
 _FIXED_COST_PARTS = (b'"image_url"', b'"input_audio"', b'"file"')
@@ -41,6 +43,8 @@ def may_need_parsing(
 
 @dataclass(frozen=True)
 class ChatRequest:
+    body: bytes
+    """The bytes as received: a compacted request is these with `messages` replaced."""
     payload: dict[str, Any]
     messages: list[Any]
     tools: Any
@@ -76,8 +80,15 @@ class ChatRequest:
         return replace(self, window=window, factor=factor, estimator=HeuristicEstimator(factor))
 
     def serialize(self, messages: list[Any]) -> bytes:
-        """The request with `messages` replaced; every other field as sent, in its place."""
+        """The request with `messages` replaced; every other byte as sent (see splice)."""
+        value = orjson.dumps(messages)
+        if self._messages_span is not None:
+            return self._messages_span.replace(self.body, value)
         return orjson.dumps({**self.payload, "messages": messages})
+
+    @cached_property
+    def _messages_span(self) -> FieldSpan | None:
+        return locate_field(self.body, self.payload, "messages")
 
 
 def model_of(payload: dict[str, Any]) -> str:

@@ -108,6 +108,7 @@ class CompactingHook:
         session_id = ctx.explicit_session or opening
         factor = self.calibration.factor(model)
         return ChatRequest(
+            body=body,
             payload=payload,
             messages=messages,
             tools=payload.get("tools"),
