@@ -78,15 +78,17 @@ def _value_start(body: bytes, field: str, keys_before: list[str]) -> int | None:
 
 
 def _value_end(body: bytes, start: int, keys_after: list[str]) -> int | None:
+    # Searched from the end: the fields after the value are usually small, the value (the
+    # conversation) large, and the first top-level candidate met from the end is the right one.
     needle = orjson.dumps(keys_after[0])
-    position = body.find(needle, start)
+    position = body.rfind(needle, start)
     for _ in range(_MAX_CANDIDATES):
         if position < 0:
             return None
         comma = _end_before_space(body, position) - 1
         if body[comma : comma + 1] == b"," and _closes_object_with(body[comma + 1 :], keys_after):
             return _end_before_space(body, comma)
-        position = body.find(needle, position + 1)
+        position = body.rfind(needle, start, position)
     return None
 
 
