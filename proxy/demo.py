@@ -21,7 +21,7 @@ from aiohttp import web
 
 from compaction import SUMMARY_MARKER
 from proxy.app import create_app
-from proxy.compacting.hook import STATUS, TOKENS_AFTER, TOKENS_BEFORE
+from proxy.compacting.exchange import STATUS, TOKENS_AFTER, TOKENS_BEFORE
 from proxy.http.serving import serve_on_loopback
 from proxy.settings import Settings
 

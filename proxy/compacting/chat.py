@@ -104,19 +104,26 @@ def max_output_of(payload: dict[str, Any]) -> int | None:
     return None
 
 
-def fingerprint(payload: Mapping[str, Any]) -> str:
+def fingerprint(payload: Mapping[str, Any], tenant: bytes = b"") -> str:
     """A stable session id for a chat request that names none: a digest of the conversation's
-    opening (the head system/developer messages, the tool names and the first user message).
+    opening (the head system/developer messages, the tool names and the first user message)
+    and of the caller's credentials (`tenant`, a digest already).
 
     The first user message is part of it because the system prompt alone is the same for every
-    conversation of one agent."""
+    conversation of one agent; the credentials, because two tenants whose conversations open
+    the same way must never share a session, its records or its memory file."""
     messages = payload.get("messages")
     messages = messages if isinstance(messages, list) else []
     first_user = next(
         (m.get("content") for m in messages if isinstance(m, Mapping) and m.get("role") == "user"),
         None,
     )
-    opening = {"head": _head_contents(messages), "tools": _tool_names(payload), "user": first_user}
+    opening = {
+        "head": _head_contents(messages),
+        "tools": _tool_names(payload),
+        "user": first_user,
+        "tenant": tenant.hex(),
+    }
     try:
         canonical = orjson.dumps(opening, option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits from a lenient parser

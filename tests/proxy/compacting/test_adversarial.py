@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
+import pytest
+from aiohttp import web
 
 from compaction import is_summary_message
-from tests.fakes.script import Script
+from tests.fakes.script import Script, tokens
 from tests.proxy.compacting.conftest import WINDOW, conversation_of, post
 from tests.proxy.conftest import RunningProxy
 
@@ -58,3 +61,81 @@ async def test_a_compacted_request_keeps_every_other_field_byte_for_byte(
     (sent,) = script.calls(None)
     assert sent.body.startswith(head) and sent.body.endswith(tail)
     assert is_summary_message(orjson.loads(sent.body)["messages"][1])
+
+
+def _overflow_once(script: Script, limit: int) -> list[int]:
+    """The agent's first chat call answers a context-length error naming `limit`."""
+    chat = script.chat
+    seen: list[int] = []
+
+    async def reply(request: web.Request) -> web.StreamResponse:
+        seen.append(1)
+        if len(seen) == 1:
+            error = {
+                "message": f"This model's maximum context length is {limit} tokens. However, "
+                "your messages resulted in 3100 tokens.",
+                "type": "invalid_request_error",
+                "code": "context_length_exceeded",
+            }
+            return web.json_response({"error": error}, status=400)
+        return await chat(request)
+
+    script.chat = reply
+    return seen
+
+
+async def test_headers_after_an_overflow_retry_describe_the_retried_request(
+    start: Any, script: Script, client: aiohttp.ClientSession
+) -> None:
+    proxy = await start()
+    _overflow_once(script, 2000)
+    response = await post(client, proxy, conversation_of(int(WINDOW * 0.7)))
+    assert response.status == 200 and len(script.calls(None)) == 2
+    assert response.headers["x-compaction-status"] == "applied"
+    before = int(response.headers["x-compaction-tokens-before"])
+    after = int(response.headers["x-compaction-tokens-after"])
+    assert after < 2000 < before
+    assert response.headers["x-compaction-id"]
+
+
+async def test_an_overflow_on_an_unparsed_body_is_compacted_retried_and_the_limit_learned(
+    start: Any, script: Script, client: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The default 128k window in front of a model that really has 2000 tokens: a 3000-token
+    # body is far below anything the proxy would parse.
+    proxy = await start(models={"default_context_window": 128000})
+    _overflow_once(script, 2000)
+    messages = conversation_of(3000)
+    with caplog.at_level(logging.INFO):
+        first = await post(client, proxy, messages)
+        assert first.status == 200 and len(script.calls(None)) == 2
+        assert first.headers["x-compaction-status"] == "applied"
+        assert tokens(orjson.loads(script.calls(None)[1].body)["messages"]) < 2000
+        # Learned: the next request of that model is compacted before it goes out.
+        grown = conversation_of(3300, grow=messages)
+        second = await post(client, proxy, grown, session="agent-2")
+    assert second.status == 200 and len(script.calls(None)) == 3
+    assert second.headers["x-compaction-status"] == "applied"
+    hints = [r for r in caplog.records if "models.context_windows" in r.getMessage()]
+    assert len(hints) == 1
+
+
+async def test_fingerprint_sessions_are_never_shared_between_credentials(
+    start: Any, script: Script, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    proxy = await start()
+    messages = conversation_of(int(WINDOW * 1.2))
+    sessions = []
+    for key in ("Bearer sk-tenant-a", "Bearer sk-tenant-b"):
+        async with client.post(
+            f"{proxy.url}/v1/chat/completions",
+            json={"model": "gpt-test", "messages": messages},
+            headers={"Authorization": key},
+        ) as response:
+            assert response.headers["x-compaction-status"] == "applied"
+            sessions.append(response.headers["x-compaction-session"])
+    assert sessions[0] != sessions[1] and all(s.startswith("fp-") for s in sessions)
+    for session in sessions:
+        lines = (tmp_path / "memory" / session / "compaction_flush.jsonl").read_text()
+        assert "standard library" in lines
+        assert len(await records_of(client, proxy, session)) == 1
