@@ -139,3 +139,14 @@ async def test_fingerprint_sessions_are_never_shared_between_credentials(
         lines = (tmp_path / "memory" / session / "compaction_flush.jsonl").read_text()
         assert "standard library" in lines
         assert len(await records_of(client, proxy, session)) == 1
+
+
+async def test_admin_preview_chars_bounds_summary_previews_and_zero_disables_them(
+    start: Any, script: Script, client: aiohttp.ClientSession
+) -> None:
+    for chars, expected in ((25, 25), (0, 0)):
+        proxy = await start(admin={"preview_chars": chars})
+        await post(client, proxy, conversation_of(int(WINDOW * 1.2)))
+        (record,) = await records_of(client, proxy, "agent-1")
+        assert len(record["summary_preview"]) == expected
+        assert record["summary_chars"] > 25
