@@ -58,3 +58,22 @@ def test_listening_is_logged_once_bound_and_shutdown_logs_the_drain(tmp_path: Pa
     messages = _messages(stderr)
     assert messages[0].startswith("shutting down")
     assert messages[-1] == "stopped"
+
+
+def test_make_run_takes_a_port_and_arguments_from_the_command_line() -> None:
+    def dry_run(*args: str, env: dict[str, str] | None = None) -> str:
+        result = subprocess.run(
+            ["make", "-n", "run", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={"PATH": "/usr/bin:/bin", **(env or {})},
+        )
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        return next(line.strip() for line in lines if "compaction-proxy " in line)
+
+    assert dry_run("PORT=9000").endswith("--config config.yaml --port 9000")
+    assert "--upstream http://127.0.0.1:1/v1" in dry_run("ARGS=--upstream http://127.0.0.1:1/v1")
+    assert "--port" not in dry_run(env={"PORT": "5000"})  # an exported PORT is not ours
