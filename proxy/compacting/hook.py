@@ -220,14 +220,15 @@ def build_hook(
     records: SessionRecords,
     metrics: CompactionMetrics,
     tasks: BackgroundTasks,
+    compactor: Compactor | None = None,
 ) -> CompactingHook:
     """The compacting hook, configured from `settings` (see app.create_app). `llm_for` defaults
-    to summarizers over `upstream`."""
+    to summarizers over `upstream`, `compactor` to the library's, configured from `settings`."""
     options = settings.compaction
     # A request stops waiting after summary_timeout_s; the summarization itself may go on a
     # while longer in the background and still record its checkpoint.
     llm_timeout_s = options.summary_timeout_s * _BACKGROUND_TIMEOUT_FACTOR
-    compactor = Compactor(
+    compactor = compactor or Compactor(
         settings=options.library_settings(llm_timeout_s=llm_timeout_s),
         memory=MemoryWriter(settings.memory.dir),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -11,10 +12,17 @@ import orjson
 import pytest
 from aiohttp import web
 
-from compaction import is_summary_message
+from compaction import CompactionResult, Compactor, Plan, is_summary_message
+from proxy.compacting.hook import build_hook
+from proxy.compacting.stores.memory import MemoryStore
+from proxy.http.sessions import SessionRecords
+from proxy.http.upstream import Upstream
+from proxy.metrics import Metrics
+from proxy.tasks import BackgroundTasks
 from tests.fakes.script import Script, tokens
+from tests.fakes.upstream import FakeUpstream
 from tests.proxy.compacting.conftest import WINDOW, conversation_of, post
-from tests.proxy.conftest import RunningProxy
+from tests.proxy.conftest import RunningProxy, StartProxy, build_settings
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 
@@ -150,3 +158,54 @@ async def test_admin_preview_chars_bounds_summary_previews_and_zero_disables_the
         (record,) = await records_of(client, proxy, "agent-1")
         assert len(record["summary_preview"]) == expected
         assert record["summary_chars"] > 25
+
+
+class FoldsOnce(Compactor):
+    """A compactor that folds at its first run and can fold nothing after (say, no gain)."""
+
+    runs = 0
+
+    async def run(self, messages: list[Any], plan: Plan, **kwargs: Any) -> CompactionResult:
+        self.runs += 1
+        if self.runs > 1:
+            plan = dataclasses.replace(plan, keep_from=plan.head_end)
+        return await super().run(messages, plan, **kwargs)
+
+
+async def test_failed_is_reported_only_when_the_original_request_went_out(
+    start_proxy: StartProxy, upstream: FakeUpstream, script: Script, client: aiohttp.ClientSession
+) -> None:
+    sections: dict[str, Any] = {
+        "models": {"default_context_window": WINDOW},
+        "compaction": {"keep_recent_rounds": 2, "summary_max_tokens": 300, "precompute_ratio": 0},
+    }
+    settings = build_settings(upstream, **sections)
+    metrics = Metrics()
+    async with Upstream(settings.upstream, metrics) as own_upstream:
+        hook = build_hook(
+            settings,
+            upstream=own_upstream,
+            store=MemoryStore(100, 600),
+            llm_for=None,
+            records=SessionRecords(max_sessions=10, records_per_session=10),
+            metrics=metrics.compaction,
+            tasks=BackgroundTasks(),
+            compactor=FoldsOnce(),
+        )
+        proxy = await start_proxy(hook=hook, **sections)
+        messages = conversation_of(int(WINDOW * 1.2))
+        first = await post(client, proxy, messages)
+        assert first.headers["x-compaction-status"] == "applied"
+        # Past the trigger again, nothing more can be folded: the earlier compaction still
+        # goes out, so this is no failure.
+        grown = conversation_of(int(WINDOW * 2.0), grow=messages)
+        second = await post(client, proxy, grown)
+        assert int(second.headers["x-compaction-tokens-after"]) > 0.85 * WINDOW
+        assert second.headers["x-compaction-status"] == "reused"
+        assert second.headers["x-compaction-id"] == first.headers["x-compaction-id"]
+        # A conversation that could never be compacted: its original goes out, "failed".
+        other = conversation_of(int(WINDOW * 1.2))
+        other[1] = {"role": "user", "content": "Another task."}
+        third = await post(client, proxy, other, session="agent-2")
+        assert third.headers["x-compaction-status"] == "failed"
+        assert orjson.loads(script.calls(None)[-1].body)["messages"] == other
