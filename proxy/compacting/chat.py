@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from compaction import HeuristicEstimator
-from proxy.compacting.splice import FieldSpan, locate_field
+from proxy.compacting.splice import FieldSpan, load_json, locate_field
 
 _HEAD_ROLES = ("system", "developer")
 _FIXED_COST_PARTS = (b'"image_url"', b'"input_audio"', b'"file"')
@@ -66,8 +66,8 @@ class ChatRequest:
     @classmethod
     def parse(cls, body: bytes) -> tuple[dict[str, Any], list[Any]]:
         try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
+            payload = load_json(body)
+        except ValueError as exc:
             raise NotAChat("body is not JSON") from exc
         if not isinstance(payload, dict):
             raise NotAChat("body is not a JSON object")

@@ -209,3 +209,22 @@ async def test_failed_is_reported_only_when_the_original_request_went_out(
         third = await post(client, proxy, other, session="agent-2")
         assert third.headers["x-compaction-status"] == "failed"
         assert orjson.loads(script.calls(None)[-1].body)["messages"] == other
+
+
+async def test_a_body_with_a_number_beyond_any_float_is_still_compacted_byte_for_byte(
+    start: Any, script: Script, client: aiohttp.ClientSession
+) -> None:
+    proxy = await start()
+    huge = b"1" + b"0" * 400  # orjson refuses it: beyond 64 bits and beyond a double
+    head = b'{"model": "gpt-test", "seed": ' + huge + b', "messages": '
+    tail = b', "logit_bias": {"50256": -1e400}}'
+    messages = orjson.dumps(conversation_of(int(WINDOW * 1.2)))
+    async with client.post(
+        f"{proxy.url}/v1/chat/completions",
+        data=head + messages + tail,
+        headers={"Content-Type": "application/json", "X-Session-Id": "agent-1"},
+    ) as response:
+        assert response.status == 200
+        assert response.headers["x-compaction-status"] == "applied"
+    (sent,) = script.calls(None)
+    assert sent.body.startswith(head) and sent.body.endswith(tail)
