@@ -63,6 +63,10 @@ def parse_overflow(status: int, body: bytes) -> Overflow | None:
     )
 
 
+# A stated limit below this is a misread message, not a model's window: never learned.
+_MIN_WINDOW = 512
+
+
 class LearnedWindows:
     """Context windows the upstream stated in its overflow errors, per model (a bounded number
     of models). From then on they cap the configured window: a proxy configured for 128k in
@@ -80,7 +84,7 @@ class LearnedWindows:
 
     def learn(self, model: str, limit: int, configured: int) -> None:
         """`limit` is what the upstream said `model` takes; kept when below what we assumed."""
-        if limit <= 0 or limit >= self.window(model, configured):
+        if limit < _MIN_WINDOW or limit >= self.window(model, configured):
             return
         first = model not in self._windows
         self._windows[model] = limit
