@@ -1,12 +1,13 @@
 """The memory file: items worth keeping, appended to a per-session file, each once.
 
-`{root}/{session_id}/compaction_flush.jsonl` holds one JSON object per line. Each line goes out
-in a single `os.write` on a descriptor opened with O_APPEND under an exclusive `flock`, so
-concurrent writers (tasks or processes) and a writer killed mid-flush leave only whole lines. A short write (a full disk) is
-cut back off, and a line always starts on a fresh line, so every line parses. Files are created
-0600 in directories created 0700; links are never followed (a symlinked folder or file, or a file
-with a second hard link, is refused), so nothing is written outside the root. The only file I/O in
-the library lives here.
+`{root}/{session_id}/compaction_flush.jsonl` holds one JSON object per line. A flush writes the
+file's lines plus its new ones to a temporary file in the session folder and renames it over the
+file, under an exclusive `flock` on the folder: concurrent writers (tasks or processes) take turns,
+and a writer killed mid-flush or stopped by a full disk leaves the file as it was, so every line
+always parses. (An O_APPEND write is not enough: a SIGKILL can cut a large write short.) Files are
+created 0600 in directories created 0700; links are never followed (a symlinked folder, a
+symlinked file or one with a second hard link is refused), so nothing is read or written outside
+the root. The only file I/O in the library lives here.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import errno
 import fcntl
 import os
 import re
+import secrets
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
@@ -29,6 +31,9 @@ from compaction.text import normalize
 from compaction.types import MemoryItem, as_memory_type
 
 FILE_NAME = "compaction_flush.jsonl"
+_TEMPORARY = ".tmp"  # suffix of the file a flush writes before renaming it over FILE_NAME
+_NO_LINKS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # NONBLOCK: a planted FIFO cannot hang us
+_WRITE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_LINKS
 SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
@@ -123,21 +128,20 @@ class MemoryWriter:
             if records:
                 try:
                     await asyncio.to_thread(_append_lines, path, records, self._write)
-                except _PartlyWritten as partly:
-                    _forget(seen, records[partly.done :])
-                    raise partly.error from None
                 except BaseException:
-                    _forget(seen, records)
+                    # Not written (a flush is all or nothing): a later flush may try them again.
+                    for record in records:
+                        seen.discard((record["type"], item_identity(record["content"])))
                     raise
             return records
 
 
 def _load_keys(path: Path) -> set[tuple[str, str]]:
-    """(type, normalized content) of every whole line already in the file."""
+    """(type, normalized content) of every line already in the file."""
     keys: set[tuple[str, str]] = set()
     try:
-        with _open_in_folder(path, os.O_RDONLY) as fd:
-            data = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+        with _session_folder(path, create=False) as folder:
+            data = _read_lines(folder, path.name)
     except FileNotFoundError:
         return keys
     for line in data.splitlines():
@@ -150,79 +154,70 @@ def _load_keys(path: Path) -> set[tuple[str, str]]:
     return keys
 
 
-def _forget(seen: set[tuple[str, str]], records: Sequence[dict[str, str]]) -> None:
-    """Not written after all: a later flush may try these again."""
-    for record in records:
-        seen.discard((record["type"], item_identity(record["content"])))
-
-
-class _PartlyWritten(Exception):
-    """The OSError that stopped an append, and how many records it had written whole."""
-
-    def __init__(self, error: OSError, done: int) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.done = done
-
-
 def _append_lines(
     path: Path, records: Sequence[dict[str, str]], write: Callable[[int, bytes], int]
 ) -> None:
-    """Append one line per record, or raise _PartlyWritten; a line cut short is taken back."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT
-    with _open_in_folder(path, flags) as fd:
-        # Writers of other processes wait here, so the tail checked below is the real tail and a
-        # failed line can be taken back. Released when the descriptor closes, also on a crash.
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        done = 0
+    """The file's lines and one line per record, written to a temporary file renamed over it."""
+    new = b"".join(orjson.dumps(record) + b"\n" for record in records)
+    with _session_folder(path, create=True) as folder:
+        # Every writer, in any process, holds this while it writes; released on close or crash.
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        _remove_leftovers(folder, path.name)
         try:
-            size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                # Another writer was cut short (say by a full disk) and could not clean up:
-                # start on a fresh line rather than glue this record to the torn one.
-                size += _write_whole(fd, b"\n", write, size)
-            for record in records:
-                line = orjson.dumps(record) + b"\n"
-                # One write per line: with O_APPEND the kernel places it whole at the end.
-                size += _write_whole(fd, line, write, size)
-                done += 1
-        except OSError as exc:
-            raise _PartlyWritten(exc, done) from exc
+            old = _read_lines(folder, path.name)
+        except FileNotFoundError:
+            old = b""
+        temporary = f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{_TEMPORARY}"
+        fd = os.open(temporary, _WRITE_NEW, 0o600, dir_fd=folder)
+        try:
+            try:
+                _write_all(fd, old + new, write)
+            finally:
+                os.close(fd)
+            os.rename(temporary, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=folder)
+            raise
 
 
-def _write_whole(fd: int, data: bytes, write: Callable[[int, bytes], int], size: int) -> int:
-    """Write `data` at the end in one call, or take back what a short write left and raise."""
-    written = 0
-    try:
+def _write_all(fd: int, data: bytes, write: Callable[[int, bytes], int]) -> None:
+    while data:
         written = write(fd, data)
-        if written != len(data):
-            raise OSError(errno.ENOSPC, f"short write: {written} of {len(data)} bytes")
-    except OSError:
-        # Only when the file is exactly as this write left it (a writer that takes no lock
-        # may have appended since, and its line must not be cut).
-        with contextlib.suppress(OSError):
-            if written > 0 and os.fstat(fd).st_size == size + written:
-                os.ftruncate(fd, size)
-        raise
-    return written
+        if written <= 0:
+            raise OSError(errno.ENOSPC, "no space left: nothing written")
+        data = data[written:]  # a short write (a filling disk): go on until it fails outright
 
 
-@contextlib.contextmanager
-def _open_in_folder(path: Path, flags: int) -> Iterator[int]:
-    """`path` opened without following a link, in its session folder also opened without
-    following one; a file with another hard link (which could be anywhere) is refused too."""
-    # O_NONBLOCK: a FIFO planted in the folder must not hang the reader (then refused below).
-    nofollow = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | nofollow)
-    try:
-        fd = os.open(path.name, flags | nofollow, 0o600, dir_fd=folder)
-    finally:
-        os.close(folder)
+def _read_lines(folder: int, name: str) -> bytes:
+    """The file's whole lines; a torn tail (from a writer of another kind) is left out."""
+    fd = os.open(name, os.O_RDONLY | _NO_LINKS, dir_fd=folder)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-            raise OSError(errno.EPERM, f"{path} is not a plain file of its own; not written")
-        yield fd
+            raise OSError(errno.EPERM, f"{name} is not a plain file of its own; not used")
+        data = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
     finally:
         os.close(fd)
+    return data if data.endswith(b"\n") or not data else data[: data.rfind(b"\n") + 1]
+
+
+def _remove_leftovers(folder: int, name: str) -> None:
+    """Temporary files of writers killed before their rename (none is writing: we hold the lock)."""
+    prefix = f".{name}."
+    for entry in os.listdir(folder):
+        if entry.startswith(prefix) and entry.endswith(_TEMPORARY):
+            with contextlib.suppress(OSError):
+                os.unlink(entry, dir_fd=folder)
+
+
+@contextlib.contextmanager
+def _session_folder(path: Path, *, create: bool) -> Iterator[int]:
+    """The session folder of `path`, opened without following a link."""
+    if create:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | _NO_LINKS)
+    try:
+        yield folder
+    finally:
+        os.close(folder)

@@ -6,11 +6,17 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from compaction import MemoryItem, MemoryWriter
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _records(path: Path) -> list[dict[str, str]]:
@@ -69,18 +75,15 @@ async def test_a_short_write_on_a_full_disk_leaves_no_torn_line(tmp_path: Path) 
     assert [r["compaction_id"] for r in _records(path)] == ["c1", "c3"]
 
 
-async def test_a_torn_tail_left_by_another_writer_is_never_glued_to_the_next_line(
+async def test_a_torn_tail_left_by_another_writer_is_dropped_never_glued_to_the_next_line(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "s" / "compaction_flush.jsonl"
     path.parent.mkdir(parents=True)
     whole = json.dumps({"type": "fact", "content": "whole"}).encode()
-    path.write_bytes(whole + b"\n" + b'{"type": "fact", "con')  # a writer died mid-line
+    path.write_bytes(whole + b"\n" + b'{"type": "fact", "con')  # an O_APPEND writer died mid-line
     await MemoryWriter(tmp_path).append("s", "c2", [MemoryItem("todo", "next")])
-    lines = path.read_bytes().splitlines()
-    assert json.loads(lines[0])["content"] == "whole"
-    assert lines[1] == b'{"type": "fact", "con'
-    assert json.loads(lines[2])["content"] == "next"
+    assert [r["content"] for r in _records(path)] == ["whole", "next"]
 
 
 class FailingAfter:
@@ -97,16 +100,58 @@ class FailingAfter:
         return os.write(fd, data)
 
 
-async def test_items_not_written_for_lack_of_space_are_written_by_a_later_flush_once(
+async def test_a_flush_the_disk_refuses_writes_none_of_its_items_and_they_come_again_once(
     tmp_path: Path,
 ) -> None:
-    disk = FailingAfter(1)
+    disk = FailingAfter(None)
     writer = MemoryWriter(tmp_path, write=disk)
-    items = [MemoryItem("fact", "a"), MemoryItem("fact", "b")]
+    await writer.append("s", "c1", [MemoryItem("fact", "a")])
+    disk.calls = 0
+    items = [MemoryItem("fact", "a"), MemoryItem("fact", "b"), MemoryItem("fact", "c")]
     with pytest.raises(OSError):
-        await writer.append("s", "c1", items)
+        await writer.append("s", "c2", items)
     path = tmp_path / "s" / "compaction_flush.jsonl"
     assert [r["content"] for r in _records(path)] == ["a"]
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
     disk.calls = None
-    assert await writer.append("s", "c2", items) == [MemoryItem("fact", "b")]
-    assert [r["content"] for r in _records(path)] == ["a", "b"]
+    assert await writer.append("s", "c3", items) == items[1:]
+    assert [r["content"] for r in _records(path)] == ["a", "b", "c"]
+
+
+def test_a_writer_killed_mid_flush_leaves_the_file_whole_every_time(tmp_path: Path) -> None:
+    # Large lines and many kills: an O_APPEND write of 200 KB is cut short by SIGKILL now and
+    # then; a flush renamed into place never is.
+    for attempt in range(8):
+        memory_dir = tmp_path / str(attempt)
+        process = subprocess.Popen(
+            [sys.executable, "-c", _KILLED_WRITER, str(memory_dir)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        try:
+            assert process.stdout is not None and process.stdout.readline() == b"ready\n"
+            time.sleep(0.05 * (attempt % 4))
+        finally:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+        assert len(_records(memory_dir / "victim" / "compaction_flush.jsonl")) >= 2
+
+
+_KILLED_WRITER = """
+import asyncio, sys
+from compaction import MemoryItem, MemoryWriter
+
+async def main():
+    writer = MemoryWriter(sys.argv[1])
+    n = 0
+    while True:
+        await writer.append("victim", f"c{n}", [MemoryItem("fact", f"{n} " + "z" * 200_000)])
+        n += 1
+        if n == 2:
+            print("ready", flush=True)
+
+asyncio.run(main())
+"""
