@@ -7,7 +7,7 @@ Paths, in order of preference:
 - "llm": the model's summary, plus the code-built ledger and any missing key items.
 - "extractive": the model failed (raised, timed out, or answered empty, too short, without
   letters, or with a refusal); the summary is built by code from the ledger (user requests,
-  files, commands, errors, values), the previous summary and the extracted items.
+  tool trail, files, values), the earlier summary's entries merged in, and the extracted items.
 - "dropped": not even the extractive summary fits its budget; a one-line note says how many
   messages were left out.
 - "unchanged": nothing to fold, no gain, a failed check, or an internal error; the input as is.
@@ -22,10 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from compaction.composition import LLM_SHARE
-from compaction.ledger import (
-    overflow_items,
-)
-from compaction.memory import MemoryWriter
+from compaction.memory import MemoryWriter, write_items
 from compaction.messages import CHAT, Shape
 from compaction.offload import Inline, Offload
 from compaction.plan import should_compact
@@ -46,13 +43,7 @@ from compaction.summarize import (
     build_summary_request,
 )
 from compaction.tokens import HeuristicEstimator, estimate_request
-from compaction.types import (
-    ChatLLM,
-    CompactionResult,
-    MemoryItem,
-    Plan,
-    TokenEstimator,
-)
+from compaction.types import ChatLLM, CompactionResult, MemoryItem, Plan, TokenEstimator
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +104,12 @@ class Compactor:
         tools: Any = None,
         max_output_tokens: int | None = None,
         estimator: TokenEstimator | None = None,
+        target_ratio: float | None = None,
     ) -> Plan:
-        return make_plan(self._plan_job(messages, window, tools, max_output_tokens, estimator))
+        """Where to cut; `target_ratio` overrides the setting (a compaction prepared ahead of
+        the trigger aims lower by the growth still to come)."""
+        job = self._plan_job(messages, window, tools, max_output_tokens, estimator, target_ratio)
+        return make_plan(job)
 
     async def plan_async(
         self,
@@ -124,26 +119,34 @@ class Compactor:
         tools: Any = None,
         max_output_tokens: int | None = None,
         estimator: TokenEstimator | None = None,
+        target_ratio: float | None = None,
     ) -> Plan:
         """`plan()`, run through the offload (its cost grows with the whole history)."""
-        job = self._plan_job(messages, window, tools, max_output_tokens, estimator)
+        job = self._plan_job(messages, window, tools, max_output_tokens, estimator, target_ratio)
         return await self.offload.run(make_plan, job)
 
     def _plan_job(self, messages: Sequence[Any], window: int, *rest: Any) -> PlanJob:
-        tools, max_output_tokens, estimator = rest
+        tools, max_output_tokens, estimator, target_ratio = rest
         return PlanJob(
             messages=Packed.of(messages, crossing=self.crossing),
             tools=tools,
             estimator=estimator or self.estimator,
             shape=self.shape,
             window=window,
-            target_ratio=self.settings.target_ratio,
+            target_ratio=target_ratio or self.settings.target_ratio,
             keep_recent_rounds=self.settings.keep_recent_rounds,
             summary_budget_tokens=self.summary_budget(window),
             max_output_tokens=max_output_tokens,
+            strict_alternation=self.settings.strict_alternation,
         )
 
     # ------------------------------------------------------------ running
+
+    async def flush_memory(
+        self, session_id: str | None, compaction_id: str, items: Sequence[MemoryItem]
+    ) -> str | None:
+        """Append `items` to the session's memory file; the error, if writing failed."""
+        return await write_items(self.memory, session_id, compaction_id, items)
 
     async def run(
         self,
@@ -154,11 +157,14 @@ class Compactor:
         session_id: str | None,
         tools: Any = None,
         estimator: TokenEstimator | None = None,
+        flush_memory: bool = True,
     ) -> CompactionResult:
-        """Apply `plan` to `messages`; on any failure the input comes back unchanged, with why."""
+        """Apply `plan` to `messages`; on any failure the input comes back unchanged, with why.
+        With `flush_memory` False the memory items are only returned (a compaction prepared
+        ahead of need writes them with `flush_memory()` when it is applied, if ever)."""
         run = _Run(self, messages, plan, tools, estimator or self.estimator)
         try:
-            return await run.execute(llm, session_id)
+            return await run.execute(llm, session_id, flush_memory=flush_memory)
         except Exception as exc:  # fail open: the agent's request must go out regardless
             logger.warning("compaction failed, forwarding unchanged: %r", exc, exc_info=True)
             return run.unchanged("internal error", errors=(f"{type(exc).__name__}: {exc}",))
@@ -205,7 +211,9 @@ class _Run:
             errors=(*self.errors, *errors),
         )
 
-    async def execute(self, llm: ChatLLM | None, session_id: str | None) -> CompactionResult:
+    async def execute(
+        self, llm: ChatLLM | None, session_id: str | None, *, flush_memory: bool = True
+    ) -> CompactionResult:
         plan, messages, shape = self.plan, self.messages, self.shape
         folded = plan.folded
         if not folded:
@@ -229,7 +237,8 @@ class _Run:
             llm,
             build_summary_request(
                 prepared.transcript,
-                previous_summary=prepared.previous_summary,
+                # The model updates its own text; code carries the ledger and key items forward.
+                previous_summary=(prepared.previous.lead or None) if prepared.previous else None,
                 max_tokens=summary_max_tokens,
                 cjk=prepared.cjk,
             ),
@@ -263,8 +272,11 @@ class _Run:
         # The list is rebuilt here from the caller's own objects (a job's result is a copy).
         inserted = done.summary_message
         compacted = compacted_list(messages, plan, inserted)
-        memory_items = tuple(done.found + overflow_items(done.summary.overflow))
-        await self._flush(session_id, memory_items)
+        memory_items = done.summary.memory_items(done.found)
+        if flush_memory and (
+            error := await self.compactor.flush_memory(session_id, self.compaction_id, memory_items)
+        ):
+            self.errors.append(error)
         return CompactionResult(
             messages=compacted,
             path=done.summary.path,
@@ -283,13 +295,3 @@ class _Run:
             folded_count=len(folded),
             errors=tuple(self.errors),
         )
-
-    async def _flush(self, session_id: str | None, items: Sequence[MemoryItem]) -> None:
-        memory = self.compactor.memory
-        if memory is None or session_id is None or not items:
-            return
-        try:
-            await memory.append(session_id, self.compaction_id, items)
-        except Exception as exc:  # a memory file problem must not cost the compaction
-            logger.warning("memory flush failed for session %r: %r", session_id, exc)
-            self.errors.append(f"memory flush failed: {type(exc).__name__}: {exc}")

@@ -14,15 +14,22 @@ from typing import Any
 
 import orjson
 
-from compaction.composition import Composed, body_budget, compose_summary, is_too_little
+from compaction.composition import (
+    Composed,
+    body_budget,
+    compose_summary,
+    is_too_little,
+    read_previous,
+)
 from compaction.extract import extract_memory_items
 from compaction.invariants import check_compacted
 from compaction.ledger import Ledger, build_ledger
 from compaction.messages import Shape, read_items
 from compaction.plan import plan_compaction
+from compaction.sections import Body
 from compaction.segment import split
 from compaction.settings import CompactionSettings
-from compaction.summarize import summary_message, summary_text
+from compaction.summarize import summary_message
 from compaction.text import is_cjk_dominant
 from compaction.tokens import estimate_request
 from compaction.transcript import render_transcript
@@ -66,6 +73,7 @@ class PlanJob:
     keep_recent_rounds: int
     summary_budget_tokens: int
     max_output_tokens: int | None
+    strict_alternation: bool
 
 
 def make_plan(job: PlanJob) -> Plan:
@@ -77,6 +85,7 @@ def make_plan(job: PlanJob) -> Plan:
         keep_recent_rounds=job.keep_recent_rounds,
         summary_budget_tokens=job.summary_budget_tokens,
         max_output_tokens=job.max_output_tokens,
+        strict_alternation=job.strict_alternation,
     )
 
 
@@ -93,7 +102,10 @@ class FoldJob:
 @dataclass(frozen=True)
 class Fold:
     too_little: bool
-    previous_summary: str | None
+    previous_summary: str
+    """The earlier summaries in the folded span, as text ("" when none)."""
+    previous: Body | None
+    """The same read back into its parts."""
     cjk: bool
     transcript: str
     ledger: Ledger
@@ -104,19 +116,17 @@ def fold(job: FoldJob) -> Fold:
     shape, estimator, folded = job.shape, job.estimator, job.folded.unpack()
     framing = estimator.count_message(summary_message("", shape))
     if is_too_little(sum(estimator.count_message(m) for m in folded), framing):
-        return Fold(True, None, False, "", build_ledger([], []), 0)
+        return Fold(True, "", None, False, "", build_ledger([], []), 0)
     items = read_items(folded, shape)
-    previous = [
-        summary_text(folded[i], shape) for i, it in enumerate(items) if it.kind == "summary"
-    ]
+    previous_summary, previous = read_previous(folded, items, range(len(folded)), shape)
     fresh = [i for i, item in enumerate(items) if item.kind != "summary"]
-    previous_summary = "\n\n".join(t for t in previous if t) or None
     prose = [items[i].text for i in fresh if items[i].is_prose]
     replaced = sum(estimator.count_message(folded[i]) for i in fresh)
     return Fold(
         too_little=False,
         previous_summary=previous_summary,
-        cjk=is_cjk_dominant([*prose, previous_summary or ""]),
+        previous=previous,
+        cjk=is_cjk_dominant([*prose, previous_summary]),
         transcript=render_transcript(
             items,
             fresh,
@@ -162,16 +172,17 @@ def finish(job: FinishJob) -> Finish:
     found, memory_error = extract_memory_items(job.memory_reply, fresh)
     summary = compose_summary(
         job.summary_reply,
-        folded.previous_summary,
+        folded.previous,
         folded.ledger,
         found,
+        quoted=[shape.read(messages[i]).text for i in plan.quoted],
         budget=folded.body_budget,
         folded_count=len(plan.folded),
         estimator=job.estimator,
     )
-    verification = check_preserved(
-        [i.content for i in found] + folded.ledger.key_entries(), summary.body
-    )
+    # The key decisions and user requests; what has no room is in memory_items: moved.
+    keys = [i.content for i in found] + list(folded.ledger.requests)
+    verification = check_preserved(keys, summary.body, moved_to_memory=True)
     inserted = summary_message(summary.body, shape)
     compacted = compacted_list(messages, plan, inserted)
     return Finish(

@@ -99,6 +99,7 @@ class CompactionSection(_Section):
     checkpoint_ttl_s: float = Field(default=21600, gt=0)
     known_requests_mb: float = Field(default=256, ge=0)
     workers: int = Field(default=1, ge=0)
+    strict_alternation: bool = library.STRICT_ALTERNATION
 
     @field_validator("target_ratio")
     @classmethod
@@ -123,6 +124,7 @@ class CompactionSection(_Section):
             keep_recent_rounds=self.keep_recent_rounds,
             summary_max_tokens=self.summary_max_tokens,
             llm_timeout_s=llm_timeout_s,
+            strict_alternation=self.strict_alternation,
         )
 
 
@@ -134,6 +136,7 @@ class AdminSettings(_Section):
     token: str | None = None
     records_per_session: int = Field(default=50, gt=0)
     max_sessions: int = Field(default=10000, gt=0)
+    preview_chars: int = Field(default=400, ge=0)
 
     @field_validator("token")
     @classmethod

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+from cachetools import LRUCache
 
 from compaction import CompactionResult, Compactor, Plan
 from compaction.checkpoints import (
@@ -23,12 +23,13 @@ from compaction.checkpoints import (
     CheckpointStore,
     View,
     checkpoint_after,
+    plan_key,
     prefix_digests,
 )
-from compaction.stages import drop_folded
 from compaction.types import ChatLLM
-from proxy.compacting.chat import ChatRequest
+from proxy.compacting.chat import ChatRequest, Decision
 from proxy.compacting.cooldown import Cooldown
+from proxy.compacting.fallback import fallback
 from proxy.compacting.flight import SingleFlight, wait_shielded
 from proxy.compacting.llm_client import LLMFactory, LLMRequest
 from proxy.compacting.records import record_compaction
@@ -36,20 +37,6 @@ from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
 from proxy.settings import CompactionSection
 from proxy.tasks import BackgroundTasks
-
-# How long a request that stopped waiting for a summary waits for the one built by code.
-_FALLBACK_GRACE_S = 5.0
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What to forward for one request, and what the response headers say about it."""
-
-    messages: list[Any]
-    status: str
-    tokens_before: int
-    tokens_after: int
-    compaction_id: str | None
 
 
 class Conversations:
@@ -74,6 +61,12 @@ class Conversations:
         self._clock = clock
         self._flight: SingleFlight[bytes, CompactionResult] = SingleFlight(tasks)
         self._cooldown = Cooldown(options.failure_threshold, options.failure_cooldown_s, clock)
+        # Reserves whose memory items this process has written (applied at least once).
+        self._flushed: LRUCache[str, None] = LRUCache(options.checkpoint_max_entries)
+        # Compactions some request already went out with: a checkpoint not among them (one
+        # precomputed, or finished after its request left on the fallback) is new to the
+        # conversation when first substituted, and reported "applied", not "reused".
+        self._forwarded: LRUCache[str, None] = LRUCache(options.checkpoint_max_entries)
 
     def estimate(self, chat: ChatRequest, messages: list[Any]) -> int:
         return self._compactor.estimate(messages, chat.tools, estimator=chat.estimator)
@@ -115,6 +108,7 @@ class Conversations:
         if reserve is not None:
             view = View.of(chat.messages, reserve)
             tokens = self.estimate(chat, view.messages)
+            await self._flush_reserve(chat, reserve)
         return await self._compact_view(chat, view, tokens, digests, before, deadline, "overflow")
 
     # -- shared with proxy.compacting.precompute and recall -------------------------------------
@@ -145,16 +139,20 @@ class Conversations:
         parent_view = View.of(chat.messages, parent)
         parent_tokens = self.estimate(chat, parent_view.messages)
         if self.needs(chat, parent_tokens):
+            await self._flush_reserve(chat, newest)
             return view, self.estimate(chat, view.messages), None
         return parent_view, parent_tokens, newest
 
-    async def plan(self, chat: ChatRequest, view: View) -> Plan:
+    async def plan(
+        self, chat: ChatRequest, view: View, *, target_ratio: float | None = None
+    ) -> Plan:
         return await self._compactor.plan_async(
             view.messages,
             window=chat.window,
             tools=chat.tools,
             max_output_tokens=chat.max_output_tokens,
             estimator=chat.estimator,
+            target_ratio=target_ratio,
         )
 
     def running(self, digests: Sequence[bytes]) -> bool:
@@ -162,14 +160,14 @@ class Conversations:
 
     async def is_stored(self, digests: Sequence[bytes], plan: Plan, view: View) -> bool:
         """True when the checkpoint `plan` would produce is already in the store."""
-        key = _key(view, plan, digests)
+        key = plan_key(view, plan, digests)
         return key is not None and await self._stored(digests, key) is not None
 
     def start(
         self, chat: ChatRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
     ) -> asyncio.Task[CompactionResult] | None:
         """The (single-flight) summarization carrying out `plan`; None if it folds nothing new."""
-        key = _key(view, plan, digests)
+        key = plan_key(view, plan, digests)
         if key is None:
             return None
         return self._flight.start(
@@ -193,8 +191,7 @@ class Conversations:
         plan = await self.plan(chat, view)
         task = self.start(chat, view, plan, digests, reason)
         if task is None:
-            status = "reused" if view.base is not None else "failed"
-            return Decision(view.messages, status, before, tokens, None)
+            return self._as_is(view, before, tokens)
         try:
             result = await wait_shielded(task, max(0.0, deadline - self._clock()))
         except Exception as exc:
@@ -205,33 +202,38 @@ class Conversations:
             # writer skips items already there).
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
-            result = await self._fallback(chat, view, plan)
+            result = await fallback(
+                self._run(chat, view, plan, llm=None), view, plan, chat, self._compactor.shape
+            )
         if result.path == "unchanged":
-            return Decision(view.messages, "failed", before, tokens, None)
+            return self._as_is(view, before, tokens)
+        self._forwarded[result.compaction_id] = None
         return Decision(
             result.messages, "applied", before, result.tokens_after, result.compaction_id
         )
 
-    async def _fallback(self, chat: ChatRequest, view: View, plan: Plan) -> CompactionResult:
-        """The summary built by code; when even that is not ready within a few seconds (a huge
-        history: its CPU work queues behind the summarization's), the folded part is dropped
-        with a note, so a request waits summary_timeout_s plus a few seconds at most."""
-        try:
-            return await asyncio.wait_for(self._run(chat, view, plan, llm=None), _FALLBACK_GRACE_S)
-        except TimeoutError:
-            return drop_folded(
-                view.messages,
-                plan,
-                shape=self._compactor.shape,
-                tools=chat.tools,
-                estimator=chat.estimator,
-                compaction_id=uuid.uuid4().hex,
-            )
+    def _as_is(self, view: View, before: int, tokens: int) -> Decision:
+        """Nothing more could be folded: the view goes out as it is. Only a view that is the
+        original request means the compaction failed; one built on a checkpoint still carries
+        an earlier compaction."""
+        if view.base is None:
+            return Decision(view.messages, "failed", before, tokens, None)
+        return self._reused(view, before, tokens)
 
     def _reused(self, view: View, before: int, tokens: int) -> Decision:
+        """`view` substitutes a checkpoint: "reused", or "applied" the first time it goes out."""
+        assert view.base is not None
+        compaction_id = view.base.compaction_id
+        return Decision(
+            view.messages, self.substituted(compaction_id), before, tokens, compaction_id
+        )
+
+    def substituted(self, compaction_id: str) -> str:
+        """Count a checkpoint going out: "reused", or "applied" the first time it does."""
         self._metrics.checkpoint_hits.inc()
-        compaction_id = view.base.compaction_id if view.base is not None else None
-        return Decision(view.messages, "reused", before, tokens, compaction_id)
+        status = "reused" if compaction_id in self._forwarded else "applied"
+        self._forwarded[compaction_id] = None
+        return status
 
     async def _summarize(
         self, chat: ChatRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
@@ -244,7 +246,8 @@ class Conversations:
             self._metrics.cooldown_skips.inc()
         else:
             llm = self._llm_for(LLMRequest(summary_model, chat.credential, chat.auth_headers))
-        result = await self._run(chat, view, plan, llm=llm)
+        # A precomputed compaction may never be applied: its memory items wait in its checkpoint.
+        result = await self._run(chat, view, plan, llm=llm, flush=reason != "precompute")
         if llm is not None and result.path != "unchanged":
             # "unchanged" says nothing about the summarizer (nothing to fold, or no gain).
             ok = result.path == "llm"
@@ -261,7 +264,7 @@ class Conversations:
         return result
 
     async def _run(
-        self, chat: ChatRequest, view: View, plan: Plan, *, llm: ChatLLM | None
+        self, chat: ChatRequest, view: View, plan: Plan, *, llm: ChatLLM | None, flush: bool = True
     ) -> CompactionResult:
         return await self._compactor.run(
             view.messages,
@@ -270,6 +273,16 @@ class Conversations:
             session_id=chat.session_id,
             tools=chat.tools,
             estimator=chat.estimator,
+            flush_memory=flush,
+        )
+
+    async def _flush_reserve(self, chat: ChatRequest, reserve: Checkpoint) -> None:
+        """A precomputed checkpoint is being applied: its memory items are due now (once)."""
+        if reserve.compaction_id in self._flushed or not reserve.memory_items:
+            return
+        self._flushed[reserve.compaction_id] = None
+        await self._compactor.flush_memory(
+            chat.session_id, reserve.compaction_id, reserve.memory_items
         )
 
     async def _stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:
@@ -282,15 +295,3 @@ class Conversations:
             return None
         found = await self._store.longest(digests[:cut])
         return found if found is not None and found.key == key else None
-
-
-def _key(view: View, plan: Plan, digests: Sequence[bytes]) -> bytes | None:
-    """The checkpoint key the plan would produce; None when it folds nothing new."""
-    if plan.keep_from <= plan.head_end or not plan.folded:
-        return None
-    if view.base is not None and plan.keep_from < view.base.prefix_len:
-        return None
-    cut = view.original_index(plan.keep_from)
-    if cut is None or not 0 < cut <= len(digests):
-        return None
-    return digests[cut - 1]

@@ -8,16 +8,23 @@ purpose (like a flow): the retry replaces what was sent, and calibration reads w
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from proxy.compacting.calibration import Calibration
-from proxy.compacting.chat import ChatRequest
+from proxy.compacting.chat import ChatRequest, Decision
 from proxy.compacting.conversations import Conversations
-from proxy.compacting.overflow import parse_overflow
+from proxy.compacting.overflow import LearnedWindows, parse_overflow
+from proxy.hook import Exchange, Passthrough
 from proxy.metrics import CompactionMetrics
 
 log = logging.getLogger(__name__)
+
+STATUS = "x-compaction-status"
+TOKENS_BEFORE = "x-compaction-tokens-before"
+TOKENS_AFTER = "x-compaction-tokens-after"
+COMPACTION_ID = "x-compaction-id"
+SESSION = "x-compaction-session"
 
 # After an overflow without numbers, assume we under-counted by this much.
 _OVERFLOW_BUMP = 1.25
@@ -37,6 +44,7 @@ class CompactedExchange:
         headers: Mapping[str, str],
         conversations: Conversations,
         calibration: Calibration,
+        learned: LearnedWindows,
         metrics: CompactionMetrics,
         full: Callable[[], ChatRequest] | None = None,
     ) -> None:
@@ -49,6 +57,7 @@ class CompactedExchange:
         self._headers = headers
         self._conversations = conversations
         self._calibration = calibration
+        self._learned = learned
         self._metrics = metrics
         self._retried = False
 
@@ -80,10 +89,13 @@ class CompactedExchange:
             )
         else:
             factor = self._calibration.raise_at_least(chat.model, chat.factor * _OVERFLOW_BUMP)
-        window = chat.window
         if overflow.limit:
-            # A stated limit below ours is believed, but never shrinks the budget past half.
-            window = max(min(window, int(overflow.limit * _OVERFLOW_MARGIN)), window // 2)
+            # The upstream's word on its own limit is believed, and remembered for the model.
+            self._learned.learn(chat.model, overflow.limit, chat.window)
+            window = min(chat.window, int(overflow.limit * _OVERFLOW_MARGIN))
+        else:
+            # No number: the window is no larger than what was just refused.
+            window = min(chat.window, max(1, int(self._tokens * _OVERFLOW_MARGIN)))
         harder = chat.with_budget(window=window, factor=factor)
         self._metrics.overflow_retries.inc()
         try:
@@ -97,6 +109,7 @@ class CompactedExchange:
         if decision.status not in ("applied", "reused") or len(retry) >= len(self._body):
             return None  # nothing smaller to send: relay the upstream's error
         self._chat, self._tokens, self._body = harder, decision.tokens_after, retry
+        self._headers = describe(harder, decision)  # the headers tell what went out last
         self._retried = True
         log.info(
             "upstream reported a context overflow; retrying once compacted",
@@ -111,3 +124,58 @@ class CompactedExchange:
         if isinstance(prompt_tokens, int) and self._tokens > 0:
             chat = self._chat
             self._calibration.observe(chat.model, round(self._tokens / chat.factor), prompt_tokens)
+
+
+def describe(chat: ChatRequest, decision: Decision) -> dict[str, str]:
+    """The informational response headers for `decision` on `chat`."""
+    headers = {
+        STATUS: decision.status,
+        SESSION: chat.session_id,
+        TOKENS_BEFORE: str(decision.tokens_before),
+        TOKENS_AFTER: str(decision.tokens_after),
+    }
+    if decision.compaction_id:
+        headers[COMPACTION_ID] = decision.compaction_id
+    return headers
+
+
+class UnparsedExchange:
+    """The exchange of a chat request forwarded unparsed: passes through, unless the upstream
+    answers a context-length error; then `retry` parses and compacts it, and the exchange that
+    made the retry speaks for the request from then on (headers, calibration)."""
+
+    def __init__(
+        self,
+        untouched: Passthrough,
+        retry: Callable[[int, bytes], Awaitable[CompactedExchange | None]],
+    ) -> None:
+        self._current: Exchange = untouched
+        self._retry = retry
+
+    @property
+    def body(self) -> bytes:
+        return self._current.body
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._current.headers
+
+    @property
+    def session_id(self) -> str | None:
+        return self._current.session_id
+
+    @property
+    def wants_usage(self) -> bool:
+        return self._current.wants_usage
+
+    async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
+        if not isinstance(self._current, Passthrough):
+            return None  # one retry only
+        retried = await self._retry(status, body)
+        if retried is None:
+            return None
+        self._current = retried
+        return retried.body
+
+    def observe(self, status: int, usage: dict[str, Any] | None) -> None:
+        self._current.observe(status, usage)

@@ -18,19 +18,26 @@ from compaction.offload import Offload
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.chat import (
     ChatRequest,
+    Decision,
     NotAChat,
     fingerprint,
     max_output_of,
     may_need_parsing,
     model_of,
-    opening_of,
 )
-from proxy.compacting.conversations import Conversations, Decision
-from proxy.compacting.exchange import CompactedExchange
+from proxy.compacting.conversations import Conversations
+from proxy.compacting.exchange import (
+    SESSION,
+    STATUS,
+    CompactedExchange,
+    UnparsedExchange,
+    describe,
+)
 from proxy.compacting.known import Known, KnownRequests, view_parts
 from proxy.compacting.llm_client import LLMFactory, UpstreamLLMFactory
+from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.precompute import Precompute
-from proxy.compacting.recall import Recalled, decide, estimate_known
+from proxy.compacting.recall import Recall, estimate_known
 from proxy.hook import Exchange, Passthrough, RequestContext
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
@@ -39,12 +46,6 @@ from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
-
-STATUS = "x-compaction-status"
-TOKENS_BEFORE = "x-compaction-tokens-before"
-TOKENS_AFTER = "x-compaction-tokens-after"
-COMPACTION_ID = "x-compaction-id"
-SESSION = "x-compaction-session"
 
 # Headers that identify the caller to the upstream besides Authorization (Azure-style keys,
 # OpenAI organisation and project): they go with the proxy's own summary calls and scope reuse.
@@ -66,12 +67,20 @@ class CompactingHook:
         known: KnownRequests | None = None,
     ) -> None:
         self._settings = settings
-        self._known = known or KnownRequests(max_bytes=0, min_body_bytes=0)
         self._options = settings.compaction
         self._conversations = conversations
         self._precompute = precompute
         self._metrics = metrics
         self.calibration = Calibration()
+        self.learned = LearnedWindows()
+        self._recall = Recall(
+            known or KnownRequests(max_bytes=0, min_body_bytes=0),
+            conversations=conversations,
+            precompute=precompute,
+            metrics=metrics,
+            calibration=self.calibration,
+            learned=self.learned,
+        )
         models = settings.models
         self._smallest_window = min(
             [models.default_context_window, *models.context_windows.values()]
@@ -82,31 +91,33 @@ class CompactingHook:
             body=body, headers={STATUS: "none"}, session_id=ctx.explicit_session
         )
         # Chat completions is the one API shape known until dialects/ holds one module per shape.
-        if ctx.route != "chat" or not self._options.enabled or not self._may_reach(body):
+        if ctx.route != "chat" or not self._options.enabled:
             return untouched
-        key = self._known.conversation_key(_scope(ctx), body)
-        known = None
-        seen = self._known.recognize(key, body) if key is not None else None
-        if key is not None and seen is not None:
-            tools, opening = seen.known.fingerprint or (None, None)
-            chat = self._chat_of(
-                ctx,
-                seen.fields,
-                [],
-                opening_messages=seen.known.opening,
-                opening=opening if seen.fields.get("tools") == tools else None,
+        if not self._may_reach(body):
+            # Not parsed; but should the upstream refuse it as too long, the window we assumed
+            # is wrong: parse it then, compact and retry (see _retry_unparsed).
+            return UnparsedExchange(
+                untouched, lambda status, error: self._retry_unparsed(ctx, body, status, error)
             )
-            if chat.seed == seen.known.seed:
-                known = self._known.extend(key, seen)
-                recalled = await self._recall(chat, known)
-                if recalled is not None:
-                    return self._recalled(ctx, body, chat, recalled)
+        key = self._recall.key(ctx, body)
+        known = None
+        if key is not None:
+            recalled, known = await self._recall.recall(
+                key,
+                body,
+                lambda fields, opening, fp: self._chat_of(
+                    ctx, body, fields, [], opening_messages=opening, opening=fp
+                ),
+                lambda: self._parse(ctx, body),
+            )
+            if recalled is not None:
+                return recalled
         try:
             chat = self._parse(ctx, body)
         except NotAChat:
             return untouched
         if key is not None and known is None:
-            known = await self._learn(key, body, chat)
+            known = await self._recall.learn(key, body, chat)
         try:
             return await self._prepare_chat(body, chat, known)
         except Exception:  # fail open: the agent's request always goes through
@@ -123,17 +134,32 @@ class CompactingHook:
     def _may_reach(self, body: bytes) -> bool:
         ratio = min(self._options.precompute_ratio or 1.0, self._options.trigger_ratio)
         factor = self.calibration.max_factor
-        return may_need_parsing(
-            body, smallest_window=self._smallest_window, lowest_ratio=ratio, factor=factor
-        )
+        smallest = min(self._smallest_window, self.learned.smallest() or self._smallest_window)
+        return may_need_parsing(body, smallest_window=smallest, lowest_ratio=ratio, factor=factor)
+
+    async def _retry_unparsed(
+        self, ctx: RequestContext, body: bytes, status: int, error: bytes
+    ) -> CompactedExchange | None:
+        """An exchange that retried the unparsed request `body` after the upstream's
+        context-length `error`, or None (not an overflow, not a chat, nothing to retry with)."""
+        if parse_overflow(status, error) is None:
+            return None
+        try:
+            chat = self._parse(ctx, body)
+        except NotAChat:
+            return None
+        tokens = self._conversations.estimate(chat, chat.messages)
+        exchange = self._exchange(body, chat, Decision(chat.messages, "none", tokens, tokens, None))
+        return exchange if await exchange.retry_after_error(status, error) else None
 
     def _parse(self, ctx: RequestContext, body: bytes) -> ChatRequest:
         payload, messages = ChatRequest.parse(body)
-        return self._chat_of(ctx, payload, messages, opening_messages=messages)
+        return self._chat_of(ctx, body, payload, messages, opening_messages=messages)
 
     def _chat_of(
         self,
         ctx: RequestContext,
+        body: bytes,
         payload: dict[str, Any],
         messages: list[Any],
         *,
@@ -146,15 +172,18 @@ class CompactingHook:
         auth = {name: ctx.headers[name] for name in _AUTH_HEADERS if name in ctx.headers}
         tenant = conversation_seed(ctx.credential or "", *auth.values())
         if opening is None:  # hashing the opening costs as much as the first user message is long
-            opening = fingerprint({"tools": payload.get("tools"), "messages": opening_messages})
+            opening = fingerprint(
+                {"tools": payload.get("tools"), "messages": opening_messages}, tenant
+            )
         session_id = ctx.explicit_session or opening
         factor = self.calibration.factor(model)
         return ChatRequest(
+            body=body,
             payload=payload,
             messages=messages,
             tools=payload.get("tools"),
             model=model,
-            window=self._settings.models.context_window_for(model),
+            window=self.learned.window(model, self._settings.models.context_window_for(model)),
             max_output_tokens=max_output_of(payload),
             session_id=session_id,
             opening=opening,
@@ -164,52 +193,6 @@ class CompactingHook:
             seed=conversation_seed(tenant.hex(), session_id),
             factor=factor,
             estimator=HeuristicEstimator(factor),
-        )
-
-    async def _learn(self, key: bytes, body: bytes, chat: ChatRequest) -> Known | None:
-        try:
-            opening = opening_of(chat.messages)
-            return await self._known.learn(
-                key,
-                body,
-                len(chat.messages),
-                seed=chat.seed,
-                opening=opening,
-                fingerprint=(chat.tools, chat.opening),
-            )
-        except Exception:  # only the next request's speed depends on it
-            log.exception("remembering a long request failed")
-            return None
-
-    async def _recall(self, chat: ChatRequest, known: Known) -> Recalled | None:
-        try:
-            return await decide(chat, known, self._conversations, self._precompute)
-        except Exception:  # the full path decides instead
-            log.exception("deciding from a known request failed; taking the full path")
-            return None
-
-    def _recalled(
-        self, ctx: RequestContext, body: bytes, chat: ChatRequest, recalled: Recalled
-    ) -> Exchange:
-        self._metrics.decisions.labels(status=recalled.status).inc()
-        headers = {
-            STATUS: recalled.status,
-            SESSION: chat.session_id,
-            TOKENS_BEFORE: str(recalled.tokens_before),
-            TOKENS_AFTER: str(recalled.tokens_after),
-        }
-        if recalled.checkpoint is not None:
-            self._metrics.checkpoint_hits.inc()
-            headers[COMPACTION_ID] = recalled.checkpoint.compaction_id
-        return CompactedExchange(
-            chat,
-            body=recalled.body,
-            tokens=recalled.tokens_after,
-            headers=headers,
-            conversations=self._conversations,
-            calibration=self.calibration,
-            metrics=self._metrics,
-            full=lambda: self._parse(ctx, body),
         )
 
     async def _prepare_chat(self, body: bytes, chat: ChatRequest, known: Known | None) -> Exchange:
@@ -224,14 +207,11 @@ class CompactingHook:
             decision = Decision(chat.messages, "none", tokens, tokens, None)
         self._metrics.decisions.labels(status=decision.status).inc()
         self._precompute.after_forwarding(chat, decision.tokens_after, tokens)
-        headers = {
-            STATUS: decision.status,
-            SESSION: chat.session_id,
-            TOKENS_BEFORE: str(decision.tokens_before),
-            TOKENS_AFTER: str(decision.tokens_after),
-        }
-        if decision.compaction_id:
-            headers[COMPACTION_ID] = decision.compaction_id
+        return self._exchange(body, chat, decision, known)
+
+    def _exchange(
+        self, body: bytes, chat: ChatRequest, decision: Decision, known: Known | None = None
+    ) -> CompactedExchange:
         if decision.messages is chat.messages:
             forwarded = body
         elif known is not None:
@@ -242,9 +222,10 @@ class CompactingHook:
             chat,
             body=forwarded,
             tokens=decision.tokens_after,
-            headers=headers,
+            headers=describe(chat, decision),
             conversations=self._conversations,
             calibration=self.calibration,
+            learned=self.learned,
             metrics=self._metrics,
         )
 
@@ -259,14 +240,16 @@ def build_hook(
     metrics: CompactionMetrics,
     tasks: BackgroundTasks,
     offload: Offload | None = None,
+    compactor: Compactor | None = None,
 ) -> CompactingHook:
     """The compacting hook, configured from `settings` (see app.create_app). `llm_for` defaults
-    to summarizers over `upstream`; `offload` runs compactions' CPU work (default: inline)."""
+    to summarizers over `upstream`, `compactor` to the library's, configured from `settings`
+    with `offload` running compactions' CPU work (default: inline)."""
     options = settings.compaction
     # A request stops waiting after summary_timeout_s; the summarization itself may go on a
     # while longer in the background and still record its checkpoint.
     llm_timeout_s = options.summary_timeout_s * _BACKGROUND_TIMEOUT_FACTOR
-    compactor = Compactor(
+    compactor = compactor or Compactor(
         settings=options.library_settings(llm_timeout_s=llm_timeout_s),
         memory=MemoryWriter(settings.memory.dir),
         offload=offload,
@@ -291,9 +274,3 @@ def build_hook(
             offload=offload,
         ),
     )
-
-
-def _scope(ctx: RequestContext) -> str:
-    """Whose conversation a body is: the caller's credentials and the session it named."""
-    auth = [ctx.headers.get(name, "") for name in _AUTH_HEADERS]
-    return "\x00".join([ctx.credential or "", ctx.explicit_session or "", *auth])

@@ -19,6 +19,9 @@ from proxy.tasks import BackgroundTasks
 # Growth (share of the window) after which a conversation with nothing to fold is checked again.
 _RECHECK_GROWTH = 0.02
 
+MIN_PRECOMPUTE_TARGET_RATIO = 0.35
+"""However early a reserve is prepared, it never folds the request below this share."""
+
 
 class Precompute:
     def __init__(
@@ -58,13 +61,20 @@ class Precompute:
             # History only grows: nothing to do until the view grows past the threshold.
             self._quiet_for(chat, raw_tokens, threshold - tokens)
             return
-        plan = await conversations.plan(chat, view)
+        plan = await conversations.plan(chat, view, target_ratio=self._target_ratio(chat, tokens))
         if await conversations.is_stored(digests, plan, view):
             return
         if conversations.start(chat, view, plan, digests, "precompute") is None:
             # Nothing new to fold yet (the recent rounds are all there is): look again once the
             # conversation grew a little, not on every request.
             self._quiet_for(chat, raw_tokens, _RECHECK_GROWTH * chat.window)
+
+    def _target_ratio(self, chat: ChatRequest, tokens: int) -> float:
+        """The target minus the growth still to come before the trigger: applied then, the
+        reserve leaves the request near the target rather than already near the trigger."""
+        options = self._options
+        growth = max(0.0, options.trigger_ratio * chat.window - tokens) / chat.window
+        return max(MIN_PRECOMPUTE_TARGET_RATIO, options.target_ratio - growth)
 
     def _threshold(self, chat: ChatRequest) -> float:
         ratio = self._options.precompute_ratio

@@ -9,17 +9,32 @@ trigger to trust the per-item rounding) is left to the full path: `decide` retur
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
 from compaction import HeuristicEstimator
 from compaction.checkpoints import Checkpoint
 from compaction.tokens import REPLY_PRIMING_TOKENS
-from proxy.compacting.chat import ChatRequest
+from proxy.compacting.calibration import Calibration
+from proxy.compacting.chat import ChatRequest, Decision, opening_of
 from proxy.compacting.conversations import Conversations
-from proxy.compacting.known import Known, Part
+from proxy.compacting.exchange import CompactedExchange, describe
+from proxy.compacting.known import Known, KnownRequests, Part
+from proxy.compacting.overflow import LearnedWindows
 from proxy.compacting.precompute import Precompute
+from proxy.hook import RequestContext
+from proxy.metrics import CompactionMetrics
+
+log = logging.getLogger(__name__)
+
+# Headers that scope a conversation besides Authorization (as proxy.compacting.hook sends them).
+_SCOPE_HEADERS = ("api-key", "x-api-key", "OpenAI-Organization", "OpenAI-Project")
+ChatOf = Callable[[dict[str, Any], list[Any], str | None], ChatRequest]
+"""The hook's request from (fields without the messages, opening messages, known fingerprint)."""
 
 # The remembered counts are per item at calibration 1 and scaled as a sum, the full path rounds
 # per item: within this margin of the trigger the full path decides.
@@ -33,6 +48,89 @@ class Recalled:
     tokens_after: int
     checkpoint: Checkpoint | None
     body: bytes
+
+
+class Recall:
+    """The compacting hook's path for a long conversation's next request: recognized from the
+    last one (proxy.compacting.known), decided from what is remembered when it can be."""
+
+    def __init__(
+        self,
+        known: KnownRequests,
+        *,
+        conversations: Conversations,
+        precompute: Precompute,
+        metrics: CompactionMetrics,
+        calibration: Calibration,
+        learned: LearnedWindows,
+    ) -> None:
+        self._known = known
+        self._conversations = conversations
+        self._precompute = precompute
+        self._metrics = metrics
+        self._calibration = calibration
+        self._learned = learned
+
+    def key(self, ctx: RequestContext, body: bytes) -> bytes | None:
+        """The conversation `body` belongs to: the caller's credentials and named session."""
+        auth = [ctx.headers.get(name, "") for name in _SCOPE_HEADERS]
+        scope = "\x00".join([ctx.credential or "", ctx.explicit_session or "", *auth])
+        return self._known.conversation_key(scope, body)
+
+    async def recall(
+        self, key: bytes, body: bytes, chat_of: ChatOf, parse: Callable[[], ChatRequest]
+    ) -> tuple[CompactedExchange | None, Known | None]:
+        """The exchange decided from what is known (None: the full path decides) and what is
+        known of `body` (None: not recognized)."""
+        seen = self._known.recognize(key, body)
+        if seen is None:
+            return None, None
+        tools, opening = seen.known.fingerprint or (None, None)
+        chat = chat_of(
+            seen.fields, seen.known.opening, opening if seen.fields.get("tools") == tools else None
+        )
+        if chat.seed != seen.known.seed:
+            return None, None
+        known = self._known.extend(key, seen)
+        try:
+            recalled = await decide(chat, known, self._conversations, self._precompute)
+        except Exception:  # the full path decides instead
+            log.exception("deciding from a known request failed; taking the full path")
+            return None, known
+        if recalled is None:
+            return None, known
+        self._metrics.decisions.labels(status=recalled.status).inc()
+        compaction_id = recalled.checkpoint.compaction_id if recalled.checkpoint else None
+        decision = Decision(
+            [], recalled.status, recalled.tokens_before, recalled.tokens_after, compaction_id
+        )
+        exchange = CompactedExchange(
+            chat,
+            body=recalled.body,
+            tokens=recalled.tokens_after,
+            headers=describe(chat, decision),
+            conversations=self._conversations,
+            calibration=self._calibration,
+            learned=self._learned,
+            metrics=self._metrics,
+            full=parse,
+        )
+        return exchange, known
+
+    async def learn(self, key: bytes, body: bytes, chat: ChatRequest) -> Known | None:
+        """Remember a parsed request (the next of its conversation is then recognized)."""
+        try:
+            return await self._known.learn(
+                key,
+                body,
+                len(chat.messages),
+                seed=chat.seed,
+                opening=opening_of(chat.messages),
+                fingerprint=(chat.tools, chat.opening),
+            )
+        except Exception:  # only the next request's speed depends on it
+            log.exception("remembering a long request failed")
+            return None
 
 
 async def decide(
@@ -56,7 +154,8 @@ async def decide(
         return None
     if parts is None:
         return Recalled("none", before, after, None, known.body)
-    return Recalled("reused", before, after, checkpoint, known.splice(parts))
+    status = conversations.substituted(checkpoint.compaction_id)  # type: ignore[union-attr]
+    return Recalled(status, before, after, checkpoint, known.splice(parts))
 
 
 def estimate_known(chat: ChatRequest, known: Known) -> int:

@@ -170,3 +170,14 @@ async def test_event_loop_lag_is_a_metric(
         line for line in lines if line.startswith("compaction_proxy_event_loop_lag_seconds_count")
     ]
     assert float(late[0].split()[-1]) < float(total[0].split()[-1])
+
+
+async def test_metrics_carry_no_created_series(
+    proxy: RunningProxy, client: aiohttp.ClientSession
+) -> None:
+    async with client.post(f"{proxy.url}/v1/chat/completions", data=b"{}"):
+        pass
+    async with client.get(f"{proxy.url}/metrics") as response:
+        text = await response.text()
+    assert "compaction_proxy_requests_total{" in text
+    assert "_created" not in text
