@@ -135,7 +135,7 @@ class Conversations:
             return view, original_tokens, None  # the caller's estimate of the same messages
         if newest is None or not newest.precomputed:
             return view, self.estimate(chat, view.messages), None
-        parent = await self._stored(digests, newest.parent)
+        parent = await self.stored(digests, newest.parent)
         parent_view = View.of(chat.messages, parent)
         parent_tokens = self.estimate(chat, parent_view.messages)
         if self.needs(chat, parent_tokens):
@@ -161,7 +161,7 @@ class Conversations:
     async def is_stored(self, digests: Sequence[bytes], plan: Plan, view: View) -> bool:
         """True when the checkpoint `plan` would produce is already in the store."""
         key = plan_key(view, plan, digests)
-        return key is not None and await self._stored(digests, key) is not None
+        return key is not None and await self.stored(digests, key) is not None
 
     def start(
         self, chat: ChatRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
@@ -285,7 +285,7 @@ class Conversations:
             chat.session_id, reserve.compaction_id, reserve.memory_items
         )
 
-    async def _stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:
+    async def stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:
         """The stored checkpoint under `key`, one of `digests`; None if it is not (any more)."""
         if key is None:
             return None

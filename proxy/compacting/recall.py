@@ -139,9 +139,17 @@ async def decide(
     fixed = chat.estimator.count_tools(chat.tools) + REPLY_PRIMING_TOKENS
     before = estimate_known(chat, known)
     checkpoint = await conversations.latest(known.digests, known.count)
+    if checkpoint is not None and checkpoint.precomputed:
+        # Held in reserve until the view it extends reaches the trigger (Conversations.view):
+        # that view is what goes out meanwhile; the reserve's turn is the full path's.
+        digests = known.request_digests()
+        checkpoint = await conversations.stored(digests, checkpoint.parent)
+        parent_after = _after(chat, known, checkpoint, before, fixed)
+        if conversations.needs(chat, parent_after):
+            return None
     if checkpoint is None:
         after, parts = before, None
-    elif checkpoint.precomputed or checkpoint.cut > known.count:
+    elif checkpoint.cut > known.count:
         return None
     else:
         after = round(_view_tokens(known, checkpoint) * chat.factor) + fixed
@@ -156,6 +164,14 @@ async def decide(
         return Recalled("none", before, after, None, known.body)
     status = conversations.substituted(checkpoint.compaction_id)  # type: ignore[union-attr]
     return Recalled(status, before, after, checkpoint, known.splice(parts))
+
+
+def _after(
+    chat: ChatRequest, known: Known, checkpoint: Checkpoint | None, before: int, fixed: int
+) -> int:
+    if checkpoint is None:
+        return before
+    return round(_view_tokens(known, checkpoint) * chat.factor) + fixed
 
 
 def estimate_known(chat: ChatRequest, known: Known) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from compaction.checkpoints import Checkpoint, MemoryCheckpointStore, longest_of
+from compaction.checkpoints import Checkpoint, MemoryCheckpointStore
 
 
 class MemoryStore:
@@ -18,7 +18,7 @@ class MemoryStore:
         self._table = MemoryCheckpointStore(max_entries, ttl_s, timer)
 
     async def longest(self, digests: Sequence[bytes]) -> Checkpoint | None:
-        return longest_of(self._table.get, digests)
+        return self._table.longest(digests)
 
     async def put(self, checkpoint: Checkpoint) -> None:
         self._table.put(checkpoint)
