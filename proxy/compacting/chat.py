@@ -20,7 +20,8 @@ from compaction import HeuristicEstimator
 from proxy.compacting.splice import FieldSpan, load_json, locate_field
 
 _HEAD_ROLES = ("system", "developer")
-_FIXED_COST_PARTS = (b'"image_url"', b'"input_audio"', b'"file"')
+# One compiled search beats three `in` scans (a few times faster on every unparsed body).
+_FIXED_COST_PART = re.compile(rb'"(?:image_url|input_audio|file)"')
 _MAX_OUTPUT = re.compile(rb'"max(?:_completion)?_tokens"\s*:\s*(\d{1,9})')
 
 
@@ -39,7 +40,7 @@ def may_need_parsing(
     found = _MAX_OUTPUT.search(body) if b'_tokens"' in body else None
     if found and bound + int(found.group(1)) > smallest_window:
         return True
-    return any(part in body for part in _FIXED_COST_PARTS)
+    return _FIXED_COST_PART.search(body) is not None
 
 
 @dataclass(frozen=True)
