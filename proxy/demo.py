@@ -166,6 +166,7 @@ async def run_demo(out: Any = sys.stdout) -> int:
                 },
                 "memory": {"dir": memory_dir},
                 "admin": {"token": "demo-admin"},
+                "state": {"path": f"{memory_dir}/state.sqlite3"},
             }
         )
         proxy_runner, proxy_url = await serve_on_loopback(create_app(settings))

@@ -26,10 +26,10 @@ from compaction.checkpoints import (
 )
 from compaction.types import ChatLLM
 from proxy.compacting.chat import ChatRequest
-from proxy.compacting.cooldown import Cooldown
-from proxy.compacting.flight import SingleFlight, wait_shielded
+from proxy.compacting.flight import SingleFlight, run_once_everywhere, wait_shielded
 from proxy.compacting.llm_client import LLMFactory, LLMRequest
 from proxy.compacting.records import record_compaction
+from proxy.compacting.stores.backend import StateBackend
 from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
 from proxy.settings import CompactionSection
@@ -54,6 +54,7 @@ class Conversations:
         *,
         compactor: Compactor,
         store: CheckpointStore,
+        state: StateBackend,
         llm_for: LLMFactory,
         records: SessionRecords,
         metrics: CompactionMetrics,
@@ -67,8 +68,9 @@ class Conversations:
         self._records = records
         self._metrics = metrics
         self._clock = clock
-        self._flight: SingleFlight[bytes, CompactionResult] = SingleFlight(tasks)
-        self._cooldown = Cooldown(options.failure_threshold, options.failure_cooldown_s, clock)
+        # Cooldowns and cross-process leases live in the state backend (proxy.compacting.stores).
+        self._state = state
+        self._flight: SingleFlight[bytes, CompactionResult | Checkpoint] = SingleFlight(tasks)
 
     def estimate(self, chat: ChatRequest, messages: list[Any]) -> int:
         return self._compactor.estimate(messages, chat.tools, estimator=chat.estimator)
@@ -150,14 +152,22 @@ class Conversations:
 
     def start(
         self, chat: ChatRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
-    ) -> asyncio.Task[CompactionResult] | None:
-        """The (single-flight) summarization carrying out `plan`; None if it folds nothing new."""
+    ) -> asyncio.Task[CompactionResult | Checkpoint] | None:
+        """The (single-flight) summarization carrying out `plan`, or the checkpoint another
+        process stored for it; None if it folds nothing new."""
         key = _key(view, plan, digests)
         if key is None:
             return None
         return self._flight.start(
             key,
-            lambda: self._summarize(chat, view, plan, digests, reason),
+            lambda: run_once_everywhere(
+                self._state,
+                key,
+                lambda: self._summarize(chat, view, plan, digests, reason),
+                lambda: self._stored(digests, key),
+                # As long as the summarizer call itself may take (see hook.build_hook).
+                budget_s=self._options.summary_timeout_s * 3,
+            ),
             name=f"{reason}:{chat.session_id}",
         )
 
@@ -189,6 +199,10 @@ class Conversations:
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
             result = await self._run(chat, view, plan, llm=None)
+        if isinstance(result, Checkpoint):  # another process compacted it
+            done = View.of(chat.messages, result)
+            tokens = self.estimate(chat, done.messages)
+            return Decision(done.messages, "applied", before, tokens, result.compaction_id)
         if result.path == "unchanged":
             return Decision(view.messages, "failed", before, tokens, None)
         return Decision(
@@ -207,7 +221,7 @@ class Conversations:
         # One tenant's failing key must not cool the summarizer down for everyone.
         cooldown_key = f"{summary_model}\x00{chat.tenant.hex()}"
         llm: ChatLLM | None = None
-        if self._cooldown.is_cooling(cooldown_key):
+        if await self._state.is_cooling(cooldown_key):
             self._metrics.cooldown_skips.inc()
         else:
             llm = self._llm_for(LLMRequest(summary_model, chat.credential, chat.auth_headers))
@@ -215,7 +229,7 @@ class Conversations:
         if llm is not None and result.path != "unchanged":
             # "unchanged" says nothing about the summarizer (nothing to fold, or no gain).
             ok = result.path == "llm"
-            self._cooldown.record(cooldown_key, ok=ok)
+            await self._state.record_outcome(cooldown_key, ok=ok)
             self._metrics.summarizer_seconds.observe(result.duration_s)
             if not ok:
                 self._metrics.summarizer_failures.inc()

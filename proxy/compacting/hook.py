@@ -26,6 +26,7 @@ from proxy.compacting.conversations import Conversations, Decision
 from proxy.compacting.exchange import CompactedExchange
 from proxy.compacting.llm_client import LLMFactory, UpstreamLLMFactory
 from proxy.compacting.precompute import Precompute
+from proxy.compacting.stores.backend import StateBackend
 from proxy.hook import Exchange, Passthrough, RequestContext
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
@@ -159,6 +160,7 @@ def build_hook(
     *,
     upstream: Upstream,
     store: CheckpointStore,
+    state: StateBackend,
     llm_for: LLMFactory | None,
     records: SessionRecords,
     metrics: CompactionMetrics,
@@ -178,6 +180,7 @@ def build_hook(
         options,
         compactor=compactor,
         store=store,
+        state=state,
         llm_for=llm_for or UpstreamLLMFactory(upstream, timeout_s=llm_timeout_s),
         records=records,
         metrics=metrics,

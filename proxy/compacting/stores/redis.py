@@ -1,0 +1,300 @@
+"""State in Redis (6+, or Valkey), shared by every replica of the proxy.
+
+- A checkpoint is a hash (`cut`, `body`) under `prefix + "cp:" + key`, kept `ttl_s`, written
+  once: the first replica to write a key wins, so every replica forwards the same prefix.
+- `longest(digests)` is one script call that walks the request's digests from the newest down
+  and stops at the first checkpoint; a reused request walks only what is newer than its
+  checkpoint. Checkpoints already read are kept decoded in a bounded cache (they never change).
+- Single-flight across replicas: a lease per checkpoint key (`SET NX PX` holding a fencing id
+  from `INCR`), renewed by its holder, released or renewed only by the holder of that id. A
+  replica that dies lets its lease expire. Releases and writes are published on one channel;
+  waiting replicas are woken by it (one subscription per process), re-checking at most once a
+  second in case a notice is lost.
+- Cooldowns per summary model and tenant: a failure counter, and a key that exists while
+  cooling down.
+Scripts touch keys derived from their arguments, so this is for a single Redis, not Cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from cachetools import LRUCache
+
+from compaction.checkpoints import Checkpoint
+from proxy.compacting.stores.backend import Lease
+
+log = logging.getLogger(__name__)
+
+PREFIX = "compaction-proxy:"
+_CACHED_CHECKPOINTS = 1024
+_RECHECK_S = 1.0
+_FAILURES_TTL_S = 86400
+
+# KEYS: none. ARGV: prefix, concatenated 16-byte digests. The 1-based number of digests of the
+# longest prefix with a checkpoint of that cut, or 0.
+_LONGEST = """
+local digests = ARGV[2]
+local size = 16
+for cut = #digests / size, 1, -1 do
+  local key = ARGV[1] .. string.sub(digests, (cut - 1) * size + 1, cut * size)
+  local stored = redis.call('HGET', key, 'cut')
+  if stored and tonumber(stored) == cut then return cut end
+end
+return 0
+"""
+# KEYS: checkpoint. ARGV: cut, body, ttl ms, channel, notice. First writer wins.
+_PUT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], 'cut', ARGV[1], 'body', ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1
+"""
+# KEYS: lock, fence counter. ARGV: ttl ms. The fencing id, or nil while someone holds the lock.
+_ACQUIRE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return nil end
+local fence = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], fence, 'PX', ARGV[1])
+return fence
+"""
+# KEYS: lock. ARGV: fencing id, ttl ms.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+# KEYS: lock. ARGV: fencing id, channel, notice.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+"""
+
+
+class RedisLease:
+    def __init__(self, store: RedisStore, key: bytes, fence: int, ttl_s: float) -> None:
+        self._store = store
+        self._key = key
+        self.fence = fence
+        self._ttl_ms = int(ttl_s * 1000)
+        self.renew_every_s: float | None = ttl_s / 3
+
+    async def renew(self) -> bool:
+        lock = self._store.lock_key(self._key)
+        return bool(await self._store.script(_RENEW, [lock], [self.fence, self._ttl_ms]))
+
+    async def release(self) -> None:
+        lock = self._store.lock_key(self._key)
+        await self._store.script(_RELEASE, [lock], [self.fence, self._store.channel, self._key])
+
+
+class RedisStore:
+    name = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        ttl_s: float,
+        failure_threshold: int,
+        failure_cooldown_s: float,
+        lease_ttl_s: float,
+        timeout_s: float,
+        prefix: str = PREFIX,
+    ) -> None:
+        self._url = url
+        self._ttl_ms = max(1, int(ttl_s * 1000))
+        self._threshold = failure_threshold
+        self._cooldown_ms = int(failure_cooldown_s * 1000)
+        self._lease_ttl_s = lease_ttl_s
+        self._timeout_s = timeout_s
+        self._prefix = prefix.encode()
+        self.channel = f"{prefix}done"
+        self._client: aioredis.Redis | None = None
+        self._scripts: dict[str, Any] = {}
+        self._cache: LRUCache[bytes, Checkpoint] = LRUCache(_CACHED_CHECKPOINTS)
+        self._waiters: dict[bytes, set[asyncio.Event]] = {}
+        self._listener: asyncio.Task[None] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        # Connections are made on first use, so an unreachable Redis does not stop the start.
+        self._client = aioredis.from_url(
+            self._url,
+            socket_timeout=self._timeout_s,
+            socket_connect_timeout=self._timeout_s,
+            retry_on_timeout=False,
+        )
+        self._listener = asyncio.get_running_loop().create_task(
+            self._listen(), name="state-redis-notices"
+        )
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+            self._listener = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    async def longest(self, digests: Sequence[bytes]) -> Checkpoint | None:
+        if not digests:
+            return None
+        packed = b"".join(digests)
+        cut = int(await self.script(_LONGEST, [], [self._prefix + b"cp:", packed]))
+        while cut > 0:
+            key = digests[cut - 1]
+            found = self._cache.get(key)
+            if found is None:
+                found = await self._read(key, cut)
+            if found is not None:
+                return found
+            # Expired or unreadable since the script ran: look below it.
+            cut = int(
+                await self.script(_LONGEST, [], [self._prefix + b"cp:", packed[: (cut - 1) * 16]])
+            )
+        return None
+
+    async def _read(self, key: bytes, cut: int) -> Checkpoint | None:
+        body = await self._require().hget(self._checkpoint_key(key), "body")
+        if body is None:
+            return None
+        try:
+            found = Checkpoint.from_json(orjson.loads(body))
+        except (ValueError, orjson.JSONDecodeError):
+            return None  # written by another version, or damaged: a miss, never a crash
+        if found.cut != cut or found.key != key:
+            return None
+        self._cache[key] = found
+        return found
+
+    async def put(self, checkpoint: Checkpoint) -> None:
+        body = orjson.dumps(checkpoint.to_json())
+        await self.script(
+            _PUT,
+            [self._checkpoint_key(checkpoint.key)],
+            [checkpoint.cut, body, self._ttl_ms, self.channel, checkpoint.key],
+        )
+
+    # -- cooldowns ---------------------------------------------------------------------------
+
+    async def is_cooling(self, key: str) -> bool:
+        return bool(await self._require().exists(self._cooldown_key(key, "until")))
+
+    async def record_outcome(self, key: str, *, ok: bool) -> None:
+        client = self._require()
+        failures_key = self._cooldown_key(key, "failures")
+        if ok:
+            await client.delete(failures_key, self._cooldown_key(key, "until"))
+            return
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.incr(failures_key)
+            pipe.expire(failures_key, _FAILURES_TTL_S)
+            failures, _ = await pipe.execute()
+        if int(failures) >= self._threshold and self._cooldown_ms > 0:
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.set(self._cooldown_key(key, "until"), 1, px=self._cooldown_ms)
+                pipe.delete(failures_key)
+                await pipe.execute()
+
+    # -- single-flight -----------------------------------------------------------------------
+
+    async def acquire(self, key: bytes) -> Lease | None:
+        fence = await self.script(
+            _ACQUIRE,
+            [self.lock_key(key), self._prefix + b"fence"],
+            [int(self._lease_ttl_s * 1000)],
+        )
+        if fence is None:
+            return None
+        return RedisLease(self, key, int(fence), self._lease_ttl_s)
+
+    async def wait(self, key: bytes, timeout_s: float) -> None:
+        client = self._require()
+        deadline = time.monotonic() + timeout_s
+        woken = asyncio.Event()
+        self._waiters.setdefault(key, set()).add(woken)
+        try:
+            while True:
+                # Registered before checking, so a notice between the check and the wait counts.
+                woken.clear()
+                async with client.pipeline(transaction=False) as pipe:
+                    pipe.exists(self._checkpoint_key(key))
+                    pipe.pttl(self.lock_key(key))
+                    stored, lock_ms = await pipe.execute()
+                remaining = deadline - time.monotonic()
+                if stored or lock_ms < 0 or remaining <= 0:
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        woken.wait(), min(remaining, _RECHECK_S, lock_ms / 1000 + 0.01)
+                    )
+        finally:
+            waiters = self._waiters.get(key)
+            if waiters is not None:
+                waiters.discard(woken)
+                if not waiters:
+                    del self._waiters[key]
+
+    async def _listen(self) -> None:
+        """Wake this process's waiters on the notices of every replica; reconnects forever."""
+        while True:
+            try:
+                pubsub = self._require().pubsub(ignore_subscribe_messages=True)
+                try:
+                    await pubsub.subscribe(self.channel)
+                    while True:
+                        message = await pubsub.get_message(timeout=_RECHECK_S)
+                        if message is not None and message.get("type") == "message":
+                            self._wake(bytes(message["data"]))
+                finally:
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()  # type: ignore[no-untyped-call]
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # The guard reports outages from the calls themselves; waiters re-check anyway.
+                log.debug("redis notices interrupted", extra={"error": repr(exc)})
+            for waiters in list(self._waiters.values()):
+                for woken in waiters:
+                    woken.set()
+            await asyncio.sleep(_RECHECK_S)
+
+    def _wake(self, key: bytes) -> None:
+        for woken in self._waiters.get(key, ()):
+            woken.set()
+
+    # -- keys and calls ------------------------------------------------------------------------
+
+    async def script(self, source: str, keys: list[Any], args: list[Any]) -> Any:
+        script = self._scripts.get(source)
+        if script is None:
+            script = self._scripts[source] = self._require().register_script(source)
+        return await script(keys=keys, args=args)
+
+    def lock_key(self, key: bytes) -> bytes:
+        return self._prefix + b"lock:" + key
+
+    def _checkpoint_key(self, key: bytes) -> bytes:
+        return self._prefix + b"cp:" + key
+
+    def _cooldown_key(self, key: str, part: str) -> str:
+        return f"{self._prefix.decode()}cooldown:{part}:{key}"
+
+    def _require(self) -> aioredis.Redis:
+        if self._client is None:
+            raise ConnectionError("the redis store is not open")
+        return self._client
