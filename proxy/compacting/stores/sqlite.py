@@ -135,7 +135,7 @@ class SqliteStore:
             return None
         try:
             return Checkpoint.from_json(orjson.loads(body))
-        except (ValueError, orjson.JSONDecodeError):
+        except (ValueError, TypeError, orjson.JSONDecodeError):
             # Written by another version, or damaged: a miss, never a crash.
             self._index.pop(key, None)
             return None
@@ -227,12 +227,13 @@ class SqliteStore:
             self._connection.close()
             self._connection = None
 
-    def _select(self, key: bytes) -> bytes | None:
+    def _select(self, key: bytes) -> Any:
+        """The stored body (bytes, or whatever another writer left there), None if none."""
         connection = self._require()
         row = connection.execute(
             "SELECT body FROM checkpoints WHERE key = ? AND expires_at > ?", (key, self._clock())
         ).fetchone()
-        return bytes(row[0]) if row is not None else None
+        return row[0] if row is not None else None
 
     def _commit(self) -> None:
         with self._pending_lock:
