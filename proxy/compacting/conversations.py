@@ -86,13 +86,7 @@ class Conversations:
         view, tokens, _ = await self.view(chat, digests)
         if view.base is not None and not self.needs(chat, tokens):
             return self._reused(view, before, tokens)
-        pending = self._flight.find(reversed(digests))
-        if pending is not None:
-            # A compaction of this conversation is under way (a precompute, or a concurrent
-            # request): wait for it rather than summarize the same history again.
-            # Timed out, or it failed (and logged): go on with our own plan.
-            with contextlib.suppress(Exception):
-                await wait_shielded(pending, max(0.0, deadline - self._clock()))
+        if await self._wait_for_running(digests, deadline):
             view, tokens, _ = await self.view(chat, digests)
             if view.base is not None and not self.needs(chat, tokens):
                 return self._reused(view, before, tokens)
@@ -142,8 +136,11 @@ class Conversations:
             estimator=chat.estimator,
         )
 
-    def running(self, digests: Sequence[bytes]) -> bool:
-        return self._flight.find(digests) is not None
+    async def is_running(self, digests: Sequence[bytes]) -> bool:
+        """True while a compaction of this conversation runs, here or in another process."""
+        return (
+            self._flight.find(digests) is not None or await self._state.holder(digests) is not None
+        )
 
     async def is_stored(self, digests: Sequence[bytes], plan: Plan, view: View) -> bool:
         """True when the checkpoint `plan` would produce is already in the store."""
@@ -208,6 +205,22 @@ class Conversations:
         return Decision(
             result.messages, "applied", before, result.tokens_after, result.compaction_id
         )
+
+    async def _wait_for_running(self, digests: Sequence[bytes], deadline: float) -> bool:
+        """Wait for a compaction of this conversation under way (a precompute, or a concurrent
+        request, here or on another replica) rather than summarize the same history again;
+        False when none is. Timed out, or it failed (and logged): the caller goes on."""
+        remaining = max(0.0, deadline - self._clock())
+        pending = self._flight.find(reversed(digests))
+        if pending is not None:
+            with contextlib.suppress(Exception):
+                await wait_shielded(pending, remaining)
+            return True
+        held = await self._state.holder(digests)
+        if held is None:
+            return False
+        await self._state.wait(held, remaining)
+        return True
 
     def _reused(self, view: View, before: int, tokens: int) -> Decision:
         self._metrics.checkpoint_hits.inc()

@@ -51,6 +51,11 @@ class StateBackend(Protocol):
         """The lease for checkpoint `key`, or None while another process holds it."""
         ...
 
+    async def holder(self, digests: Sequence[bytes]) -> bytes | None:
+        """The newest of `digests` whose lease another process may hold (None: none held, or a
+        backend only this process uses): a compaction of that conversation is under way."""
+        ...
+
     async def wait(self, key: bytes, timeout_s: float) -> None:
         """Return when the holder of `key`'s lease let go (done, failed or gone) or after
         `timeout_s`, whichever is first; woken by a notice, never by tight polling."""

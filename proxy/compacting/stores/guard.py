@@ -87,6 +87,9 @@ class Guarded:
         # Down: this process computes on its own; single-flight still holds inside it.
         return await self._call("lease", lambda: self.backend.acquire(key), LocalLease)
 
+    async def holder(self, digests: Sequence[bytes]) -> bytes | None:
+        return await self._call("lease", lambda: self.backend.holder(digests), lambda: None)
+
     async def wait(self, key: bytes, timeout_s: float) -> None:
         if self._is_down():
             return

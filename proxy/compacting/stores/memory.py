@@ -56,6 +56,9 @@ class MemoryStore:
     async def acquire(self, key: bytes) -> Lease | None:
         return self._lease
 
+    async def holder(self, digests: Sequence[bytes]) -> bytes | None:
+        return None
+
     async def wait(self, key: bytes, timeout_s: float) -> None:
         return None
 

@@ -29,6 +29,7 @@ import redis.asyncio as aioredis
 from cachetools import LRUCache
 
 from compaction.checkpoints import Checkpoint
+from proxy.compacting.stores import redis_scripts as scripts
 from proxy.compacting.stores.backend import Lease
 
 log = logging.getLogger(__name__)
@@ -37,46 +38,6 @@ PREFIX = "compaction-proxy:"
 _CACHED_CHECKPOINTS = 1024
 _RECHECK_S = 1.0
 _FAILURES_TTL_S = 86400
-
-# KEYS: none. ARGV: prefix, concatenated 16-byte digests. The 1-based number of digests of the
-# longest prefix with a checkpoint of that cut, or 0.
-_LONGEST = """
-local digests = ARGV[2]
-local size = 16
-for cut = #digests / size, 1, -1 do
-  local key = ARGV[1] .. string.sub(digests, (cut - 1) * size + 1, cut * size)
-  local stored = redis.call('HGET', key, 'cut')
-  if stored and tonumber(stored) == cut then return cut end
-end
-return 0
-"""
-# KEYS: checkpoint. ARGV: cut, body, ttl ms, channel, notice. First writer wins.
-_PUT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('HSET', KEYS[1], 'cut', ARGV[1], 'body', ARGV[2])
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-end
-redis.call('PUBLISH', ARGV[4], ARGV[5])
-return 1
-"""
-# KEYS: lock, fence counter. ARGV: ttl ms. The fencing id, or nil while someone holds the lock.
-_ACQUIRE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return nil end
-local fence = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], fence, 'PX', ARGV[1])
-return fence
-"""
-# KEYS: lock. ARGV: fencing id, ttl ms.
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-# KEYS: lock. ARGV: fencing id, channel, notice.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-redis.call('PUBLISH', ARGV[2], ARGV[3])
-return 1
-"""
 
 
 class RedisLease:
@@ -89,11 +50,13 @@ class RedisLease:
 
     async def renew(self) -> bool:
         lock = self._store.lock_key(self._key)
-        return bool(await self._store.script(_RENEW, [lock], [self.fence, self._ttl_ms]))
+        return bool(await self._store.script(scripts.RENEW, [lock], [self.fence, self._ttl_ms]))
 
     async def release(self) -> None:
         lock = self._store.lock_key(self._key)
-        await self._store.script(_RELEASE, [lock], [self.fence, self._store.channel, self._key])
+        await self._store.script(
+            scripts.RELEASE, [lock], [self.fence, self._store.channel, self._key]
+        )
 
 
 class RedisStore:
@@ -154,7 +117,7 @@ class RedisStore:
         if not digests:
             return None
         packed = b"".join(digests)
-        cut = int(await self.script(_LONGEST, [], [self._prefix + b"cp:", packed]))
+        cut = int(await self.script(scripts.LONGEST, [], [self._prefix + b"cp:", packed]))
         while cut > 0:
             key = digests[cut - 1]
             found = self._cache.get(key)
@@ -164,7 +127,9 @@ class RedisStore:
                 return found
             # Expired or unreadable since the script ran: look below it.
             cut = int(
-                await self.script(_LONGEST, [], [self._prefix + b"cp:", packed[: (cut - 1) * 16]])
+                await self.script(
+                    scripts.LONGEST, [], [self._prefix + b"cp:", packed[: (cut - 1) * 16]]
+                )
             )
         return None
 
@@ -184,7 +149,7 @@ class RedisStore:
     async def put(self, checkpoint: Checkpoint) -> None:
         body = orjson.dumps(checkpoint.to_json())
         await self.script(
-            _PUT,
+            scripts.PUT,
             [self._checkpoint_key(checkpoint.key)],
             [checkpoint.cut, body, self._ttl_ms, self.channel, checkpoint.key],
         )
@@ -214,13 +179,21 @@ class RedisStore:
 
     async def acquire(self, key: bytes) -> Lease | None:
         fence = await self.script(
-            _ACQUIRE,
+            scripts.ACQUIRE,
             [self.lock_key(key), self._prefix + b"fence"],
             [int(self._lease_ttl_s * 1000)],
         )
         if fence is None:
             return None
         return RedisLease(self, key, int(fence), self._lease_ttl_s)
+
+    async def holder(self, digests: Sequence[bytes]) -> bytes | None:
+        if not digests:
+            return None
+        cut = int(
+            await self.script(scripts.HOLDER, [], [self._prefix + b"lock:", b"".join(digests)])
+        )
+        return digests[cut - 1] if cut > 0 else None
 
     async def wait(self, key: bytes, timeout_s: float) -> None:
         client = self._require()
