@@ -64,6 +64,7 @@ bench: $(STAMP_BENCH) redis-server
 	$(BIN)/python -m bench.token_accuracy
 	$(BIN)/python -m bench.passthrough
 	$(BIN)/python -m bench.replay
+	$(BIN)/python -m bench.state
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache

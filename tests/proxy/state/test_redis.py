@@ -148,3 +148,30 @@ def redis_server_binary() -> str:
     from tests.proxy.state.conftest import redis_binary
 
     return redis_binary()
+
+
+async def test_the_next_request_on_another_replica_waits_for_the_compaction_under_way(
+    spawn: SpawnProxy, redis_server: RedisServer, script: Script, client: Any
+) -> None:
+    """An agent's next, longer request lands on the other replica while the first replica still
+    summarizes: it waits for that summary instead of writing its own."""
+    a = await spawn("a", state=_redis(redis_server.url))
+    b = await spawn("b", state=_redis(redis_server.url))
+    answer = Script.answer(SUMMARY_TEXT)
+    summarizing = asyncio.Event()
+
+    async def slow_summary(request: web.Request) -> web.StreamResponse:
+        summarizing.set()
+        await asyncio.sleep(1.0)
+        return await answer(request)
+
+    script.summary = slow_summary
+    messages = conversation_of(int(WINDOW * 1.1))
+    first = asyncio.ensure_future(post(client, a, messages))
+    await asyncio.wait_for(summarizing.wait(), 10)
+    later = [*messages, f.assistant("Here it is."), f.user("Thanks, one more thing.")]
+    second = await post(client, b, later)
+    assert (await first).headers["x-compaction-status"] == "applied"
+    assert second.headers["x-compaction-status"] == "reused"
+    assert second.headers["x-compaction-id"] == (await first).headers["x-compaction-id"]
+    assert len(script.calls("summary")) == 1
