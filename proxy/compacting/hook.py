@@ -174,7 +174,7 @@ def build_hook(
     llm_timeout_s = options.summary_timeout_s * _BACKGROUND_TIMEOUT_FACTOR
     compactor = Compactor(
         settings=options.library_settings(llm_timeout_s=llm_timeout_s),
-        memory=MemoryWriter(settings.memory.dir),
+        memory=MemoryWriter(settings.memory.dir, claims=state),
     )
     conversations = Conversations(
         options,

@@ -61,6 +61,14 @@ class StateBackend(Protocol):
         `timeout_s`, whichever is first; woken by a notice, never by tight polling."""
         ...
 
+    async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
+        """Memory items de-duplicated across processes (compaction.memory.ItemClaims): the keys
+        never claimed before for the session. A backend only this process uses claims them all:
+        the memory writer's own de-duplication, reloaded from the file, is enough there."""
+        ...
+
+    async def release(self, session_id: str, keys: Sequence[str]) -> None: ...
+
 
 class LocalLease:
     """The lease of a backend that only this process uses: always granted, nothing to renew

@@ -90,6 +90,15 @@ class Guarded:
     async def holder(self, digests: Sequence[bytes]) -> bytes | None:
         return await self._call("lease", lambda: self.backend.holder(digests), lambda: None)
 
+    async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
+        # Down: every key is new here; the writer's own de-duplication still holds.
+        return await self._call(
+            "memory", lambda: self.backend.claim(session_id, keys), lambda: set(keys)
+        )
+
+    async def release(self, session_id: str, keys: Sequence[str]) -> None:
+        await self._call("memory", lambda: self.backend.release(session_id, keys), lambda: None)
+
     async def wait(self, key: bytes, timeout_s: float) -> None:
         if self._is_down():
             return

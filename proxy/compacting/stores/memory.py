@@ -59,6 +59,12 @@ class MemoryStore:
     async def holder(self, digests: Sequence[bytes]) -> bytes | None:
         return None
 
+    async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
+        return set(keys)
+
+    async def release(self, session_id: str, keys: Sequence[str]) -> None:
+        return None
+
     async def wait(self, key: bytes, timeout_s: float) -> None:
         return None
 

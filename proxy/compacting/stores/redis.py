@@ -11,7 +11,8 @@
   waiting replicas are woken by it (one subscription per process), re-checking at most once a
   second in case a notice is lost.
 - Cooldowns per summary model and tenant: a failure counter, and a key that exists while
-  cooling down.
+  cooling down. Memory items written per session: a set, so replicas writing to one memory
+  directory write each item once.
 Scripts touch keys derived from their arguments, so this is for a single Redis, not Cluster.
 """
 
@@ -175,6 +176,21 @@ class RedisStore:
                 pipe.delete(failures_key)
                 await pipe.execute()
 
+    # -- memory items --------------------------------------------------------------------------
+
+    async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
+        name = self._memory_key(session_id)
+        async with self._require().pipeline(transaction=True) as pipe:
+            for key in keys:
+                pipe.sadd(name, key)
+            pipe.pexpire(name, self._ttl_ms)
+            added = await pipe.execute()
+        return {key for key, new in zip(keys, added, strict=False) if new}
+
+    async def release(self, session_id: str, keys: Sequence[str]) -> None:
+        if keys:
+            await self._require().srem(self._memory_key(session_id), *keys)
+
     # -- single-flight -----------------------------------------------------------------------
 
     async def acquire(self, key: bytes) -> Lease | None:
@@ -263,6 +279,9 @@ class RedisStore:
 
     def _checkpoint_key(self, key: bytes) -> bytes:
         return self._prefix + b"cp:" + key
+
+    def _memory_key(self, session_id: str) -> str:
+        return f"{self._prefix.decode()}memory:{session_id}"
 
     def _cooldown_key(self, key: str, part: str) -> str:
         return f"{self._prefix.decode()}cooldown:{part}:{key}"

@@ -175,3 +175,30 @@ async def test_the_next_request_on_another_replica_waits_for_the_compaction_unde
     assert second.headers["x-compaction-status"] == "reused"
     assert second.headers["x-compaction-id"] == (await first).headers["x-compaction-id"]
     assert len(script.calls("summary")) == 1
+
+
+async def test_replicas_writing_one_memory_directory_write_each_item_once(
+    spawn: SpawnProxy, redis_server: RedisServer, script: Script, client: Any, tmp_path: Any
+) -> None:
+    """B has read the session's memory file before A added an item to it; when B later finds the
+    same item, the shared claims in Redis keep it from being written twice."""
+    a = await spawn("a", state=_redis(redis_server.url))
+    b = await spawn("b", state=_redis(redis_server.url))
+
+    def history(opening: str) -> list[dict[str, Any]]:
+        return [f.system(opening), *conversation_of(int(WINDOW * 1.1))[1:]]
+
+    def remembers(text: str) -> None:
+        script.memory = Script.answer(
+            orjson.dumps([{"type": "decision", "content": text}]).decode()
+        )
+
+    remembers("Ship on Friday.")
+    assert (await post(client, b, history("one"))).headers["x-compaction-status"] == "applied"
+    remembers("Keep the standard library only.")
+    assert (await post(client, a, history("two"))).headers["x-compaction-status"] == "applied"
+    assert (await post(client, b, history("three"))).headers["x-compaction-status"] == "applied"
+    lines = (tmp_path / "memory" / "agent-1" / "compaction_flush.jsonl").read_bytes().splitlines()
+    contents = [orjson.loads(line)["content"] for line in lines]
+    assert contents.count("Ship on Friday.") == 1
+    assert contents.count("Keep the standard library only.") == 1
