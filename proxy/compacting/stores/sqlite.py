@@ -40,6 +40,7 @@ _SCHEMA = (
 _CACHED_CHECKPOINTS = 1024
 _PRUNE_EVERY_S = 60.0
 _Row = tuple[str, tuple[Any, ...]]
+_Opened = tuple[sqlite3.Connection, dict[bytes, tuple[int, float]], list[tuple[str, int, float]]]
 
 
 class SqliteStore:
@@ -65,7 +66,9 @@ class SqliteStore:
         self._cache: LRUCache[bytes, Checkpoint] = LRUCache(_CACHED_CHECKPOINTS)
         self._lease = LocalLease()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._connection: sqlite3.Connection | None = None  # used by the writer thread only
+        # Used by the writer thread only; set on the loop once its keys are loaded.
+        self._connection: sqlite3.Connection | None = None
+        self._opening: asyncio.Future[_Opened] | None = None
         self._pending: list[tuple[_Row, concurrent.futures.Future[None]]] = []
         self._pending_lock = threading.Lock()
         self._pruned_at = 0.0
@@ -83,16 +86,29 @@ class SqliteStore:
         self._executor = None
 
     async def _ensure_open(self) -> None:
-        """Open the file and load its keys; retried by the next call after a failure."""
+        """Open the file and load its keys; retried by the next call after a failure. A caller
+        that gives up (the guard's timeout) leaves the opening running for the next one."""
         if self._connection is not None:
             return
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, "state-sqlite")
-        index, cooldowns = await self._in_thread(self._connect)
+        if self._opening is None:
+            loop = asyncio.get_running_loop()
+            self._opening = loop.run_in_executor(self._executor, self._connect)
+        opening = self._opening
+        try:
+            connection, index, cooldowns = await asyncio.shield(opening)
+        except Exception:
+            self._opening = None  # failed: the next call tries again
+            raise
+        if self._connection is not None:  # another caller applied it meanwhile
+            return
+        self._opening = None
         for key, entry in index.items():
             self._index.setdefault(key, entry)
         for name, failures, until in cooldowns:
             self._cooldown.restore(name, failures, until)
+        self._connection = connection
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -197,7 +213,7 @@ class SqliteStore:
             raise RuntimeError("the state file is closed")
         return await asyncio.get_running_loop().run_in_executor(self._executor, call, *args)
 
-    def _connect(self) -> tuple[dict[bytes, tuple[int, float]], list[tuple[str, int, float]]]:
+    def _connect(self) -> _Opened:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
@@ -227,8 +243,7 @@ class SqliteStore:
         except BaseException:
             connection.close()
             raise
-        self._connection = connection
-        return index, cooldowns
+        return connection, index, cooldowns
 
     def _disconnect(self) -> None:
         self._commit()
