@@ -137,9 +137,10 @@ class RedisServer:
     """A real redis-server on a loopback port, without persistence; stop and start it again on
     the same port to play an outage."""
 
-    def __init__(self, binary: str, port: int) -> None:
+    def __init__(self, binary: str, port: int, *options: str) -> None:
         self.binary = binary
         self.port = port
+        self.options = options
         self.url = f"redis://127.0.0.1:{port}/0"
         self._process: asyncio.subprocess.Process | None = None
 
@@ -151,6 +152,7 @@ class RedisServer:
             "--save", "",
             "--appendonly", "no",
             "--protected-mode", "yes",
+            *self.options,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
