@@ -14,7 +14,7 @@ from aiohttp import web
 from tests import factories as f
 from tests.fakes.script import SUMMARY_TEXT, Script
 from tests.proxy.compacting.conftest import WINDOW, conversation_of, forwarded, post, wait_for
-from tests.proxy.state.conftest import RedisServer, SpawnProxy, free_port
+from tests.proxy.state.conftest import RedisServer, SpawnProxy, free_port, redis_binary
 
 
 def _redis(url: str, **more: Any) -> dict[str, Any]:
@@ -65,7 +65,7 @@ async def test_concurrent_requests_split_across_replicas_cause_one_summarization
 async def test_redis_unreachable_at_start_fails_no_request_and_is_picked_up_later(
     spawn: SpawnProxy, script: Script, client: Any
 ) -> None:
-    server = RedisServer(redis_server_binary(), free_port())
+    server = RedisServer(redis_binary(), free_port())
     proxy = await spawn(state=_redis(server.url, retry_s=0.2))
     messages = conversation_of(int(WINDOW * 1.1))
     first = await post(client, proxy, messages)
@@ -142,12 +142,6 @@ async def test_a_replica_dying_mid_summary_holds_the_others_back_at_most_the_sum
         await asyncio.sleep(0.1)
     assert again.headers["x-compaction-status"] == "reused"
     doomed.cancel()
-
-
-def redis_server_binary() -> str:
-    from tests.proxy.state.conftest import redis_binary
-
-    return redis_binary()
 
 
 async def test_the_next_request_on_another_replica_waits_for_the_compaction_under_way(
