@@ -65,6 +65,7 @@ bench: $(STAMP_BENCH) redis-server
 	$(BIN)/python -m bench.passthrough
 	$(BIN)/python -m bench.replay
 	$(BIN)/python -m bench.state
+	$(BIN)/python -m bench.sqlite_writes
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache

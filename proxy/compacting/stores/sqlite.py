@@ -71,6 +71,7 @@ class SqliteStore:
         self._opening: asyncio.Future[_Opened] | None = None
         self._pending: list[tuple[_Row, concurrent.futures.Future[None]]] = []
         self._pending_lock = threading.Lock()
+        self._commit_queued = False
         self._pruned_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -202,10 +203,14 @@ class SqliteStore:
 
     async def _write(self, sql: str, parameters: tuple[Any, ...]) -> None:
         """Queue a row and wait until it is committed, together with whatever else is queued."""
+        if self._executor is None:
+            raise sqlite3.OperationalError("the state file is closed")
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         with self._pending_lock:
             self._pending.append(((sql, parameters), done))
-        await self._in_thread(self._commit)
+            idle, self._commit_queued = not self._commit_queued, True
+        if idle:  # otherwise the commit already queued takes this row too
+            self._executor.submit(self._commit)
         await asyncio.wrap_future(done)
 
     async def _in_thread(self, call: Callable[..., T], *args: Any) -> T:
@@ -262,6 +267,7 @@ class SqliteStore:
     def _commit(self) -> None:
         with self._pending_lock:
             batch, self._pending = self._pending, []
+            self._commit_queued = False
         if not batch:
             return
         try:
