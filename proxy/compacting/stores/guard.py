@@ -47,6 +47,7 @@ class Guarded:
         self._clock = clock
         self._down_until: float | None = None
         self._unsynced: dict[bytes, Checkpoint] = {}
+        metrics.degraded.labels(backend=self.name).set(0)
 
     @property
     def degraded(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -98,7 +99,10 @@ class StateFile:
     # -- on the writer thread ----------------------------------------------------------------
 
     def _connect(self) -> _Opened:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Summaries of users' conversations: private to the proxy's user, like the memory files
+        # (SQLite gives its -wal and -shm files the database file's permissions).
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
         connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             # Set before the first table exists: freed pages can then be given back.

@@ -62,6 +62,7 @@ async def test_sqlite_checkpoints_are_found_again_after_reopening(tmp_path: Path
     await again.close()
     with sqlite3.connect(tmp_path / "state.sqlite3") as connection:
         assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert (tmp_path / "state.sqlite3").stat().st_mode & 0o777 == 0o600
 
 
 async def test_sqlite_rows_expire_and_are_pruned_from_the_file(tmp_path: Path) -> None:
