@@ -28,6 +28,8 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 from cachetools import LRUCache
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from compaction.checkpoints import Checkpoint
 from proxy.compacting.stores import redis_scripts as scripts
@@ -96,7 +98,9 @@ class RedisStore:
             self._url,
             socket_timeout=self._timeout_s,
             socket_connect_timeout=self._timeout_s,
-            retry_on_timeout=False,
+            # One immediate retry (a pooled connection the server closed is reopened at once);
+            # anything longer is the guard's business, which leaves a failing Redis alone.
+            retry=Retry(NoBackoff(), 1),
         )
         self._listener = asyncio.get_running_loop().create_task(
             self._listen(), name="state-redis-notices"

@@ -143,13 +143,19 @@ class SqliteStore:
         else:
             await self._file.write("DELETE FROM cooldowns WHERE key = ?", (key,))
 
+    # Leases and claims are the process's own (one process per file); each still opens the file
+    # first, so that a call that succeeds tells the guard the file works.
+
     async def acquire(self, key: bytes) -> Lease | None:
+        await self._ensure_open()
         return self._lease
 
     async def holder(self, digests: Sequence[bytes]) -> bytes | None:
+        await self._ensure_open()
         return None
 
     async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
+        await self._ensure_open()
         return set(keys)
 
     async def release(self, session_id: str, keys: Sequence[str]) -> None:

@@ -131,11 +131,13 @@ async def test_a_replica_dying_mid_summary_holds_the_others_back_at_most_the_sum
     response = await post(client, b, messages)
     assert response.status == 200
     assert response.headers["x-compaction-status"] == "applied"
-    assert time.monotonic() - started < timeout_s + 1.0
+    # Waited for the dead replica's lease at most the summary timeout, then went out on the
+    # fallback (the margin is for a loaded machine).
+    assert time.monotonic() - started < timeout_s + 2.0
     # B takes the summary over once the dead replica's lease expires, and stores it.
     await wait_for(lambda: len(script.calls("summary")) == 2, timeout_s=10)
     later = [*messages, f.assistant("ok"), f.user("go on")]
-    for _ in range(50):
+    for _ in range(100):
         again = await post(client, b, later)
         if again.headers["x-compaction-status"] == "reused":
             break
