@@ -11,11 +11,13 @@ import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import orjson
 
 from compaction import HeuristicEstimator
+from proxy.compacting.splice import FieldSpan, load_json, locate_field
 
 _HEAD_ROLES = ("system", "developer")
 _FIXED_COST_PARTS = (b'"image_url"', b'"input_audio"', b'"file"')
@@ -41,6 +43,8 @@ def may_need_parsing(
 
 @dataclass(frozen=True)
 class ChatRequest:
+    body: bytes
+    """The bytes as received: a compacted request is these with `messages` replaced."""
     payload: dict[str, Any]
     messages: list[Any]
     tools: Any
@@ -62,8 +66,8 @@ class ChatRequest:
     @classmethod
     def parse(cls, body: bytes) -> tuple[dict[str, Any], list[Any]]:
         try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
+            payload = load_json(body)
+        except ValueError as exc:
             raise NotAChat("body is not JSON") from exc
         if not isinstance(payload, dict):
             raise NotAChat("body is not a JSON object")
@@ -76,8 +80,15 @@ class ChatRequest:
         return replace(self, window=window, factor=factor, estimator=HeuristicEstimator(factor))
 
     def serialize(self, messages: list[Any]) -> bytes:
-        """The request with `messages` replaced; every other field as sent, in its place."""
+        """The request with `messages` replaced; every other byte as sent (see splice)."""
+        value = orjson.dumps(messages)
+        if self._messages_span is not None:
+            return self._messages_span.replace(self.body, value)
         return orjson.dumps({**self.payload, "messages": messages})
+
+    @cached_property
+    def _messages_span(self) -> FieldSpan | None:
+        return locate_field(self.body, self.payload, "messages")
 
 
 def model_of(payload: dict[str, Any]) -> str:
@@ -93,19 +104,26 @@ def max_output_of(payload: dict[str, Any]) -> int | None:
     return None
 
 
-def fingerprint(payload: Mapping[str, Any]) -> str:
+def fingerprint(payload: Mapping[str, Any], tenant: bytes = b"") -> str:
     """A stable session id for a chat request that names none: a digest of the conversation's
-    opening (the head system/developer messages, the tool names and the first user message).
+    opening (the head system/developer messages, the tool names and the first user message)
+    and of the caller's credentials (`tenant`, a digest already).
 
     The first user message is part of it because the system prompt alone is the same for every
-    conversation of one agent."""
+    conversation of one agent; the credentials, because two tenants whose conversations open
+    the same way must never share a session, its records or its memory file."""
     messages = payload.get("messages")
     messages = messages if isinstance(messages, list) else []
     first_user = next(
         (m.get("content") for m in messages if isinstance(m, Mapping) and m.get("role") == "user"),
         None,
     )
-    opening = {"head": _head_contents(messages), "tools": _tool_names(payload), "user": first_user}
+    opening = {
+        "head": _head_contents(messages),
+        "tools": _tool_names(payload),
+        "user": first_user,
+        "tenant": tenant.hex(),
+    }
     try:
         canonical = orjson.dumps(opening, option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits from a lenient parser

@@ -10,7 +10,6 @@ checkpoint ahead of the trigger is proxy.compacting.precompute; the per-request 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,7 +25,13 @@ from compaction.checkpoints import (
 )
 from compaction.types import ChatLLM
 from proxy.compacting.chat import ChatRequest
-from proxy.compacting.flight import SingleFlight, run_once_everywhere, wait_shielded
+from proxy.compacting.flight import (
+    SingleFlight,
+    run_once_everywhere,
+    wait_for_running,
+    wait_shielded,
+)
+from proxy.compacting.forwarded import Forwarded
 from proxy.compacting.llm_client import LLMFactory, LLMRequest
 from proxy.compacting.records import record_compaction
 from proxy.compacting.stores.backend import StateBackend
@@ -71,6 +76,7 @@ class Conversations:
         # Cooldowns and cross-process leases live in the state backend (proxy.compacting.stores).
         self._state = state
         self._flight: SingleFlight[bytes, CompactionResult | Checkpoint] = SingleFlight(tasks)
+        self._forwarded = Forwarded(state, options.checkpoint_max_entries)
 
     def estimate(self, chat: ChatRequest, messages: list[Any]) -> int:
         return self._compactor.estimate(messages, chat.tools, estimator=chat.estimator)
@@ -85,11 +91,12 @@ class Conversations:
         digests = prefix_digests(chat.messages, chat.seed)
         view, tokens, _ = await self.view(chat, digests)
         if view.base is not None and not self.needs(chat, tokens):
-            return self._reused(view, before, tokens)
-        if await self._wait_for_running(digests, deadline):
+            return await self._reused(view, before, tokens)
+        remaining = max(0.0, deadline - self._clock())
+        if await wait_for_running(self._flight, self._state, digests, remaining):
             view, tokens, _ = await self.view(chat, digests)
             if view.base is not None and not self.needs(chat, tokens):
-                return self._reused(view, before, tokens)
+                return await self._reused(view, before, tokens)
         return await self._compact_view(chat, view, tokens, digests, before, deadline, "trigger")
 
     async def compact_after_overflow(self, chat: ChatRequest, before: int) -> Decision:
@@ -183,8 +190,7 @@ class Conversations:
         plan = self.plan(chat, view)
         task = self.start(chat, view, plan, digests, reason)
         if task is None:
-            status = "reused" if view.base is not None else "failed"
-            return Decision(view.messages, status, before, tokens, None)
+            return await self._as_is(view, before, tokens)
         try:
             result = await wait_shielded(task, max(0.0, deadline - self._clock()))
         except Exception as exc:
@@ -197,35 +203,32 @@ class Conversations:
                 self._metrics.summary_timeouts.inc()
             result = await self._run(chat, view, plan, llm=None)
         if isinstance(result, Checkpoint):  # another process compacted it
+            await self._forwarded.add(result.compaction_id)
             done = View.of(chat.messages, result)
             tokens = self.estimate(chat, done.messages)
             return Decision(done.messages, "applied", before, tokens, result.compaction_id)
         if result.path == "unchanged":
-            return Decision(view.messages, "failed", before, tokens, None)
+            return await self._as_is(view, before, tokens)
+        await self._forwarded.add(result.compaction_id)
         return Decision(
             result.messages, "applied", before, result.tokens_after, result.compaction_id
         )
 
-    async def _wait_for_running(self, digests: Sequence[bytes], deadline: float) -> bool:
-        """Wait for a compaction of this conversation under way (a precompute, or a concurrent
-        request, here or on another replica) rather than summarize the same history again;
-        False when none is. Timed out, or it failed (and logged): the caller goes on."""
-        remaining = max(0.0, deadline - self._clock())
-        pending = self._flight.find(reversed(digests))
-        if pending is not None:
-            with contextlib.suppress(Exception):
-                await wait_shielded(pending, remaining)
-            return True
-        held = await self._state.holder(digests)
-        if held is None:
-            return False
-        await self._state.wait(held, remaining)
-        return True
+    async def _as_is(self, view: View, before: int, tokens: int) -> Decision:
+        """Nothing more could be folded: the view goes out as it is. Only a view that is the
+        original request means the compaction failed; one built on a checkpoint still carries
+        an earlier compaction."""
+        if view.base is None:
+            return Decision(view.messages, "failed", before, tokens, None)
+        return await self._reused(view, before, tokens)
 
-    def _reused(self, view: View, before: int, tokens: int) -> Decision:
+    async def _reused(self, view: View, before: int, tokens: int) -> Decision:
+        """`view` substitutes a checkpoint: "reused", or "applied" the first time it goes out."""
         self._metrics.checkpoint_hits.inc()
-        compaction_id = view.base.compaction_id if view.base is not None else None
-        return Decision(view.messages, "reused", before, tokens, compaction_id)
+        assert view.base is not None
+        compaction_id = view.base.compaction_id
+        status = "applied" if await self._forwarded.is_new(compaction_id) else "reused"
+        return Decision(view.messages, status, before, tokens, compaction_id)
 
     async def _summarize(
         self, chat: ChatRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str

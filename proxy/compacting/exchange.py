@@ -13,11 +13,17 @@ from typing import Any
 
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.chat import ChatRequest
-from proxy.compacting.conversations import Conversations
-from proxy.compacting.overflow import parse_overflow
+from proxy.compacting.conversations import Conversations, Decision
+from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.metrics import CompactionMetrics
 
 log = logging.getLogger(__name__)
+
+STATUS = "x-compaction-status"
+TOKENS_BEFORE = "x-compaction-tokens-before"
+TOKENS_AFTER = "x-compaction-tokens-after"
+COMPACTION_ID = "x-compaction-id"
+SESSION = "x-compaction-session"
 
 # After an overflow without numbers, assume we under-counted by this much.
 _OVERFLOW_BUMP = 1.25
@@ -37,6 +43,7 @@ class CompactedExchange:
         headers: Mapping[str, str],
         conversations: Conversations,
         calibration: Calibration,
+        learned: LearnedWindows,
         metrics: CompactionMetrics,
     ) -> None:
         self._chat = chat
@@ -45,6 +52,7 @@ class CompactedExchange:
         self._headers = headers
         self._conversations = conversations
         self._calibration = calibration
+        self._learned = learned
         self._metrics = metrics
         self._retried = False
 
@@ -74,10 +82,13 @@ class CompactedExchange:
             )
         else:
             factor = self._calibration.raise_at_least(chat.model, chat.factor * _OVERFLOW_BUMP)
-        window = chat.window
         if overflow.limit:
-            # A stated limit below ours is believed, but never shrinks the budget past half.
-            window = max(min(window, int(overflow.limit * _OVERFLOW_MARGIN)), window // 2)
+            # The upstream's word on its own limit is believed, and remembered for the model.
+            self._learned.learn(chat.model, overflow.limit, chat.window)
+            window = min(chat.window, int(overflow.limit * _OVERFLOW_MARGIN))
+        else:
+            # No number: the window is no larger than what was just refused.
+            window = min(chat.window, max(1, int(self._tokens * _OVERFLOW_MARGIN)))
         harder = chat.with_budget(window=window, factor=factor)
         self._metrics.overflow_retries.inc()
         try:
@@ -91,6 +102,7 @@ class CompactedExchange:
         if decision.status not in ("applied", "reused") or len(retry) >= len(self._body):
             return None  # nothing smaller to send: relay the upstream's error
         self._chat, self._tokens, self._body = harder, decision.tokens_after, retry
+        self._headers = describe(harder, decision)  # the headers tell what went out last
         self._retried = True
         log.info(
             "upstream reported a context overflow; retrying once compacted",
@@ -105,3 +117,16 @@ class CompactedExchange:
         if isinstance(prompt_tokens, int) and self._tokens > 0:
             chat = self._chat
             self._calibration.observe(chat.model, round(self._tokens / chat.factor), prompt_tokens)
+
+
+def describe(chat: ChatRequest, decision: Decision) -> dict[str, str]:
+    """The informational response headers for `decision` on `chat`."""
+    headers = {
+        STATUS: decision.status,
+        SESSION: chat.session_id,
+        TOKENS_BEFORE: str(decision.tokens_before),
+        TOKENS_AFTER: str(decision.tokens_after),
+    }
+    if decision.compaction_id:
+        headers[COMPACTION_ID] = decision.compaction_id
+    return headers

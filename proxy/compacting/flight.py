@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Hashable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
 from proxy.compacting.stores.backend import Lease, StateBackend
@@ -62,6 +62,24 @@ class SingleFlight(Generic[K, V]):
 async def wait_shielded(task: asyncio.Task[V], timeout_s: float) -> V:
     """Wait for `task` at most `timeout_s` without cancelling it (raises TimeoutError)."""
     return await asyncio.wait_for(asyncio.shield(task), timeout_s)
+
+
+async def wait_for_running(
+    flight: SingleFlight[bytes, V], state: StateBackend, keys: Sequence[bytes], timeout_s: float
+) -> bool:
+    """Wait (at most `timeout_s`) for a computation of any of `keys` under way, in this process
+    or, through `state`, in another; False when none is. One that failed or timed out is left
+    to the caller (it was logged where it ran)."""
+    pending = flight.find(reversed(keys))
+    if pending is not None:
+        with contextlib.suppress(Exception):
+            await wait_shielded(pending, timeout_s)
+        return True
+    held = await state.holder(keys)
+    if held is None:
+        return False
+    await state.wait(held, timeout_s)
+    return True
 
 
 async def run_once_everywhere(

@@ -5,6 +5,6 @@ claims live (`state.backend`), one module per backend.
   `build_backend`, the one place a backend is chosen from settings;
 - memory: the process only (and the in-process cache behind the others);
 - sqlite (+ sqlite_file): one file that outlives the process (the default);
-- redis (+ redis_scripts): shared by replicas;
+- redis (+ redis_scripts, redis_notices): shared by replicas;
 - guard: keeps a persistent or shared backend's outages away from requests.
 """

@@ -61,6 +61,12 @@ class StateBackend(Protocol):
         `timeout_s`, whichever is first; woken by a notice, never by tight polling."""
         ...
 
+    async def is_forwarded(self, compaction_id: str) -> bool:
+        """True once some request went out with this compaction (proxy.compacting.forwarded)."""
+        ...
+
+    async def mark_forwarded(self, compaction_id: str) -> None: ...
+
     async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
         """Memory items de-duplicated across processes (compaction.memory.ItemClaims): the keys
         never claimed before for the session. A backend only this process uses claims them all:

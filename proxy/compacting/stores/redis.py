@@ -1,26 +1,21 @@
 """State in Redis (6+, or Valkey), shared by every replica of the proxy.
 
-- A checkpoint is a hash (`cut`, `body`) under `prefix + "cp:" + key`, kept `ttl_s`, written
-  once: the first replica to write a key wins, so every replica forwards the same prefix.
-- `longest(digests)` is one script call that walks the request's digests from the newest down
-  and stops at the first checkpoint; a reused request walks only what is newer than its
-  checkpoint. Checkpoints already read are kept decoded in a bounded cache (they never change).
-- Single-flight across replicas: a lease per checkpoint key (`SET NX PX` holding a fencing id
-  from `INCR`), renewed by its holder, released or renewed only by the holder of that id. A
-  replica that dies lets its lease expire. Releases and writes are published on one channel;
-  waiting replicas are woken by it (one subscription per process), re-checking at most once a
-  second in case a notice is lost.
-- Cooldowns per summary model and tenant: a failure counter, and a key that exists while
-  cooling down. Memory items written per session: a set, so replicas writing to one memory
-  directory write each item once.
-Scripts touch keys derived from their arguments, so this is for a single Redis, not Cluster.
+- Checkpoints: a hash (`cut`, `body`) per key, kept `ttl_s`, written once (the first replica to
+  write a key wins, so every replica forwards the same prefix). `longest(digests)` is one script
+  call walking the digests from the newest down, so a reused request walks only what is newer
+  than its checkpoint; checkpoints read are kept decoded in a bounded cache (they never change).
+- Single-flight: a lease per checkpoint key (`SET NX PX` holding a fencing id from `INCR`),
+  renewed, released or renewed only by the holder of that id; a replica that dies lets it
+  expire. Releases and writes are published on one channel that wakes waiting replicas (one
+  subscription per process; a re-check at most once a second in case a notice is lost).
+- Cooldowns per model and tenant, compactions already forwarded, memory items per session (a set).
+Scripts touch keys derived from their arguments: a single Redis, not Cluster.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -34,12 +29,11 @@ from redis.backoff import NoBackoff
 from compaction.checkpoints import Checkpoint
 from proxy.compacting.stores import redis_scripts as scripts
 from proxy.compacting.stores.backend import Lease
+from proxy.compacting.stores.redis_notices import RECHECK_S, Notices
 
-log = logging.getLogger(__name__)
 
 PREFIX = "compaction-proxy:"
 _CACHED_CHECKPOINTS = 1024
-_RECHECK_S = 1.0
 _FAILURES_TTL_S = 86400
 
 
@@ -87,8 +81,7 @@ class RedisStore:
         self._client: aioredis.Redis | None = None
         self._scripts: dict[str, Any] = {}
         self._cache: LRUCache[bytes, Checkpoint] = LRUCache(_CACHED_CHECKPOINTS)
-        self._waiters: dict[bytes, set[asyncio.Event]] = {}
-        self._listener: asyncio.Task[None] | None = None
+        self._notices: Notices | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -102,16 +95,13 @@ class RedisStore:
             # anything longer is the guard's business, which leaves a failing Redis alone.
             retry=Retry(NoBackoff(), 1),
         )
-        self._listener = asyncio.get_running_loop().create_task(
-            self._listen(), name="state-redis-notices"
-        )
+        self._notices = Notices(self._client, self.channel)
+        self._notices.start()
 
     async def close(self) -> None:
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
-            self._listener = None
+        if self._notices is not None:
+            await self._notices.close()
+            self._notices = None
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -180,6 +170,12 @@ class RedisStore:
                 pipe.delete(failures_key)
                 await pipe.execute()
 
+    async def is_forwarded(self, compaction_id: str) -> bool:
+        return bool(await self._require().exists(self._forwarded_key(compaction_id)))
+
+    async def mark_forwarded(self, compaction_id: str) -> None:
+        await self._require().set(self._forwarded_key(compaction_id), 1, px=self._ttl_ms)
+
     # -- memory items --------------------------------------------------------------------------
 
     async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
@@ -218,9 +214,7 @@ class RedisStore:
     async def wait(self, key: bytes, timeout_s: float) -> None:
         client = self._require()
         deadline = time.monotonic() + timeout_s
-        woken = asyncio.Event()
-        self._waiters.setdefault(key, set()).add(woken)
-        try:
+        with self._require_notices().waiting(key) as woken:
             while True:
                 # Registered before checking, so a notice between the check and the wait counts.
                 woken.clear()
@@ -233,42 +227,8 @@ class RedisStore:
                     return
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
-                        woken.wait(), min(remaining, _RECHECK_S, lock_ms / 1000 + 0.01)
+                        woken.wait(), min(remaining, RECHECK_S, lock_ms / 1000 + 0.01)
                     )
-        finally:
-            waiters = self._waiters.get(key)
-            if waiters is not None:
-                waiters.discard(woken)
-                if not waiters:
-                    del self._waiters[key]
-
-    async def _listen(self) -> None:
-        """Wake this process's waiters on the notices of every replica; reconnects forever."""
-        while True:
-            try:
-                pubsub = self._require().pubsub(ignore_subscribe_messages=True)
-                try:
-                    await pubsub.subscribe(self.channel)
-                    while True:
-                        message = await pubsub.get_message(timeout=_RECHECK_S)
-                        if message is not None and message.get("type") == "message":
-                            self._wake(bytes(message["data"]))
-                finally:
-                    with contextlib.suppress(Exception):
-                        await pubsub.aclose()  # type: ignore[no-untyped-call]
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                # The guard reports outages from the calls themselves; waiters re-check anyway.
-                log.debug("redis notices interrupted", extra={"error": repr(exc)})
-            for waiters in list(self._waiters.values()):
-                for woken in waiters:
-                    woken.set()
-            await asyncio.sleep(_RECHECK_S)
-
-    def _wake(self, key: bytes) -> None:
-        for woken in self._waiters.get(key, ()):
-            woken.set()
 
     # -- keys and calls ------------------------------------------------------------------------
 
@@ -284,11 +244,19 @@ class RedisStore:
     def _checkpoint_key(self, key: bytes) -> bytes:
         return self._prefix + b"cp:" + key
 
+    def _forwarded_key(self, compaction_id: str) -> str:
+        return f"{self._prefix.decode()}forwarded:{compaction_id}"
+
     def _memory_key(self, session_id: str) -> str:
         return f"{self._prefix.decode()}memory:{session_id}"
 
     def _cooldown_key(self, key: str, part: str) -> str:
         return f"{self._prefix.decode()}cooldown:{part}:{key}"
+
+    def _require_notices(self) -> Notices:
+        if self._notices is None:
+            raise ConnectionError("the redis store is not open")
+        return self._notices
 
     def _require(self) -> aioredis.Redis:
         if self._client is None:

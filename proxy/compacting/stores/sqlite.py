@@ -46,6 +46,7 @@ class SqliteStore:
         self._clock = clock
         self._cooldown = Cooldown(failure_threshold, failure_cooldown_s, clock)
         self._index: dict[bytes, tuple[int, float]] = {}
+        self._forwarded: dict[str, float] = {}  # compaction id -> expiry, oldest first
         self._cache: LRUCache[bytes, Checkpoint] = LRUCache(_CACHED_CHECKPOINTS)
         self._lease = LocalLease()
         self._file = StateFile(self.path, max_entries=max_entries, clock=clock)
@@ -64,7 +65,9 @@ class SqliteStore:
         loaded = await self._file.open()
         if loaded is None:
             return
-        index, cooldowns = loaded
+        index, cooldowns, forwarded = loaded
+        for compaction_id, expires_at in forwarded.items():
+            self._forwarded.setdefault(compaction_id, expires_at)
         for key, entry in index.items():
             self._index.setdefault(key, entry)
         for name, failures, until in cooldowns:
@@ -142,6 +145,22 @@ class SqliteStore:
             )
         else:
             await self._file.write("DELETE FROM cooldowns WHERE key = ?", (key,))
+
+    async def is_forwarded(self, compaction_id: str) -> bool:
+        await self._ensure_open()
+        expires_at = self._forwarded.get(compaction_id)
+        return expires_at is not None and expires_at > self._clock()
+
+    async def mark_forwarded(self, compaction_id: str) -> None:
+        await self._ensure_open()
+        expires_at = self._clock() + self._ttl_s
+        self._forwarded[compaction_id] = expires_at
+        while len(self._forwarded) > self._max_entries:
+            del self._forwarded[next(iter(self._forwarded))]
+        await self._file.write(
+            "INSERT OR REPLACE INTO forwarded (id, expires_at) VALUES (?, ?)",
+            (compaction_id, expires_at),
+        )
 
     # Leases and claims are the process's own (one process per file); each still opens the file
     # first, so that a call that succeeds tells the guard the file works.

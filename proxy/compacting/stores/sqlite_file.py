@@ -24,11 +24,15 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS checkpoints_expiry ON checkpoints (expires_at)",
     "CREATE TABLE IF NOT EXISTS cooldowns"
     " (key TEXT PRIMARY KEY, failures INTEGER NOT NULL, until REAL)",
+    "CREATE TABLE IF NOT EXISTS forwarded (id TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
 )
 Index = dict[bytes, tuple[int, float]]
 """Checkpoint key -> (cut, expiry), oldest expiry first."""
 Cooldowns = list[tuple[str, int, float | None]]
-_Opened = tuple[sqlite3.Connection, Index, Cooldowns]
+Forwarded = dict[str, float]
+"""Compaction id -> expiry, of the compactions some request went out with."""
+Loaded = tuple[Index, Cooldowns, Forwarded]
+_Opened = tuple[sqlite3.Connection, Index, Cooldowns, Forwarded]
 _Row = tuple[str, tuple[Any, ...]]
 
 
@@ -45,7 +49,7 @@ class StateFile:
         self._pending_lock = threading.Lock()
         self._commit_queued = False
 
-    async def open(self) -> tuple[Index, Cooldowns] | None:
+    async def open(self) -> Loaded | None:
         """Open the file: its live keys and cooldowns the first time, None once open. A caller
         that gives up (the guard's timeout) leaves the opening running for the next one; one
         that fails leaves the next to try again."""
@@ -57,7 +61,7 @@ class StateFile:
             loop = asyncio.get_running_loop()
             self._opening = loop.run_in_executor(self._executor, self._connect)
         try:
-            connection, index, cooldowns = await asyncio.shield(self._opening)
+            connection, index, cooldowns, forwarded = await asyncio.shield(self._opening)
         except Exception:
             self._opening = None
             raise
@@ -65,7 +69,7 @@ class StateFile:
             return None
         self._opening = None
         self._connection = connection
-        return index, cooldowns
+        return index, cooldowns, forwarded
 
     async def close(self) -> None:
         if self._executor is None:
@@ -128,10 +132,13 @@ class StateFile:
                     (now,),
                 )
             )
+            forwarded = dict(
+                connection.execute("SELECT id, expires_at FROM forwarded ORDER BY expires_at")
+            )
         except BaseException:
             connection.close()
             raise
-        return connection, index, cooldowns
+        return connection, index, cooldowns, forwarded
 
     def _disconnect(self) -> None:
         self._commit()
@@ -177,6 +184,12 @@ class StateFile:
             (self._max_entries,),
         )
         connection.execute("DELETE FROM cooldowns WHERE until <= ?", (now,))
+        connection.execute("DELETE FROM forwarded WHERE expires_at <= ?", (now,))
+        connection.execute(
+            "DELETE FROM forwarded WHERE id IN (SELECT id FROM forwarded"
+            " ORDER BY expires_at DESC LIMIT -1 OFFSET ?)",
+            (self._max_entries,),
+        )
 
     def _require(self) -> sqlite3.Connection:
         if self._connection is None:

