@@ -31,7 +31,6 @@ from proxy.compacting.stores import redis_scripts as scripts
 from proxy.compacting.stores.backend import Lease
 from proxy.compacting.stores.redis_notices import RECHECK_S, Notices
 
-
 PREFIX = "compaction-proxy:"
 _CACHED_CHECKPOINTS = 1024
 _FAILURES_TTL_S = 86400
