@@ -27,6 +27,8 @@ class Forwarded:
         """True the first time a compaction goes out anywhere (and from then on it is known)."""
         if compaction_id in self._known:
             return False
-        new = not await self._state.is_forwarded(compaction_id)
+        if await self._state.is_forwarded(compaction_id):  # by an earlier process, or a replica
+            self._known[compaction_id] = None
+            return False
         await self.add(compaction_id)
-        return new
+        return True
