@@ -25,11 +25,10 @@ Kind = Literal["head", "user", "assistant", "tool", "summary", "other"]
 `Item.observation`); assistant: the model's turn; tool: a tool's result; summary: a summary this
 library inserted; other: anything else, malformed items included."""
 
-OBSERVATION_PREFIX = "<returncode>"
-"""mini-swe-agent returns shell output as a user message that starts with this tag."""
+OBSERVATION_PREFIXES = ("<returncode>", "Please always provide EXACTLY ONE action")
+"""mini-swe-agent's shell output and its malformed-action reminder: user-role, not requests."""
 
 LEGACY_CALL_PREFIX = "function_call:"
-"""The id a legacy `function_call` gets, so its `role: function` answer pairs with it by name."""
 
 # Token costs the chat template adds. Images: OpenAI's published costs (`detail: low` is flat,
 # high/auto typically a 2x2-tile image); audio and files: rough flat costs for media we do not
@@ -212,6 +211,8 @@ class ChatShape:
             total += sum(_measure_call(call, text_cost) for call in calls)
         elif calls is not None:
             total += text_cost(json_text(calls))
+        if "function_call" in raw:
+            total += _measure_call({"function": raw["function_call"]}, text_cost)
         return total
 
 
@@ -231,7 +232,7 @@ def is_summary_message(message: Any, shape: Shape = CHAT) -> bool:
 
 def _is_observation(message: dict[str, Any]) -> bool:
     content = message.get("content")
-    return isinstance(content, str) and content.lstrip().startswith(OBSERVATION_PREFIX)
+    return isinstance(content, str) and content.lstrip().startswith(OBSERVATION_PREFIXES)
 
 
 def _calls(message: dict[str, Any]) -> tuple[ToolCall, ...]:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cachetools import LRUCache
+
 from compaction import CompactionResult, Compactor, Plan
 from compaction.checkpoints import (
     Checkpoint,
@@ -27,6 +29,7 @@ from compaction.types import ChatLLM
 from proxy.compacting.chat import ChatRequest
 from proxy.compacting.flight import (
     SingleFlight,
+    is_running,
     run_once_everywhere,
     wait_for_running,
     wait_shielded,
@@ -34,7 +37,7 @@ from proxy.compacting.flight import (
 from proxy.compacting.forwarded import Forwarded
 from proxy.compacting.llm_client import LLMFactory, LLMRequest
 from proxy.compacting.records import record_compaction
-from proxy.compacting.stores.backend import StateBackend
+from proxy.compacting.stores.backend import StateBackend, stored_under
 from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
 from proxy.settings import CompactionSection
@@ -76,6 +79,8 @@ class Conversations:
         # Cooldowns and cross-process leases live in the state backend (proxy.compacting.stores).
         self._state = state
         self._flight: SingleFlight[bytes, CompactionResult | Checkpoint] = SingleFlight(tasks)
+        # Reserves whose memory items this process has written (applied at least once).
+        self._flushed: LRUCache[str, None] = LRUCache(options.checkpoint_max_entries)
         self._forwarded = Forwarded(state, options.checkpoint_max_entries)
 
     def estimate(self, chat: ChatRequest, messages: list[Any]) -> int:
@@ -109,6 +114,7 @@ class Conversations:
         if reserve is not None:
             view = View.of(chat.messages, reserve)
             tokens = self.estimate(chat, view.messages)
+            await self._flush_reserve(chat, reserve)
         return await self._compact_view(chat, view, tokens, digests, before, deadline, "overflow")
 
     # -- shared with proxy.compacting.precompute ----------------------------------------------
@@ -131,23 +137,23 @@ class Conversations:
         parent_view = View.of(chat.messages, parent)
         parent_tokens = self.estimate(chat, parent_view.messages)
         if self.needs(chat, parent_tokens):
+            await self._flush_reserve(chat, newest)
             return view, self.estimate(chat, view.messages), None
         return parent_view, parent_tokens, newest
 
-    def plan(self, chat: ChatRequest, view: View) -> Plan:
+    def plan(self, chat: ChatRequest, view: View, *, target_ratio: float | None = None) -> Plan:
         return self._compactor.plan(
             view.messages,
             window=chat.window,
             tools=chat.tools,
             max_output_tokens=chat.max_output_tokens,
             estimator=chat.estimator,
+            target_ratio=target_ratio,
         )
 
     async def is_running(self, digests: Sequence[bytes]) -> bool:
         """True while a compaction of this conversation runs, here or in another process."""
-        return (
-            self._flight.find(digests) is not None or await self._state.holder(digests) is not None
-        )
+        return await is_running(self._flight, self._state, digests)
 
     async def is_stored(self, digests: Sequence[bytes], plan: Plan, view: View) -> bool:
         """True when the checkpoint `plan` would produce is already in the store."""
@@ -202,14 +208,13 @@ class Conversations:
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
             result = await self._run(chat, view, plan, llm=None)
+        if not isinstance(result, Checkpoint) and result.path == "unchanged":
+            return await self._as_is(view, before, tokens)
+        await self._forwarded.add(result.compaction_id)
         if isinstance(result, Checkpoint):  # another process compacted it
-            await self._forwarded.add(result.compaction_id)
             done = View.of(chat.messages, result)
             tokens = self.estimate(chat, done.messages)
             return Decision(done.messages, "applied", before, tokens, result.compaction_id)
-        if result.path == "unchanged":
-            return await self._as_is(view, before, tokens)
-        await self._forwarded.add(result.compaction_id)
         return Decision(
             result.messages, "applied", before, result.tokens_after, result.compaction_id
         )
@@ -226,9 +231,8 @@ class Conversations:
         """`view` substitutes a checkpoint: "reused", or "applied" the first time it goes out."""
         self._metrics.checkpoint_hits.inc()
         assert view.base is not None
-        compaction_id = view.base.compaction_id
-        status = "applied" if await self._forwarded.is_new(compaction_id) else "reused"
-        return Decision(view.messages, status, before, tokens, compaction_id)
+        status = "applied" if await self._forwarded.is_new(view.base.compaction_id) else "reused"
+        return Decision(view.messages, status, before, tokens, view.base.compaction_id)
 
     async def _summarize(
         self, chat: ChatRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
@@ -241,7 +245,8 @@ class Conversations:
             self._metrics.cooldown_skips.inc()
         else:
             llm = self._llm_for(LLMRequest(summary_model, chat.credential, chat.auth_headers))
-        result = await self._run(chat, view, plan, llm=llm)
+        # A precomputed compaction may never be applied: its memory items wait in its checkpoint.
+        result = await self._run(chat, view, plan, llm=llm, flush=reason != "precompute")
         if llm is not None and result.path != "unchanged":
             # "unchanged" says nothing about the summarizer (nothing to fold, or no gain).
             ok = result.path == "llm"
@@ -258,7 +263,7 @@ class Conversations:
         return result
 
     async def _run(
-        self, chat: ChatRequest, view: View, plan: Plan, *, llm: ChatLLM | None
+        self, chat: ChatRequest, view: View, plan: Plan, *, llm: ChatLLM | None, flush: bool = True
     ) -> CompactionResult:
         return await self._compactor.run(
             view.messages,
@@ -267,18 +272,20 @@ class Conversations:
             session_id=chat.session_id,
             tools=chat.tools,
             estimator=chat.estimator,
+            flush_memory=flush,
+        )
+
+    async def _flush_reserve(self, chat: ChatRequest, reserve: Checkpoint) -> None:
+        """A precomputed checkpoint is being applied: its memory items are due now (once)."""
+        if reserve.compaction_id in self._flushed or not reserve.memory_items:
+            return
+        self._flushed[reserve.compaction_id] = None
+        await self._compactor.flush_memory(
+            chat.session_id, reserve.compaction_id, reserve.memory_items
         )
 
     async def _stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:
-        """The stored checkpoint under `key`, one of `digests`; None if it is not (any more)."""
-        if key is None:
-            return None
-        try:
-            cut = digests.index(key) + 1
-        except ValueError:
-            return None
-        found = await self._store.longest(digests[:cut])
-        return found if found is not None and found.key == key else None
+        return await stored_under(self._store, digests, key)
 
 
 def _key(view: View, plan: Plan, digests: Sequence[bytes]) -> bytes | None:

@@ -64,6 +64,13 @@ async def wait_shielded(task: asyncio.Task[V], timeout_s: float) -> V:
     return await asyncio.wait_for(asyncio.shield(task), timeout_s)
 
 
+async def is_running(
+    flight: SingleFlight[bytes, V], state: StateBackend, keys: Sequence[bytes]
+) -> bool:
+    """True while a computation of any of `keys` runs, here or in another process."""
+    return flight.find(keys) is not None or await state.holder(keys) is not None
+
+
 async def wait_for_running(
     flight: SingleFlight[bytes, V], state: StateBackend, keys: Sequence[bytes], timeout_s: float
 ) -> bool:

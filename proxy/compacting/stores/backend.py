@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from compaction.checkpoints import Checkpoint
+from compaction.checkpoints import Checkpoint, CheckpointStore
 from proxy.metrics import StateMetrics
 from proxy.settings import CompactionSection, StateSettings
 
@@ -74,6 +74,20 @@ class StateBackend(Protocol):
         ...
 
     async def release(self, session_id: str, keys: Sequence[str]) -> None: ...
+
+
+async def stored_under(
+    store: CheckpointStore, digests: Sequence[bytes], key: bytes | None
+) -> Checkpoint | None:
+    """The checkpoint stored under `key`, one of `digests`; None if there is none (any more)."""
+    if key is None:
+        return None
+    try:
+        cut = digests.index(key) + 1
+    except ValueError:
+        return None
+    found = await store.longest(digests[:cut])
+    return found if found is not None and found.key == key else None
 
 
 class LocalLease:
