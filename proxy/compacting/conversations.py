@@ -10,7 +10,6 @@ checkpoint ahead of the trigger is proxy.compacting.precompute; the per-request 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,11 +27,18 @@ from compaction.checkpoints import (
 )
 from compaction.types import ChatLLM
 from proxy.compacting.chat import ChatRequest, Decision
-from proxy.compacting.cooldown import Cooldown
 from proxy.compacting.fallback import fallback
-from proxy.compacting.flight import SingleFlight, wait_shielded
+from proxy.compacting.flight import (
+    SingleFlight,
+    is_running,
+    run_once_everywhere,
+    wait_for_running,
+    wait_shielded,
+)
+from proxy.compacting.forwarded import Forwarded
 from proxy.compacting.llm_client import LLMFactory, LLMRequest
 from proxy.compacting.records import record_compaction
+from proxy.compacting.stores.backend import StateBackend, stored_under
 from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
 from proxy.settings import CompactionSection
@@ -46,6 +52,7 @@ class Conversations:
         *,
         compactor: Compactor,
         store: CheckpointStore,
+        state: StateBackend,
         llm_for: LLMFactory,
         records: SessionRecords,
         metrics: CompactionMetrics,
@@ -59,14 +66,12 @@ class Conversations:
         self._records = records
         self._metrics = metrics
         self._clock = clock
-        self._flight: SingleFlight[bytes, CompactionResult] = SingleFlight(tasks)
-        self._cooldown = Cooldown(options.failure_threshold, options.failure_cooldown_s, clock)
+        # Cooldowns and cross-process leases live in the state backend (proxy.compacting.stores).
+        self._state = state
+        self._flight: SingleFlight[bytes, CompactionResult | Checkpoint] = SingleFlight(tasks)
         # Reserves whose memory items this process has written (applied at least once).
         self._flushed: LRUCache[str, None] = LRUCache(options.checkpoint_max_entries)
-        # Compactions some request already went out with: a checkpoint not among them (one
-        # precomputed, or finished after its request left on the fallback) is new to the
-        # conversation when first substituted, and reported "applied", not "reused".
-        self._forwarded: LRUCache[str, None] = LRUCache(options.checkpoint_max_entries)
+        self._forwarded = Forwarded(state, options.checkpoint_max_entries)
 
     def estimate(self, chat: ChatRequest, messages: list[Any]) -> int:
         return self._compactor.estimate(messages, chat.tools, estimator=chat.estimator)
@@ -78,24 +83,17 @@ class Conversations:
         self, chat: ChatRequest, before: int, digests: Sequence[bytes] | None = None
     ) -> Decision:
         """At the trigger: reuse a checkpoint whose view fits, else wait for a compaction of this
-        conversation already under way, else compact the view once more. `digests` are the
-        messages' prefix digests when already known."""
+        conversation already under way, else compact the view once more (`digests`: known)."""
         deadline = self._clock() + self._options.summary_timeout_s
-        if digests is None:
-            digests = prefix_digests(chat.messages, chat.seed)
+        digests = digests or prefix_digests(chat.messages, chat.seed)
         view, tokens, _ = await self.view(chat, digests, before)
         if view.base is not None and not self.needs(chat, tokens):
-            return self._reused(view, before, tokens)
-        pending = self._flight.find(reversed(digests))
-        if pending is not None:
-            # A compaction of this conversation is under way (a precompute, or a concurrent
-            # request): wait for it rather than summarize the same history again.
-            # Timed out, or it failed (and logged): go on with our own plan.
-            with contextlib.suppress(Exception):
-                await wait_shielded(pending, max(0.0, deadline - self._clock()))
+            return await self._reused(view, before, tokens)
+        remaining = max(0.0, deadline - self._clock())
+        if await wait_for_running(self._flight, self._state, digests, remaining):
             view, tokens, _ = await self.view(chat, digests)
             if view.base is not None and not self.needs(chat, tokens):
-                return self._reused(view, before, tokens)
+                return await self._reused(view, before, tokens)
         return await self._compact_view(chat, view, tokens, digests, before, deadline, "trigger")
 
     async def compact_after_overflow(self, chat: ChatRequest, before: int) -> Decision:
@@ -113,16 +111,15 @@ class Conversations:
 
     # -- shared with proxy.compacting.precompute and recall -------------------------------------
 
-    async def latest(self, digests: Sequence[bytes], count: int | None = None) -> Checkpoint | None:
-        """The checkpoint of the longest remembered prefix of a request of `count` messages
-        (default: all `digests`); its last message is the new turn, never in a checkpoint."""
-        return await self._store.longest(digests[: (len(digests) if count is None else count) - 1])
+    async def latest(self, digests: Sequence[bytes], count: int) -> Checkpoint | None:
+        """The checkpoint of the longest remembered prefix of a request of `count` messages."""
+        return await self._store.longest(digests[: count - 1])  # the last is the new turn
 
     async def view(
         self, chat: ChatRequest, digests: Sequence[bytes], original_tokens: int | None = None
     ) -> tuple[View, int, Checkpoint | None]:
-        """The view to forward, its tokens, and a precomputed checkpoint still held in reserve
-        (`original_tokens`: the estimate of the original messages, when known).
+        """The view to forward, its tokens (`original_tokens`: the original's, when known), and
+        a precomputed checkpoint still held in reserve.
 
         A checkpoint prepared ahead of the trigger is used only once the view it extends (its
         parent's, or the original) reaches the trigger: applied earlier, it would move every
@@ -132,7 +129,7 @@ class Conversations:
         newest = await self._store.longest(digests[:-1])
         view = View.of(chat.messages, newest)
         if newest is None and original_tokens is not None:
-            return view, original_tokens, None  # the caller's estimate of the same messages
+            return view, original_tokens, None
         if newest is None or not newest.precomputed:
             return view, self.estimate(chat, view.messages), None
         parent = await self.stored(digests, newest.parent)
@@ -155,8 +152,9 @@ class Conversations:
             target_ratio=target_ratio,
         )
 
-    def running(self, digests: Sequence[bytes]) -> bool:
-        return self._flight.find(digests) is not None
+    async def is_running(self, digests: Sequence[bytes]) -> bool:
+        """True while a compaction of this conversation runs, here or in another process."""
+        return await is_running(self._flight, self._state, digests)
 
     async def is_stored(self, digests: Sequence[bytes], plan: Plan, view: View) -> bool:
         """True when the checkpoint `plan` would produce is already in the store."""
@@ -165,14 +163,22 @@ class Conversations:
 
     def start(
         self, chat: ChatRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
-    ) -> asyncio.Task[CompactionResult] | None:
-        """The (single-flight) summarization carrying out `plan`; None if it folds nothing new."""
+    ) -> asyncio.Task[CompactionResult | Checkpoint] | None:
+        """The (single-flight) summarization carrying out `plan`, or the checkpoint another
+        process stored for it; None if it folds nothing new."""
         key = plan_key(view, plan, digests)
         if key is None:
             return None
         return self._flight.start(
             key,
-            lambda: self._summarize(chat, view, plan, digests, reason),
+            lambda: run_once_everywhere(
+                self._state,
+                key,
+                lambda: self._summarize(chat, view, plan, digests, reason),
+                lambda: self.stored(digests, key),
+                # As long as the summarizer call itself may take (see hook.build_hook).
+                budget_s=self._options.summary_timeout_s * 3,
+            ),
             name=f"{reason}:{chat.session_id}",
         )
 
@@ -191,7 +197,7 @@ class Conversations:
         plan = await self.plan(chat, view)
         task = self.start(chat, view, plan, digests, reason)
         if task is None:
-            return self._as_is(view, before, tokens)
+            return await self._as_is(view, before, tokens)
         try:
             result = await wait_shielded(task, max(0.0, deadline - self._clock()))
         except Exception as exc:
@@ -205,35 +211,35 @@ class Conversations:
             result = await fallback(
                 self._run(chat, view, plan, llm=None), view, plan, chat, self._compactor.shape
             )
-        if result.path == "unchanged":
-            return self._as_is(view, before, tokens)
-        self._forwarded[result.compaction_id] = None
+        if not isinstance(result, Checkpoint) and result.path == "unchanged":
+            return await self._as_is(view, before, tokens)
+        await self._forwarded.add(result.compaction_id)
+        if isinstance(result, Checkpoint):  # another process compacted it
+            done = View.of(chat.messages, result)
+            tokens = self.estimate(chat, done.messages)
+            return Decision(done.messages, "applied", before, tokens, result.compaction_id)
         return Decision(
             result.messages, "applied", before, result.tokens_after, result.compaction_id
         )
 
-    def _as_is(self, view: View, before: int, tokens: int) -> Decision:
+    async def _as_is(self, view: View, before: int, tokens: int) -> Decision:
         """Nothing more could be folded: the view goes out as it is. Only a view that is the
         original request means the compaction failed; one built on a checkpoint still carries
         an earlier compaction."""
         if view.base is None:
             return Decision(view.messages, "failed", before, tokens, None)
-        return self._reused(view, before, tokens)
+        return await self._reused(view, before, tokens)
 
-    def _reused(self, view: View, before: int, tokens: int) -> Decision:
+    async def _reused(self, view: View, before: int, tokens: int) -> Decision:
         """`view` substitutes a checkpoint: "reused", or "applied" the first time it goes out."""
         assert view.base is not None
-        compaction_id = view.base.compaction_id
-        return Decision(
-            view.messages, self.substituted(compaction_id), before, tokens, compaction_id
-        )
+        status = await self.substituted(view.base.compaction_id)
+        return Decision(view.messages, status, before, tokens, view.base.compaction_id)
 
-    def substituted(self, compaction_id: str) -> str:
+    async def substituted(self, compaction_id: str) -> str:
         """Count a checkpoint going out: "reused", or "applied" the first time it does."""
         self._metrics.checkpoint_hits.inc()
-        status = "reused" if compaction_id in self._forwarded else "applied"
-        self._forwarded[compaction_id] = None
-        return status
+        return "applied" if await self._forwarded.is_new(compaction_id) else "reused"
 
     async def _summarize(
         self, chat: ChatRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
@@ -242,7 +248,7 @@ class Conversations:
         # One tenant's failing key must not cool the summarizer down for everyone.
         cooldown_key = f"{summary_model}\x00{chat.tenant.hex()}"
         llm: ChatLLM | None = None
-        if self._cooldown.is_cooling(cooldown_key):
+        if await self._state.is_cooling(cooldown_key):
             self._metrics.cooldown_skips.inc()
         else:
             llm = self._llm_for(LLMRequest(summary_model, chat.credential, chat.auth_headers))
@@ -251,7 +257,7 @@ class Conversations:
         if llm is not None and result.path != "unchanged":
             # "unchanged" says nothing about the summarizer (nothing to fold, or no gain).
             ok = result.path == "llm"
-            self._cooldown.record(cooldown_key, ok=ok)
+            await self._state.record_outcome(cooldown_key, ok=ok)
             self._metrics.summarizer_seconds.observe(result.duration_s)
             if not ok:
                 self._metrics.summarizer_failures.inc()
@@ -286,12 +292,4 @@ class Conversations:
         )
 
     async def stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:
-        """The stored checkpoint under `key`, one of `digests`; None if it is not (any more)."""
-        if key is None:
-            return None
-        try:
-            cut = digests.index(key) + 1
-        except ValueError:
-            return None
-        found = await self._store.longest(digests[:cut])
-        return found if found is not None and found.key == key else None
+        return await stored_under(self._store, digests, key)

@@ -49,7 +49,7 @@ class Precompute:
     async def _prepare(self, chat: ChatRequest, raw_tokens: int) -> None:
         conversations = self._conversations
         digests = prefix_digests(chat.messages, chat.seed)
-        if conversations.running(digests):
+        if await conversations.is_running(digests):
             return
         view, tokens, reserve = await conversations.view(chat, digests)
         if reserve is not None:

@@ -162,7 +162,7 @@ async def decide(
         return None
     if parts is None:
         return Recalled("none", before, after, None, known.body)
-    status = conversations.substituted(checkpoint.compaction_id)  # type: ignore[union-attr]
+    status = await conversations.substituted(checkpoint.compaction_id)  # type: ignore[union-attr]
     return Recalled(status, before, after, checkpoint, known.splice(parts))
 
 
