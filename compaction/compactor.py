@@ -272,7 +272,7 @@ class _Run:
         # The list is rebuilt here from the caller's own objects (a job's result is a copy).
         inserted = done.summary_message
         compacted = compacted_list(messages, plan, inserted)
-        memory_items = done.summary.memory_items(done.found)
+        memory_items = done.memory_items
         if flush_memory and (
             error := await self.compactor.flush_memory(session_id, self.compaction_id, memory_items)
         ):

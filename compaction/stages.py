@@ -154,6 +154,8 @@ class FinishJob:
 @dataclass(frozen=True)
 class Finish:
     found: list[MemoryItem]
+    memory_items: tuple[MemoryItem, ...]
+    """What the memory file gets, each item's identity computed here (it travels cached)."""
     memory_error: str | None
     summary: Composed
     verification: Verification
@@ -185,8 +187,12 @@ def finish(job: FinishJob) -> Finish:
     verification = check_preserved(keys, summary.body, moved_to_memory=True)
     inserted = summary_message(summary.body, shape)
     compacted = compacted_list(messages, plan, inserted)
+    memory_items = summary.memory_items(found)
+    for item in memory_items:
+        _ = item.identity
     return Finish(
         found=found,
+        memory_items=memory_items,
         memory_error=memory_error,
         summary=summary,
         verification=verification,
