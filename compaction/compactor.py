@@ -24,10 +24,7 @@ from typing import Any
 from compaction.composition import LLM_SHARE, body_budget, compose_summary, is_too_little
 from compaction.extract import extract_memory_items
 from compaction.invariants import check_compacted
-from compaction.ledger import (
-    build_ledger,
-    overflow_items,
-)
+from compaction.ledger import build_ledger, overflow_items
 from compaction.memory import MemoryWriter
 from compaction.messages import CHAT, Shape, read_items
 from compaction.plan import plan_compaction, should_compact
@@ -106,8 +103,10 @@ class Compactor:
         tools: Any = None,
         max_output_tokens: int | None = None,
         estimator: TokenEstimator | None = None,
+        shape: Shape | None = None,
     ) -> Plan:
-        segments = split(messages, estimator or self.estimator, tools, shape=self.shape)
+        """Where to cut `messages`; `shape` (default: the compactor's) reads them."""
+        segments = split(messages, estimator or self.estimator, tools, shape=shape or self.shape)
         return plan_compaction(
             segments,
             window=window,
@@ -128,9 +127,11 @@ class Compactor:
         session_id: str | None,
         tools: Any = None,
         estimator: TokenEstimator | None = None,
+        shape: Shape | None = None,
     ) -> CompactionResult:
-        """Apply `plan` to `messages`; on any failure the input comes back unchanged, with why."""
-        run = _Run(self, messages, plan, tools, estimator or self.estimator)
+        """Apply `plan` to `messages`; on any failure the input comes back unchanged, with why.
+        `shape` (default: the compactor's) must be the one the plan was made with."""
+        run = _Run(self, messages, plan, tools, estimator or self.estimator, shape or self.shape)
         try:
             return await run.execute(llm, session_id)
         except Exception as exc:  # fail open: the agent's request must go out regardless
@@ -148,12 +149,13 @@ class _Run:
         plan: Plan,
         tools: Any,
         estimator: TokenEstimator,
+        shape: Shape,
     ) -> None:
         self.compactor = compactor
         self.settings = compactor.settings
         self.messages = messages
-        self.shape = compactor.shape
-        self.items = read_items(messages, compactor.shape)
+        self.shape = shape
+        self.items = read_items(messages, shape)
         self.plan = plan
         self.tools = tools
         self.estimator = estimator

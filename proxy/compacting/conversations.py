@@ -25,11 +25,11 @@ from compaction.checkpoints import (
     prefix_digests,
 )
 from compaction.types import ChatLLM
-from proxy.compacting.chat import ChatRequest
 from proxy.compacting.cooldown import Cooldown
 from proxy.compacting.flight import SingleFlight, wait_shielded
 from proxy.compacting.llm_client import LLMFactory, LLMRequest
 from proxy.compacting.records import record_compaction
+from proxy.compacting.request import ParsedRequest
 from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
 from proxy.settings import CompactionSection
@@ -70,19 +70,19 @@ class Conversations:
         self._flight: SingleFlight[bytes, CompactionResult] = SingleFlight(tasks)
         self._cooldown = Cooldown(options.failure_threshold, options.failure_cooldown_s, clock)
 
-    def estimate(self, chat: ChatRequest, messages: list[Any]) -> int:
-        return self._compactor.estimate(messages, chat.tools, estimator=chat.estimator)
+    def estimate(self, request: ParsedRequest, messages: list[Any]) -> int:
+        return self._compactor.estimate(messages, request.extras, estimator=request.estimator)
 
-    def needs(self, chat: ChatRequest, tokens: int) -> bool:
-        return self._compactor.needs_compaction(tokens, chat.window, chat.max_output_tokens)
+    def needs(self, request: ParsedRequest, tokens: int) -> bool:
+        return self._compactor.needs_compaction(tokens, request.window, request.max_output_tokens)
 
-    async def compact(self, chat: ChatRequest, before: int) -> Decision:
+    async def compact(self, request: ParsedRequest, before: int) -> Decision:
         """At the trigger: reuse a checkpoint whose view fits, else wait for a compaction of this
         conversation already under way, else compact the view once more."""
         deadline = self._clock() + self._options.summary_timeout_s
-        digests = prefix_digests(chat.messages, chat.seed)
-        view, tokens, _ = await self.view(chat, digests)
-        if view.base is not None and not self.needs(chat, tokens):
+        digests = prefix_digests(request.messages, request.seed)
+        view, tokens, _ = await self.view(request, digests)
+        if view.base is not None and not self.needs(request, tokens):
             return self._reused(view, before, tokens)
         pending = self._flight.find(reversed(digests))
         if pending is not None:
@@ -91,27 +91,29 @@ class Conversations:
             # Timed out, or it failed (and logged): go on with our own plan.
             with contextlib.suppress(Exception):
                 await wait_shielded(pending, max(0.0, deadline - self._clock()))
-            view, tokens, _ = await self.view(chat, digests)
-            if view.base is not None and not self.needs(chat, tokens):
+            view, tokens, _ = await self.view(request, digests)
+            if view.base is not None and not self.needs(request, tokens):
                 return self._reused(view, before, tokens)
-        return await self._compact_view(chat, view, tokens, digests, before, deadline, "trigger")
+        return await self._compact_view(request, view, tokens, digests, before, deadline, "trigger")
 
-    async def compact_after_overflow(self, chat: ChatRequest, before: int) -> Decision:
-        """The upstream refused the forwarded view as too long (`chat` carries the corrected
+    async def compact_after_overflow(self, request: ParsedRequest, before: int) -> Decision:
+        """The upstream refused the forwarded view as too long (`request` carries the corrected
         budget): compact further now. A checkpoint held in reserve is the first step; nothing is
         reused or waited for on the strength of the estimate that just proved wrong."""
         deadline = self._clock() + self._options.summary_timeout_s
-        digests = prefix_digests(chat.messages, chat.seed)
-        view, tokens, reserve = await self.view(chat, digests)
+        digests = prefix_digests(request.messages, request.seed)
+        view, tokens, reserve = await self.view(request, digests)
         if reserve is not None:
-            view = View.of(chat.messages, reserve)
-            tokens = self.estimate(chat, view.messages)
-        return await self._compact_view(chat, view, tokens, digests, before, deadline, "overflow")
+            view = View.of(request.messages, reserve)
+            tokens = self.estimate(request, view.messages)
+        return await self._compact_view(
+            request, view, tokens, digests, before, deadline, "overflow"
+        )
 
     # -- shared with proxy.compacting.precompute ----------------------------------------------
 
     async def view(
-        self, chat: ChatRequest, digests: Sequence[bytes]
+        self, request: ParsedRequest, digests: Sequence[bytes]
     ) -> tuple[View, int, Checkpoint | None]:
         """The view to forward, its tokens, and a precomputed checkpoint still held in reserve.
 
@@ -121,23 +123,24 @@ class Conversations:
         """
         # The last message is never part of a checkpoint: it is the new turn.
         newest = await self._store.longest(digests[:-1])
-        view = View.of(chat.messages, newest)
+        view = View.of(request.messages, newest)
         if newest is None or not newest.precomputed:
-            return view, self.estimate(chat, view.messages), None
+            return view, self.estimate(request, view.messages), None
         parent = await self._stored(digests, newest.parent)
-        parent_view = View.of(chat.messages, parent)
-        parent_tokens = self.estimate(chat, parent_view.messages)
-        if self.needs(chat, parent_tokens):
-            return view, self.estimate(chat, view.messages), None
+        parent_view = View.of(request.messages, parent)
+        parent_tokens = self.estimate(request, parent_view.messages)
+        if self.needs(request, parent_tokens):
+            return view, self.estimate(request, view.messages), None
         return parent_view, parent_tokens, newest
 
-    def plan(self, chat: ChatRequest, view: View) -> Plan:
+    def plan(self, request: ParsedRequest, view: View) -> Plan:
         return self._compactor.plan(
             view.messages,
-            window=chat.window,
-            tools=chat.tools,
-            max_output_tokens=chat.max_output_tokens,
-            estimator=chat.estimator,
+            window=request.window,
+            tools=request.extras,
+            max_output_tokens=request.max_output_tokens,
+            estimator=request.estimator,
+            shape=request.dialect.shape,
         )
 
     def running(self, digests: Sequence[bytes]) -> bool:
@@ -149,7 +152,7 @@ class Conversations:
         return key is not None and await self._stored(digests, key) is not None
 
     def start(
-        self, chat: ChatRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
+        self, request: ParsedRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
     ) -> asyncio.Task[CompactionResult] | None:
         """The (single-flight) summarization carrying out `plan`; None if it folds nothing new."""
         key = _key(view, plan, digests)
@@ -157,15 +160,15 @@ class Conversations:
             return None
         return self._flight.start(
             key,
-            lambda: self._summarize(chat, view, plan, digests, reason),
-            name=f"{reason}:{chat.session_id}",
+            lambda: self._summarize(request, view, plan, digests, reason),
+            name=f"{reason}:{request.session_id}",
         )
 
     # -- compacting ----------------------------------------------------------------------------
 
     async def _compact_view(
         self,
-        chat: ChatRequest,
+        request: ParsedRequest,
         view: View,
         tokens: int,
         digests: Sequence[bytes],
@@ -173,8 +176,8 @@ class Conversations:
         deadline: float,
         reason: str,
     ) -> Decision:
-        plan = self.plan(chat, view)
-        task = self.start(chat, view, plan, digests, reason)
+        plan = self.plan(request, view)
+        task = self.start(request, view, plan, digests, reason)
         if task is None:
             status = "reused" if view.base is not None else "failed"
             return Decision(view.messages, status, before, tokens, None)
@@ -188,7 +191,7 @@ class Conversations:
             # writer skips items already there).
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
-            result = await self._run(chat, view, plan, llm=None)
+            result = await self._run(request, view, plan, llm=None)
         if result.path == "unchanged":
             return Decision(view.messages, "failed", before, tokens, None)
         return Decision(
@@ -201,17 +204,19 @@ class Conversations:
         return Decision(view.messages, "reused", before, tokens, compaction_id)
 
     async def _summarize(
-        self, chat: ChatRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
+        self, request: ParsedRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
     ) -> CompactionResult:
-        summary_model = self._options.summary_model or chat.model
+        summary_model = self._options.summary_model or request.model
         # One tenant's failing key must not cool the summarizer down for everyone.
-        cooldown_key = f"{summary_model}\x00{chat.tenant.hex()}"
+        cooldown_key = f"{summary_model}\x00{request.tenant.hex()}"
         llm: ChatLLM | None = None
         if self._cooldown.is_cooling(cooldown_key):
             self._metrics.cooldown_skips.inc()
         else:
-            llm = self._llm_for(LLMRequest(summary_model, chat.credential, chat.auth_headers))
-        result = await self._run(chat, view, plan, llm=llm)
+            llm = self._llm_for(
+                LLMRequest(summary_model, request.credential, request.auth_headers, request.dialect)
+            )
+        result = await self._run(request, view, plan, llm=llm)
         if llm is not None and result.path != "unchanged":
             # "unchanged" says nothing about the summarizer (nothing to fold, or no gain).
             ok = result.path == "llm"
@@ -223,20 +228,27 @@ class Conversations:
         if checkpoint is not None:
             await self._store.put(checkpoint)
         record_compaction(
-            self._records, self._metrics, chat, view, result, reason=reason, checkpoint=checkpoint
+            self._records,
+            self._metrics,
+            request,
+            view,
+            result,
+            reason=reason,
+            checkpoint=checkpoint,
         )
         return result
 
     async def _run(
-        self, chat: ChatRequest, view: View, plan: Plan, *, llm: ChatLLM | None
+        self, request: ParsedRequest, view: View, plan: Plan, *, llm: ChatLLM | None
     ) -> CompactionResult:
         return await self._compactor.run(
             view.messages,
             plan,
             llm=llm,
-            session_id=chat.session_id,
-            tools=chat.tools,
-            estimator=chat.estimator,
+            session_id=request.session_id,
+            tools=request.extras,
+            estimator=request.estimator,
+            shape=request.dialect.shape,
         )
 
     async def _stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:
