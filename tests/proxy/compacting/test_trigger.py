@@ -134,7 +134,9 @@ async def test_admin_records_and_metrics_describe_compactions(
     assert "standard library" in record["summary_preview"]
     async with client.get(f"{proxy.url}/metrics") as response:
         text = (await response.read()).decode()
-    assert 'compaction_proxy_compactions_total{dialect="chat",path="llm",reason="trigger"} 1.0' in text
+    assert (
+        'compaction_proxy_compactions_total{dialect="chat",path="llm",reason="trigger"} 1.0' in text
+    )
     saved = float(record["tokens_before"] - record["tokens_after"])
     assert f"compaction_proxy_tokens_saved_total {saved}" in text.splitlines()
 
