@@ -19,9 +19,15 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from compaction import HeuristicEstimator
+from compaction.invariants import check_tool_pairing
+from compaction.messages import ANTHROPIC, CHAT, RESPONSES, Shape
+from compaction.tokens import estimate_request
 
 
 def _digest(text: str, size: int = 12) -> str:
@@ -246,3 +252,67 @@ def check_anthropic(body: dict[str, Any], seen: dict[str, Any] | None = None) ->
     if previous_calls:
         problems.append("the last assistant turn's tool_use blocks have no tool_result")
     return problems
+
+
+# ------------------------------------------------------------------ one API's wire, for replays
+
+
+@dataclass(frozen=True)
+class Wire:
+    """One API as a replay drives it: where requests go, how a chat prefix becomes a body, what
+    the upstream counts and refuses, and how it answers."""
+
+    name: str
+    path: str
+    shape: Shape
+    listed: str
+    extras: tuple[str, ...]
+
+    def body(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> dict[str, Any]:
+        if self.name == "responses":
+            return to_responses(messages, tools)
+        if self.name == "anthropic":
+            return to_anthropic(messages, tools)
+        return {"model": "replay", "messages": messages, **({"tools": tools} if tools else {})}
+
+    def items(self, body: dict[str, Any]) -> list[Any]:
+        return list(body[self.listed])
+
+    def tokens(self, body: dict[str, Any]) -> int:
+        # The proxy's own reading (proxy.compacting.dialects): chat's `tools` as they are, the
+        # other APIs' fields besides the list as one list.
+        found = [body[key] for key in self.extras if body.get(key) is not None]
+        extras: Any = found[0] if self.name == "chat" and found else (found or None)
+        return estimate_request(body[self.listed], extras, self.estimator())
+
+    def estimator(self) -> HeuristicEstimator:
+        return HeuristicEstimator(shape=self.shape)
+
+    def check(self, body: dict[str, Any], seen: dict[str, Any]) -> list[str]:
+        if self.name == "responses":
+            return check_responses(body, seen)
+        if self.name == "anthropic":
+            return check_anthropic(body, seen)
+        return check_tool_pairing(body["messages"])
+
+    def answer(self, text: str, prompt_tokens: int) -> dict[str, Any]:
+        if self.name == "responses":
+            message = {"type": "message", "role": "assistant", "content": [_output(text)]}
+            return {"object": "response", "output": [message], "usage": {"input_tokens": prompt_tokens}}
+        if self.name == "anthropic":
+            usage = {"input_tokens": prompt_tokens, "output_tokens": 1}
+            content = [{"type": "text", "text": text}]
+            return {"type": "message", "role": "assistant", "content": content, "usage": usage}
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        return {"object": "chat.completion", "choices": [choice], "usage": {"prompt_tokens": prompt_tokens}}
+
+
+def _output(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+WIRES = {
+    "chat": Wire("chat", "chat/completions", CHAT, "messages", ("tools",)),
+    "responses": Wire("responses", "responses", RESPONSES, "input", ("instructions", "tools")),
+    "anthropic": Wire("anthropic", "messages", ANTHROPIC, "messages", ("system", "tools")),
+}
