@@ -298,13 +298,25 @@ class Wire:
     def answer(self, text: str, prompt_tokens: int) -> dict[str, Any]:
         if self.name == "responses":
             message = {"type": "message", "role": "assistant", "content": [_output(text)]}
-            return {"object": "response", "output": [message], "usage": {"input_tokens": prompt_tokens}}
+            return {
+                "object": "response",
+                "output": [message],
+                "usage": {"input_tokens": prompt_tokens},
+            }
         if self.name == "anthropic":
             usage = {"input_tokens": prompt_tokens, "output_tokens": 1}
             content = [{"type": "text", "text": text}]
             return {"type": "message", "role": "assistant", "content": content, "usage": usage}
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-        return {"object": "chat.completion", "choices": [choice], "usage": {"prompt_tokens": prompt_tokens}}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": "stop",
+        }
+        return {
+            "object": "chat.completion",
+            "choices": [choice],
+            "usage": {"prompt_tokens": prompt_tokens},
+        }
 
 
 def _output(text: str) -> dict[str, Any]:

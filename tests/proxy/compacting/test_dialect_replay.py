@@ -4,6 +4,7 @@ per growth step, and the forwarded prefix byte-stable between compactions."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,12 @@ async def test_a_coding_trajectory_replays_valid_and_within_the_window(
     assert script.problems == []
     assert all(wire.tokens(body) <= window for body in sent)
     summaries = len(script.calls("summary"))
-    first, last = (wire.tokens(wire.body(p, trajectory["tools"])) for p in (prefixes[0], prefixes[-1]))
+    first, last = (
+        wire.tokens(wire.body(p, trajectory["tools"])) for p in (prefixes[0], prefixes[-1])
+    )
     assert 1 <= summaries <= 2 + (last - first) // int(window * 0.1)
     changes = 0
-    for before, after in zip(sent, sent[1:], strict=False):
+    for before, after in itertools.pairwise(sent):
         old, new = wire.items(before), wire.items(after)
         if summary_of(old) != summary_of(new):
             changes += 1
