@@ -1,11 +1,12 @@
 """The two ways a request goes upstream.
 
-- `forward_hooked`: routes a hook may change (chat completions, responses, Anthropic messages). The body is read whole (bounded
-  by `server.max_body_mb`), handed to the app's `Hook`, and its `Exchange` says what is sent; an
-  upstream 400/413/422 is shown to the exchange, which may ask for one retry with a new body.
+- `forward_hooked`: routes a hook may change (chat completions, responses, Anthropic messages).
+  The body is read whole (bounded by `server.max_body_mb`), handed to the app's `Hook`, and its
+  `Exchange` says what is sent; an upstream 400/413/422 is shown to the exchange, which may ask
+  for one retry with a new body.
 - `forward_verbatim`: everything else under /v1/. The body streams to the upstream as it arrives.
 
-Both relay the response with `relay.relay`. Invalid JSON in a chat request is not our
+Both relay the response with `relay.relay`. Invalid JSON in a hooked request is not our
 business: the bytes go upstream unchanged and the upstream's own 400 comes back.
 """
 

@@ -51,7 +51,7 @@ class AnthropicMessages:
         return {"head": payload.get("system"), "tools": tool_names(payload), "user": first_user}
 
     def serialize(self, body: bytes, payload: dict[str, Any], messages: list[Any]) -> bytes:
-        return replace_field(payload, "messages", join_summary(messages))
+        return replace_field(body, payload, "messages", join_summary(messages))
 
     def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
         # Anthropic's input_tokens leaves out what the prompt cache read or wrote.

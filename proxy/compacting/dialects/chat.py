@@ -49,7 +49,7 @@ class ChatCompletions:
         return {"head": _head_contents(messages), "tools": tool_names(payload), "user": first_user}
 
     def serialize(self, body: bytes, payload: dict[str, Any], messages: list[Any]) -> bytes:
-        return replace_field(payload, "messages", messages)
+        return replace_field(body, payload, "messages", messages)
 
     def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
         return int_field(usage, "prompt_tokens")

@@ -29,8 +29,9 @@ def list_field(payload: dict[str, Any], name: str) -> list[Any]:
     return value
 
 
-def replace_field(payload: dict[str, Any], name: str, value: Any) -> bytes:
-    """The payload with `name` replaced, every other field in its place."""
+def replace_field(body: bytes, payload: dict[str, Any], name: str, value: Any) -> bytes:
+    """`body` (which `payload` was parsed from) with field `name` replaced by `value`, every
+    other field in its place."""
     return orjson.dumps({**payload, name: value})
 
 

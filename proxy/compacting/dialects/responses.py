@@ -60,7 +60,7 @@ class ResponsesAPI:
         return {"head": head, "tools": tool_names(payload), "user": first_user}
 
     def serialize(self, body: bytes, payload: dict[str, Any], messages: list[Any]) -> bytes:
-        return replace_field(payload, "input", messages)
+        return replace_field(body, payload, "input", messages)
 
     def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
         return int_field(usage, "input_tokens")
