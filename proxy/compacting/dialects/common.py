@@ -7,6 +7,8 @@ from typing import Any
 
 import orjson
 
+from proxy.compacting.splice import locate_field
+
 
 class NotCompactable(ValueError):
     """The body is not a request this dialect compacts: forward it untouched."""
@@ -30,8 +32,12 @@ def list_field(payload: dict[str, Any], name: str) -> list[Any]:
 
 
 def replace_field(body: bytes, payload: dict[str, Any], name: str, value: Any) -> bytes:
-    """`body` (which `payload` was parsed from) with field `name` replaced by `value`, every
-    other field in its place."""
+    """`body` (which `payload` was parsed from) with field `name` replaced by `value`: every
+    other byte as sent (proxy.compacting.splice), or, for a body it cannot place the field in
+    with certainty, the payload re-serialized."""
+    span = locate_field(body, payload, name)
+    if span is not None:
+        return span.replace(body, orjson.dumps(value))
     return orjson.dumps({**payload, name: value})
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.compacting.dialects import NotCompactable, for_route
+from proxy.compacting.dialects import Dialect, NotCompactable, for_route
 from proxy.compacting.dialects.anthropic import ANTHROPIC_MESSAGES
 from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
 from proxy.compacting.dialects.responses import RESPONSES_API
@@ -87,3 +87,16 @@ def test_the_opening_names_a_conversation_by_its_head_tools_and_first_request() 
         "tools": ["b"],
         "user": "task",
     }
+
+
+@pytest.mark.parametrize(
+    ("dialect", "field"),
+    [(CHAT_COMPLETIONS, "messages"), (RESPONSES_API, "input"), (ANTHROPIC_MESSAGES, "messages")],
+)
+def test_serializing_changes_the_list_and_no_other_byte(dialect: Dialect, field: str) -> None:
+    head = b'{"model" : "m", "x": 1.50, "s": "\\u00e9\\/", "'
+    tail = b', "z": [1.0, {"a": null}]}'
+    body = head + field.encode() + b'": [{"role": "user", "content": "hi"}]' + tail
+    payload, _ = dialect.parse(body)
+    sent = dialect.serialize(body, payload, [{"role": "user", "content": "new"}])
+    assert sent == head + field.encode() + b'": [{"role":"user","content":"new"}]' + tail

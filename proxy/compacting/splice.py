@@ -1,0 +1,124 @@
+"""Replacing one top-level field of a JSON request in its original bytes.
+
+A compacted request changes one field (`messages`; Responses' `input`, Anthropic's `messages`);
+every other byte goes out as the client sent it. Re-serializing the parsed payload would not keep
+that promise: a JSON parser normalizes numbers (an integer beyond 64 bits becomes a float, `1.50`
+becomes `1.5`), escapes and spacing. So the field's value is located once in the original bytes
+and only that span is replaced.
+
+Locating is done with C-speed searches (`bytes.find`) and checked by parsing what lies before and
+after the span (small: the other fields), never by walking the body byte by byte in Python. A body
+this cannot place with certainty (a key written with escapes, duplicate keys) gives None, and the
+caller re-serializes instead.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+_SPACE = re.compile(rb"[ \t\r\n]*")
+_SPACE_CHARS = b" \t\r\n"
+# How many occurrences of a key's text are tried before giving up (a key's name may also appear
+# as a string value or a nested key; each false one costs a parse of the other fields).
+_MAX_CANDIDATES = 16
+
+
+@dataclass(frozen=True)
+class FieldSpan:
+    """The bytes `body[start:end]` are the value of one top-level field."""
+
+    start: int
+    end: int
+
+    def replace(self, body: bytes, value: bytes) -> bytes:
+        """`body` with the field's value replaced by `value` (serialized JSON)."""
+        return b"".join((body[: self.start], value, body[self.end :]))
+
+
+def locate_field(body: bytes, payload: Mapping[str, Any], field: str) -> FieldSpan | None:
+    """Where the value of top-level `field` lies in `body`, the JSON object `payload` was parsed
+    from (keys in document order); None when it cannot be placed with certainty."""
+    keys = list(payload)
+    if field not in payload:
+        return None
+    index = keys.index(field)
+    start = _value_start(body, field, keys[:index])
+    if start is None:
+        return None
+    if index == len(keys) - 1:
+        close = _end_before_space(body, len(body)) - 1
+        if body[close : close + 1] != b"}":
+            return None
+        return FieldSpan(start, _end_before_space(body, close))
+    end = _value_end(body, start, keys[index + 1 :])
+    return FieldSpan(start, end) if end is not None else None
+
+
+def _value_start(body: bytes, field: str, keys_before: list[str]) -> int | None:
+    needle = orjson.dumps(field)
+    position = body.find(needle)
+    for _ in range(_MAX_CANDIDATES):
+        if position < 0:
+            return None
+        colon = _SPACE.match(body, position + len(needle))
+        assert colon is not None  # `*` always matches
+        if body[colon.end() : colon.end() + 1] == b":" and _opens_object_with(
+            body[:position], keys_before
+        ):
+            value = _SPACE.match(body, colon.end() + 1)
+            assert value is not None
+            return value.end()
+        position = body.find(needle, position + 1)
+    return None
+
+
+def _value_end(body: bytes, start: int, keys_after: list[str]) -> int | None:
+    # Searched from the end: the fields after the value are usually small, the value (the
+    # conversation) large, and the first top-level candidate met from the end is the right one.
+    needle = orjson.dumps(keys_after[0])
+    position = body.rfind(needle, start)
+    for _ in range(_MAX_CANDIDATES):
+        if position < 0:
+            return None
+        comma = _end_before_space(body, position) - 1
+        if body[comma : comma + 1] == b"," and _closes_object_with(body[comma + 1 :], keys_after):
+            return _end_before_space(body, comma)
+        position = body.rfind(needle, start, position)
+    return None
+
+
+def _opens_object_with(prefix: bytes, keys: list[str]) -> bool:
+    """True when `prefix` is `{`, then exactly the members `keys`, then a comma: the key that
+    follows is a top-level one."""
+    head = prefix.rstrip(_SPACE_CHARS)
+    if not keys:
+        return head == b"{"
+    if not head.endswith(b","):
+        return False
+    return _keys_of(head[:-1] + b"}") == keys
+
+
+def _closes_object_with(suffix: bytes, keys: list[str]) -> bool:
+    """True when `suffix` is exactly the members `keys` and the closing brace: the comma before
+    it sits at the top level (one inside the field's value would leave brackets unbalanced)."""
+    return _keys_of(b"{" + suffix) == keys
+
+
+def _keys_of(text: bytes) -> list[str] | None:
+    try:
+        parsed = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    return list(parsed) if isinstance(parsed, dict) else None
+
+
+def _end_before_space(body: bytes, end: int) -> int:
+    """`end` moved back over the whitespace before it."""
+    while end > 0 and body[end - 1] in _SPACE_CHARS:
+        end -= 1
+    return end
