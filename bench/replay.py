@@ -2,7 +2,8 @@
 
 Each prefix of a trajectory that ends in a user or tool message is one request, as the agent sent
 it. The stand-in upstream models a prompt cache (a request's cached tokens are its longest common
-prefix with the session's previous request), checks every request it receives (valid tool pairing,
+prefix with the session's previous request, plus its tools, instructions or system when they did
+not change), checks every request it receives (valid tool pairing,
 within the window) and answers summary calls after a delay, like a real summarizer. Printed per
 source: requests, compactions, summarizer calls, forwarded vs original tokens, prefix-cache hit
 rate through the proxy vs going direct, invalid requests, prefix breaks between compactions, and
@@ -76,6 +77,16 @@ def common_prefix_tokens(a: list[Any], b: list[Any], estimator: HeuristicEstimat
     return total
 
 
+def fixed_tokens(wire: Wire, body: dict[str, Any], last: dict[str, bytes], session: str) -> int:
+    """The tokens of what precedes the list in the prompt (tools, instructions, system) when
+    they are the same as in the session's previous request: a prompt cache holds them too."""
+    fixed = {key: value for key, value in body.items() if key != wire.listed}
+    text = orjson.dumps(fixed, option=orjson.OPT_SORT_KEYS)
+    same = last.get(session) == text
+    last[session] = text
+    return wire.tokens({**body, wire.listed: []}) if same else 0
+
+
 def summary_of(items: list[Any]) -> bytes | None:
     """The bytes of the item carrying the summary (it sits near the start), None if none."""
     for item in items[:4]:
@@ -113,6 +124,7 @@ class Upstream:
         self.summary_delay, self.reply_delay = summary_delay, reply_delay
         self.estimator = wire.estimator()
         self.previous: dict[str, list[Any]] = {}
+        self.fixed: dict[str, bytes] = {}
         self.seen: dict[str, dict[str, Any]] = defaultdict(dict)
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -136,6 +148,7 @@ class Upstream:
         self.previous[session] = items
         self.tally.forwarded_tokens += tokens
         self.tally.cached_tokens += common_prefix_tokens(previous, items, self.estimator)
+        self.tally.cached_tokens += fixed_tokens(self.wire, payload, self.fixed, session)
         self.tally.invalid += bool(self.wire.check(payload, self.seen[session]))
         if tokens > self.window:
             self.tally.over_window += 1
@@ -172,11 +185,13 @@ async def replay_one(
     session = conversation["id"].replace("/", "_")[:100]
     previous: list[Any] = []
     estimator = wire.estimator()
+    fixed: dict[str, bytes] = {}
     for prefix in requests_of(conversation["messages"]):
         body = wire.body(prefix, conversation.get("tools") or None)
         items = wire.items(body)
         tally.original_tokens += wire.tokens(body)
         tally.direct_cached_tokens += common_prefix_tokens(previous, items, estimator)
+        tally.direct_cached_tokens += fixed_tokens(wire, body, fixed, session)
         previous = items
         started = time.perf_counter()
         async with client.post(
