@@ -9,13 +9,14 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 from anthropic import AsyncAnthropic
 
-from bench.dialects import to_anthropic
+from bench.dialects import signature_of, to_anthropic
 from compaction import SUMMARY_MARKER
 from compaction.messages import ANTHROPIC
 from tests import factories as f
-from tests.fakes.apis import anthropic_events
+from tests.fakes.apis import anthropic_events, anthropic_message
 from tests.fakes.script import Script, body_tokens
 from tests.fakes.upstream import FakeUpstream, json_reply, stream_reply
 from tests.proxy.compacting.conftest import WINDOW, forwarded
@@ -186,22 +187,38 @@ SDK_TOOLS: Any = [{"name": "bash", "input_schema": {"type": "object"}}]
 THINKING: Any = {"type": "enabled", "budget_tokens": 1024}
 
 
-async def test_the_sdk_gets_a_compacted_answer_with_tools_and_thinking(
+async def test_the_sdk_runs_a_tool_loop_with_thinking_on_a_compacted_conversation(
     sdk: AsyncAnthropic, script: Script
 ) -> None:
+    thought = "The user wants the files listed."
+
+    async def think_and_call(request: web.Request) -> web.StreamResponse:
+        use = ("toolu_next", "bash", {"command": "ls"})
+        message = anthropic_message(tool_uses=[use], thinking=(thought, signature_of(thought)))
+        return web.json_response(message)
+
+    script.chat = think_and_call
     body = anthropic_body(int(WINDOW * 1.3))
-    message = await sdk.messages.create(
-        model="claude-test",
-        max_tokens=2048,
-        system=body["system"],
-        messages=body["messages"],
-        tools=SDK_TOOLS,
-        thinking=THINKING,
+    ask = {"model": "claude-test", "max_tokens": 2048, "system": body["system"]}
+    first = await sdk.messages.create(
+        **ask, messages=body["messages"], tools=SDK_TOOLS, thinking=THINKING
     )
-    assert message.content[0].type == "text" and message.content[0].text == "Done."
-    sent = forwarded(script)[0]
-    assert sent["thinking"] == THINKING and sent["tools"] == SDK_TOOLS
-    assert ANTHROPIC.read(sent["messages"][0]).text.startswith(SUMMARY_MARKER)
+    assert [block.type for block in first.content] == ["thinking", "tool_use"]
+
+    script.chat = script.counted("Done.")
+    result = {"type": "tool_result", "tool_use_id": "toolu_next", "content": "a.txt"}
+    loop = [
+        *body["messages"],
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {"role": "user", "content": [result]},
+    ]
+    second = await sdk.messages.create(**ask, messages=loop, tools=SDK_TOOLS, thinking=THINKING)
+    assert second.content[0].type == "text" and second.content[0].text == "Done."
+    before, after = forwarded(script)
+    assert after["thinking"] == THINKING and after["tools"] == SDK_TOOLS
+    assert ANTHROPIC.read(after["messages"][0]).text.startswith(SUMMARY_MARKER)
+    assert after["messages"][: len(before["messages"])] == before["messages"]  # reused
+    assert after["messages"][-2]["content"][0]["signature"] == signature_of(thought)
     summary_call, agent_call = script.calls("summary")[0], script.calls(None)[0]
     for name in ("x-api-key", "Authorization", "anthropic-version"):  # as the SDK sent them
         assert summary_call.headers.get(name) == agent_call.headers.get(name)

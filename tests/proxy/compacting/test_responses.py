@@ -7,13 +7,14 @@ from typing import Any
 
 import orjson
 import pytest
+from aiohttp import web
 from openai import AsyncOpenAI
 
 from bench.dialects import to_responses
 from compaction import SUMMARY_MARKER
 from compaction.messages import RESPONSES
 from tests import factories as f
-from tests.fakes.apis import responses_events
+from tests.fakes.apis import responses_events, responses_object
 from tests.fakes.script import Script, body_tokens
 from tests.fakes.upstream import json_reply, stream_reply
 from tests.proxy.compacting.conftest import WINDOW, forwarded
@@ -138,16 +139,31 @@ SDK_TOOLS: Any = [
 ]
 
 
-async def test_the_sdk_gets_a_compacted_answer_with_function_tools(
+async def test_the_sdk_runs_a_tool_loop_on_a_compacted_conversation(
     sdk: AsyncOpenAI, script: Script
 ) -> None:
+    async def call_a_tool(request: web.Request) -> web.StreamResponse:
+        return web.json_response(responses_object(calls=[("call_next", "bash", '{"c": "ls"}')]))
+
+    script.chat = call_a_tool
     body = responses_body(int(WINDOW * 1.3))
-    response = await sdk.responses.create(
+    first = await sdk.responses.create(
         model="gpt-test", instructions=body["instructions"], input=body["input"], tools=SDK_TOOLS
     )
-    assert response.output_text == "Done."
-    sent = forwarded(script)[0]
-    assert RESPONSES.is_summary(sent["input"][0]) and sent["tools"] == SDK_TOOLS
+    call = first.output[0]
+    assert call.type == "function_call" and call.call_id == "call_next"
+
+    script.chat = script.counted("Done.")
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "a.txt"}
+    loop = [*body["input"], call.model_dump(exclude_none=True), output]
+    second = await sdk.responses.create(
+        model="gpt-test", instructions=body["instructions"], input=loop, tools=SDK_TOOLS
+    )
+    assert second.output_text == "Done."
+    before, after = forwarded(script)
+    assert RESPONSES.is_summary(after["input"][0]) and after["tools"] == SDK_TOOLS
+    assert after["input"][: len(before["input"])] == before["input"]  # the same summary, reused
+    assert after["input"][-1] == output
     assert script.problems == []
 
 
