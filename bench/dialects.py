@@ -188,6 +188,9 @@ def check_responses(body: dict[str, Any], seen: dict[str, Any] | None = None) ->
     problems: list[str] = []
     called: dict[str, int] = {}
     answered: set[str] = set()
+    # A model turn that reasoned (reasoning, its message, its calls) must arrive whole: the API
+    # refuses a call whose turn's reasoning item is missing.
+    reasoning = any(isinstance(i, dict) and i.get("type") == "reasoning" for i in items)
     for index, item in enumerate(items):
         kind = item.get("type", "message") if isinstance(item, dict) else None
         if kind == "reasoning":
@@ -202,10 +205,20 @@ def check_responses(body: dict[str, Any], seen: dict[str, Any] | None = None) ->
             answered.add(item.get("call_id"))
         elif isinstance(kind, str) and kind.endswith("_call"):
             called[item["call_id"]] = index
+            if reasoning and not _has_reasoning_before(items, index):
+                problems.append(f"input[{index}]: call without the reasoning of its turn")
     problems += [
         f"input[{i}]: call {c} has no output" for c, i in called.items() if c not in answered
     ]
     return problems
+
+
+def _has_reasoning_before(items: list[Any], index: int) -> bool:
+    """True when the items before `index`, back over its turn's calls and message, start with a
+    reasoning item."""
+    while index > 0 and _is_model_item(items[index - 1]):
+        index -= 1
+    return index > 0 and items[index - 1].get("type") == "reasoning"
 
 
 def _is_model_item(item: Any) -> bool:

@@ -67,7 +67,8 @@ class Item:
     observation: bool = False
     """A user-role message that is really tool output."""
     lead: bool = False
-    """Must stay glued to the item after it (a Responses `reasoning` item); never for chat."""
+    """Must stay glued to the item after it (a Responses `reasoning` item, or the model's message
+    before its calls); never for chat."""
     joins: bool = False
     """A call item that joins the call items just before it when their results have not started
     yet (Responses sends one item per call); never for chat, where a new assistant message with

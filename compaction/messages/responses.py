@@ -4,8 +4,10 @@ Messages (`{"type": "message", "role", "content"}`, or the short form without `t
 string or `input_text` / `output_text` parts. Calls are items of their own, one per call
 (`function_call`, `custom_tool_call`, `local_shell_call`, any `*_call` with a `call_id`), answered
 by `*_call_output` items with the same `call_id`; consecutive call items before their outputs
-form one block (`Item.joins`). A `reasoning` item (its `encrypted_content` opaque) must stay
-glued to the item it precedes (`Item.lead`), so it is kept or folded with it, byte for byte.
+form one block (`Item.joins`). A `reasoning` item (its `encrypted_content` opaque) and the
+model's `message` stay glued to the item they precede (`Item.lead`): a model turn (reasoning,
+message, calls) is kept or folded whole, byte for byte, since the API refuses a call whose
+turn's reasoning is missing.
 """
 
 from __future__ import annotations
@@ -133,7 +135,9 @@ class ResponsesShape:
                 return Item("summary", text, label=role)
             return Item("user", text, observation=is_observation_text(text), label=role)
         if role == "assistant":
-            return Item("assistant", text, label=role)
+            # The model's message and the calls after it are one turn (one reasoning item may
+            # precede them all): glued to what follows, like the reasoning.
+            return Item("assistant", text, lead=True, label=role)
         return Item("other", text, label=role)
 
 

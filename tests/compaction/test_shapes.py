@@ -92,3 +92,15 @@ async def test_a_compaction_gives_what_the_real_api_accepts(
         assert check_responses({"input": result.messages}, {}) == []
     else:
         assert check_anthropic({"messages": join_summary(result.messages)}, {}) == []
+
+
+def test_responses_model_turn_with_a_message_before_its_calls_is_one_block() -> None:
+    history = [f.user("go"), *f.tool_block(2, thought="Let me look."), f.user("next")]
+    items = to_responses(history, TOOLS)["input"]
+    assert [item["type"] for item in items[1:5]] == [
+        "reasoning",
+        "message",
+        "function_call",
+        "function_call",
+    ]
+    assert block_end(read_items(items, RESPONSES), 1) == 7  # reasoning .. both outputs

@@ -10,11 +10,19 @@ import orjson
 
 
 def responses_object(
-    text: str = "", *, calls: Sequence[tuple[str, str, str]] = (), input_tokens: int = 10
+    text: str = "",
+    *,
+    calls: Sequence[tuple[str, str, str]] = (),
+    reasoning: str | None = None,
+    input_tokens: int = 10,
 ) -> dict[str, Any]:
-    """A completed `response`: a message with `text` (if any) and function calls
-    (call_id, name, arguments)."""
+    """A completed `response`: a reasoning item (its encrypted content, if any), a message with
+    `text` (if any) and function calls (call_id, name, arguments)."""
     output: list[dict[str, Any]] = []
+    if reasoning is not None:
+        output.append(
+            {"type": "reasoning", "id": "rs_fake", "summary": [], "encrypted_content": reasoning}
+        )
     if text:
         output.append(
             {

@@ -143,19 +143,21 @@ async def test_the_sdk_runs_a_tool_loop_on_a_compacted_conversation(
     sdk: AsyncOpenAI, script: Script
 ) -> None:
     async def call_a_tool(request: web.Request) -> web.StreamResponse:
-        return web.json_response(responses_object(calls=[("call_next", "bash", '{"c": "ls"}')]))
+        call = ("call_next", "bash", '{"c": "ls"}')
+        return web.json_response(responses_object(calls=[call], reasoning="b3BhcXVl"))
 
     script.chat = call_a_tool
     body = responses_body(int(WINDOW * 1.3))
     first = await sdk.responses.create(
         model="gpt-test", instructions=body["instructions"], input=body["input"], tools=SDK_TOOLS
     )
-    call = first.output[0]
+    reasoning, call = first.output
+    assert reasoning.type == "reasoning" and reasoning.encrypted_content == "b3BhcXVl"
     assert call.type == "function_call" and call.call_id == "call_next"
 
     script.chat = script.counted("Done.")
     output = {"type": "function_call_output", "call_id": call.call_id, "output": "a.txt"}
-    loop = [*body["input"], call.model_dump(exclude_none=True), output]
+    loop = [*body["input"], *(item.model_dump(exclude_none=True) for item in first.output), output]
     second = await sdk.responses.create(
         model="gpt-test", instructions=body["instructions"], input=loop, tools=SDK_TOOLS
     )
