@@ -62,8 +62,7 @@ def to_responses(messages: list[dict[str, Any]], tools: list[Any] | None) -> dic
                 }
             )
         else:
-            part = "input_text" if role != "assistant" else "output_text"
-            text = [{"type": part, "text": _text(message)}]
+            text = [{"type": "input_text", "text": _text(message)}]
             items.append({"type": "message", "role": role, "content": text})
     body["input"] = items
     if tools:
