@@ -14,6 +14,7 @@ caller re-serializes instead.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -111,10 +112,21 @@ def _closes_object_with(suffix: bytes, keys: list[str]) -> bool:
 
 def _keys_of(text: bytes) -> list[str] | None:
     try:
-        parsed = orjson.loads(text)
-    except orjson.JSONDecodeError:
+        parsed = load_json(text)
+    except ValueError:
         return None
     return list(parsed) if isinstance(parsed, dict) else None
+
+
+def load_json(text: bytes) -> Any:
+    """`text` parsed by orjson, or by the standard library when orjson refuses a number it
+    cannot hold (an integer or exponent beyond a double): a request that is valid JSON is read.
+    Raises ValueError for what is not JSON. (Numbers are only read here; what goes upstream
+    keeps the original bytes, see locate_field.)"""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
 
 
 def _end_before_space(body: bytes, end: int) -> int:

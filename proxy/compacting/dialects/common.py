@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from proxy.compacting.splice import locate_field
+from proxy.compacting.splice import load_json, locate_field
 
 
 class NotCompactable(ValueError):
@@ -16,8 +16,8 @@ class NotCompactable(ValueError):
 
 def load_object(body: bytes) -> dict[str, Any]:
     try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
+        payload = load_json(body)
+    except ValueError as exc:
         raise NotCompactable("body is not JSON") from exc
     if not isinstance(payload, dict):
         raise NotCompactable("body is not a JSON object")
