@@ -3,6 +3,7 @@ against a fake upstream that checks what the real API would refuse."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -188,3 +189,24 @@ async def test_the_sdk_streams_a_compacted_response(sdk: AsyncOpenAI, script: Sc
     assert sent["stream"] is True and RESPONSES.is_summary(sent["input"][0])
     assert script.problems == []
     script.chat = chat
+
+
+async def test_concurrent_requests_of_one_conversation_wait_for_one_summary(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start()
+    summarize = script.summary
+
+    async def slowly(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(0.2)
+        return await summarize(request)
+
+    script.summary = slowly
+    body = responses_body(int(WINDOW * 1.3))
+    url = f"{proxy.url}/s/together/v1/responses"
+    responses = await asyncio.gather(*(send(client, url, body) for _ in range(5)))
+    assert {r.headers["x-compaction-status"] for r in responses} <= {"applied", "reused"}
+    assert len(script.calls("summary")) == 1
+    first = forwarded(script)[0]["input"]
+    assert all(sent["input"] == first for sent in forwarded(script))  # one summary for all
+    assert script.problems == []
