@@ -1,7 +1,7 @@
-"""One compacted request request from the upstream's point of view: what went out last, the one
+"""One compacted request from the upstream's point of view: what went out last, the one
 retry after a context-length error, and calibration from the usage the upstream reports.
 
-A `CompactedExchange` is the proxy.hook.Exchange of a parsed request request; it is mutable on
+A `CompactedExchange` is the proxy.hook.Exchange of a parsed request; it is mutable on
 purpose (like a flow): the retry replaces what was sent, and calibration reads what was sent last.
 """
 
