@@ -24,8 +24,11 @@ $(STAMP_BENCH): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	touch $@ $(STAMP_TEST) $(STAMP_RUN)
 
+# `make run PORT=9000`, `make run ARGS="--upstream http://127.0.0.1:8000/v1"`. PORT counts only
+# when given on the command line (many environments export a PORT of their own); the environment
+# variable COMPACTION_PROXY__SERVER__PORT works too.
 run: $(STAMP_RUN)
-	$(BIN)/compaction-proxy --config config.yaml
+	$(BIN)/compaction-proxy --config config.yaml $(if $(filter command line,$(origin PORT)),--port $(PORT)) $(ARGS)
 
 test: $(STAMP_TEST)
 	$(BIN)/python -m ruff check .

@@ -1,17 +1,26 @@
 """The memory file: items worth keeping, appended to a per-session file, each once.
 
-`{root}/{session_id}/compaction_flush.jsonl` holds one JSON object per line. Each line goes out
-in a single `os.write` on a descriptor opened with O_APPEND, so concurrent writers (tasks or
-processes) and a writer killed mid-flush leave only whole lines. Files are created 0600 in
-directories created 0700. The only file I/O in the library lives here.
+`{root}/{session_id}/compaction_flush.jsonl` holds one JSON object per line. A flush writes the
+file's lines plus its new ones to a temporary file in the session folder and renames it over the
+file, under an exclusive `flock` on the folder: concurrent writers (tasks or processes) take turns,
+and a writer killed mid-flush or stopped by a full disk leaves the file as it was, so every line
+always parses. (An O_APPEND write is not enough: a SIGKILL can cut a large write short.) Files are
+created 0600 in directories created 0700; links are never followed (a symlinked folder, a
+symlinked file or one with a second hard link is refused), so nothing is read or written outside
+the root. The only file I/O in the library lives here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import fcntl
 import os
 import re
-from collections.abc import Callable, Sequence
+import secrets
+import stat
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -22,6 +31,9 @@ from compaction.text import normalize
 from compaction.types import MemoryItem, as_memory_type
 
 FILE_NAME = "compaction_flush.jsonl"
+_TEMPORARY = ".tmp"  # suffix of the file a flush writes before renaming it over FILE_NAME
+_NO_LINKS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # NONBLOCK: a planted FIFO cannot hang us
+_WRITE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_LINKS
 SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
@@ -55,9 +67,12 @@ class MemoryWriter:
         *,
         now: Callable[[], datetime] = _utc_now,
         max_sessions: int = 4096,
+        write: Callable[[int, bytes], int] = os.write,
     ) -> None:
+        """`write` is `os.write` (tests pass one that fills the disk)."""
         self.root = Path(root_dir)
         self._now = now
+        self._write = write
         # Bounded: every fingerprinted conversation is a session. A session whose entries were
         # evicted reloads what it has written from its file; a lock evicted while held can let two
         # flushes run at once, which costs at most a duplicate line, never a torn one.
@@ -112,9 +127,9 @@ class MemoryWriter:
                 )
             if records:
                 try:
-                    await asyncio.to_thread(_append_lines, path, records)
+                    await asyncio.to_thread(_append_lines, path, records, self._write)
                 except BaseException:
-                    # Not written: a later flush may try these again.
+                    # Not written (a flush is all or nothing): a later flush may try them again.
                     for record in records:
                         seen.discard((record["type"], item_identity(record["content"])))
                     raise
@@ -122,10 +137,11 @@ class MemoryWriter:
 
 
 def _load_keys(path: Path) -> set[tuple[str, str]]:
-    """(type, normalized content) of every whole line already in the file."""
+    """(type, normalized content) of every line already in the file."""
     keys: set[tuple[str, str]] = set()
     try:
-        data = path.read_bytes()
+        with _session_folder(path, create=False) as folder:
+            data = _read_lines(folder, path.name)
     except FileNotFoundError:
         return keys
     for line in data.splitlines():
@@ -138,15 +154,70 @@ def _load_keys(path: Path) -> set[tuple[str, str]]:
     return keys
 
 
-def _append_lines(path: Path, records: Sequence[dict[str, str]]) -> None:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+def _append_lines(
+    path: Path, records: Sequence[dict[str, str]], write: Callable[[int, bytes], int]
+) -> None:
+    """The file's lines and one line per record, written to a temporary file renamed over it."""
+    new = b"".join(orjson.dumps(record) + b"\n" for record in records)
+    with _session_folder(path, create=True) as folder:
+        # Every writer, in any process, holds this while it writes; released on close or crash.
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        _remove_leftovers(folder, path.name)
+        try:
+            old = _read_lines(folder, path.name)
+        except FileNotFoundError:
+            old = b""
+        temporary = f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{_TEMPORARY}"
+        fd = os.open(temporary, _WRITE_NEW, 0o600, dir_fd=folder)
+        try:
+            try:
+                _write_all(fd, old + new, write)
+            finally:
+                os.close(fd)
+            os.rename(temporary, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=folder)
+            raise
+
+
+def _write_all(fd: int, data: bytes, write: Callable[[int, bytes], int]) -> None:
+    while data:
+        written = write(fd, data)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, "no space left: nothing written")
+        data = data[written:]  # a short write (a filling disk): go on until it fails outright
+
+
+def _read_lines(folder: int, name: str) -> bytes:
+    """The file's whole lines; a torn tail (from a writer of another kind) is left out."""
+    fd = os.open(name, os.O_RDONLY | _NO_LINKS, dir_fd=folder)
     try:
-        for record in records:
-            line = orjson.dumps(record) + b"\n"
-            # One write per line: with O_APPEND the kernel places it whole at the end.
-            written = os.write(fd, line)
-            if written != len(line):
-                raise OSError(f"short write to {path}: {written} of {len(line)} bytes")
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            raise OSError(errno.EPERM, f"{name} is not a plain file of its own; not used")
+        data = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
     finally:
         os.close(fd)
+    return data if data.endswith(b"\n") or not data else data[: data.rfind(b"\n") + 1]
+
+
+def _remove_leftovers(folder: int, name: str) -> None:
+    """Temporary files of writers killed before their rename (none is writing: we hold the lock)."""
+    prefix = f".{name}."
+    for entry in os.listdir(folder):
+        if entry.startswith(prefix) and entry.endswith(_TEMPORARY):
+            with contextlib.suppress(OSError):
+                os.unlink(entry, dir_fd=folder)
+
+
+@contextlib.contextmanager
+def _session_folder(path: Path, *, create: bool) -> Iterator[int]:
+    """The session folder of `path`, opened without following a link."""
+    if create:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | _NO_LINKS)
+    try:
+        yield folder
+    finally:
+        os.close(folder)

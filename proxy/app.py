@@ -42,6 +42,7 @@ def create_app(
     app[keys.RECORDS] = SessionRecords(
         max_sessions=settings.admin.max_sessions,
         records_per_session=settings.admin.records_per_session,
+        preview_chars=settings.admin.preview_chars,
     )
     app[keys.TASKS] = BackgroundTasks()
     app[keys.UPSTREAM] = Upstream(settings.upstream, app[keys.METRICS])

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy import keys
 from proxy.app import create_app
 from proxy.logs import configure_logging
 from proxy.settings import Settings, SettingsError, load_settings
@@ -75,15 +76,35 @@ def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 def _serve(settings: Settings) -> int:
     app = create_app(settings)
     loop = _new_loop()
-    log.info(
-        "listening",
-        extra={
-            "host": settings.server.host,
-            "port": settings.server.port,
-            "upstream": settings.upstream.base_url,
-            "anthropic_upstream": settings.upstream.anthropic_base_url,
-        },
-    )
+    where = f"{settings.server.host}:{settings.server.port}"
+    listening = False
+
+    def log_listening(_banner: str) -> None:
+        # run_app "prints" its banner once every socket is bound: the moment to say listening.
+        nonlocal listening
+        listening = True
+        log.info(
+            "listening",
+            extra={
+                "host": settings.server.host,
+                "port": settings.server.port,
+                "upstream": settings.upstream.base_url,
+                "anthropic_upstream": settings.upstream.anthropic_base_url,
+            },
+        )
+
+    async def log_drain(app: web.Application) -> None:
+        if listening:  # not when start-up failed before serving
+            in_flight = app[keys.METRICS].registry.get_sample_value(
+                "compaction_proxy_in_flight_requests"
+            )
+            log.info(
+                "shutting down: no new connections; in-flight requests get up to %.0f s",
+                SHUTDOWN_TIMEOUT_S,
+                extra={"in_flight": int(in_flight or 0)},
+            )
+
+    app.on_shutdown.append(log_drain)
     try:
         web.run_app(
             app,
@@ -91,16 +112,17 @@ def _serve(settings: Settings) -> int:
             port=settings.server.port,
             loop=loop,
             access_log=None,  # our own access line is written by observe_middleware
-            print=None,
+            print=log_listening,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
             # A client that goes away cancels its handler at once, which closes the upstream
             # request even while the upstream is silent.
             handler_cancellation=True,
         )
     except OSError as exc:
-        where = f"{settings.server.host}:{settings.server.port}"
-        print(f"compaction-proxy: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
+        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        print(f"compaction-proxy: cannot listen on {where}: {reason}", file=sys.stderr)
         return 1
+    log.info("stopped")
     return 0
 
 

@@ -1,17 +1,17 @@
 """`compaction-proxy demo`: the whole product offline, in under half a minute.
 
-Starts a built-in fake upstream and the proxy on free loopback ports (memory in a temporary
-folder), drives a scripted coding-agent conversation with tool calls through it at a small context
-window, and prints what happened at each request: tokens before and after, whether a compaction was
-applied or a checkpoint reused, an excerpt of the summary, and the memory file written.
+Starts a built-in fake upstream and the proxy on free loopback ports (memory files kept under
+./workspace/demo/), drives a scripted coding-agent conversation with tool calls through it at a
+small context window, and prints what happened at each request: tokens before and after, whether a
+compaction was applied or reused, what each new summary added, and the memory file written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from aiohttp import web
 
 from compaction import SUMMARY_MARKER
 from proxy.app import create_app
-from proxy.compacting.hook import STATUS, TOKENS_AFTER, TOKENS_BEFORE
+from proxy.compacting.exchange import STATUS, TOKENS_AFTER, TOKENS_BEFORE
 from proxy.http.serving import serve_on_loopback
 from proxy.settings import Settings
 
@@ -52,17 +52,15 @@ def _fake_summary(prompt: list[Any]) -> str:
 
 
 def _fake_memory(prompt: list[Any]) -> str:
-    kinds = (
-        ("prefer", "preference"),
-        ("decided", "decision"),
-        ("agreed", "decision"),
-        ("todo", "todo"),
-    )
+    """Like a real extractor: the sentence that states a preference, decision or todo, not the
+    whole turn (a task that mentions a preference is not itself a preference)."""
+    kinds = {"prefer": "preference", "decided": "decision", "agreed": "decision", "todo": "todo"}
     items = [
-        {"type": kind, "content": turn[:200]}
+        {"type": kind, "content": sentence}
         for turn in _user_turns(prompt)
-        for word, kind in kinds
-        if word in turn.lower()
+        for sentence in re.split(r"(?<=[.!?;])\s+", turn)
+        for word, kind in kinds.items()
+        if word in sentence.lower()
     ]
     return orjson.dumps(items).decode()
 
@@ -147,58 +145,78 @@ def _script() -> list[list[dict[str, Any]]]:
     return turns
 
 
-async def run_demo(out: Any = sys.stdout) -> int:
+LEGEND = """\
+The agent makes two requests per turn: one after the user's message (the model answers with a
+tool call) and one after the tool's result. It sends its whole history every time. Per request:
+  msgs            messages the agent sent
+  tokens A -> B   estimated prompt tokens as the agent sent them -> as forwarded upstream
+  none            forwarded unchanged (below the trigger, 85% of the window)
+  applied         a compaction new to this conversation went out with this request
+  reused          the same compaction as before went out again (no model call, same prefix)
+  ↳ compaction    a compaction the proxy recorded. "precompute": prepared in the background once
+                  the conversation passed 70% of the window, used when a request reaches 85%;
+                  "extends": it updates the previous summary with the newly folded turns.
+"""
+
+MEMORY_LINES_SHOWN = 8
+
+
+async def run_demo(out: Any = sys.stdout, workdir: Path = Path("workspace/demo")) -> int:
+    """Run the demo; memory files are written under `workdir/memory` (emptied first)."""
+
     def say(text: str = "") -> None:
         print(text, file=out, flush=True)
 
+    memory_dir = (workdir / "memory").resolve()
+    shutil.rmtree(memory_dir, ignore_errors=True)  # each run starts from an empty memory
     upstream_app = web.Application()
     upstream_app.router.add_post("/v1/chat/completions", _fake_upstream)
     upstream_runner, upstream_url = await serve_on_loopback(upstream_app)
-    with tempfile.TemporaryDirectory(prefix="compaction-demo-") as memory_dir:
-        settings = Settings.model_validate(
-            {
-                "upstream": {"base_url": f"{upstream_url}/v1", "timeout_s": 30},
-                "models": {"default_context_window": WINDOW},
-                "compaction": {
-                    "keep_recent_rounds": 2,
-                    "summary_max_tokens": 400,
-                    "precompute_ratio": 0.7,
-                },
-                "memory": {"dir": memory_dir},
-                "admin": {"token": "demo-admin"},
-            }
-        )
-        proxy_runner, proxy_url = await serve_on_loopback(create_app(settings))
-        say(f"fake upstream {upstream_url}  ·  proxy {proxy_url}  ·  window {WINDOW} tokens")
-        say(f"memory dir {memory_dir}\n")
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": "You are a careful coding agent. Use the bash tool."},
-        ]
-        tools = [
-            {
-                "type": "function",
-                "function": {
-                    "name": "bash",
-                    "description": "Run a shell command",
-                    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
-                },
-            }
-        ]
-        url = f"{proxy_url}/s/demo-agent/v1/chat/completions"
-        try:
-            async with aiohttp.ClientSession() as client:
-                turns = _script()
-                seen: set[str] = set()
-                for n, turn in enumerate(turns, 1):
-                    # Request after the user's message (tool call follows), then after the result.
-                    for sent in (turn[:1], turn[1:3]):
-                        messages.extend(sent)
-                        await _request(client, url, messages, tools, n, len(turns), say, seen)
-                    messages.append(turn[3])
-        finally:
-            await proxy_runner.cleanup()
-            await upstream_runner.cleanup()
-            _show_memory(Path(memory_dir), say)
+    settings = Settings.model_validate(
+        {
+            "upstream": {"base_url": f"{upstream_url}/v1", "timeout_s": 30},
+            "models": {"default_context_window": WINDOW},
+            "compaction": {
+                "keep_recent_rounds": 2,
+                "summary_max_tokens": 400,
+                "precompute_ratio": 0.7,
+            },
+            "memory": {"dir": str(memory_dir)},
+            "admin": {"token": "demo-admin", "preview_chars": 4000},
+        }
+    )
+    proxy_runner, proxy_url = await serve_on_loopback(create_app(settings))
+    say(f"fake upstream {upstream_url}  ·  proxy {proxy_url}  ·  window {WINDOW} tokens")
+    say(f"memory files go to {memory_dir}\n")
+    say(LEGEND)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a careful coding agent. Use the bash tool."},
+    ]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "bash",
+                "description": "Run a shell command",
+                "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+            },
+        }
+    ]
+    url = f"{proxy_url}/s/demo-agent/v1/chat/completions"
+    try:
+        async with aiohttp.ClientSession() as client:
+            turns = _script()
+            seen: dict[str, str] = {}
+            for n, turn in enumerate(turns, 1):
+                # Request after the user's message (tool call follows), then after the result.
+                for sent in (turn[:1], turn[1:3]):
+                    messages.extend(sent)
+                    await _request(client, url, messages, tools, n, len(turns), say, seen)
+                messages.append(turn[3])
+    finally:
+        await proxy_runner.cleanup()
+        await upstream_runner.cleanup()
+        _show_memory(memory_dir, say)
     return 0
 
 
@@ -210,7 +228,7 @@ async def _request(
     turn: int,
     turns: int,
     say: Any,
-    seen: set[str],
+    seen: dict[str, str],
 ) -> None:
     body = {"model": "demo-model", "messages": messages, "tools": tools}
     async with client.post(
@@ -227,9 +245,10 @@ async def _request(
 
 
 async def _show_new_compactions(
-    client: aiohttp.ClientSession, url: str, say: Any, seen: set[str]
+    client: aiohttp.ClientSession, url: str, say: Any, seen: dict[str, str]
 ) -> None:
-    """Print the compaction records that appeared since the last request (precomputes included)."""
+    """Print the compaction records that appeared since the last request (precomputes included),
+    each with what its summary says that the one it extends did not. `seen`: id -> summary."""
     await asyncio.sleep(0.05)  # a precompute started after the last request may land meanwhile
     admin = url.split("/s/")[0] + "/admin/sessions/demo-agent"
     async with client.get(admin, headers={"Authorization": "Bearer demo-admin"}) as response:
@@ -239,7 +258,7 @@ async def _show_new_compactions(
     for record in records:
         if record["id"] in seen:
             continue
-        seen.add(record["id"])
+        seen[record["id"]] = record["summary_preview"]
         extends = f", extends {record['extends'][:8]}" if record["extends"] else ""
         say(
             f"    ↳ compaction {record['id'][:8]} ({record['reason']}, {record['path']}{extends}): "
@@ -247,10 +266,14 @@ async def _show_new_compactions(
             f"{record['folded_messages']} messages folded, {record['memory_items']} memory items, "
             f"quality {record['quality']}"
         )
-        excerpt = " / ".join(
-            line.strip() for line in record["summary_preview"].splitlines() if line.strip()
-        )
-        say(f"      summary: {excerpt[:150]}…")
+        before = {line.strip() for line in seen.get(record["extends"] or "", "").splitlines()}
+        lines = dict.fromkeys(line.strip() for line in record["summary_preview"].splitlines())
+        added = [line for line in lines if line.startswith("- ") and line not in before]
+        label = "summary adds:" if record["extends"] else "summary:"
+        for n, line in enumerate(added[:6]):
+            say(f"      {label if n == 0 else ' ' * len(label)} {line[:110]}")
+        if len(added) > 6:
+            say(f"      {' ' * len(label)} … and {len(added) - 6} more lines")
 
 
 def _show_memory(memory_dir: Path, say: Any) -> None:
@@ -258,13 +281,15 @@ def _show_memory(memory_dir: Path, say: Any) -> None:
     say("")
     for file in files:
         lines = file.read_text(encoding="utf-8").splitlines()
-        say(f"memory file {file.relative_to(memory_dir)}: {len(lines)} items")
-        for line in lines[:8]:
+        shown = f" (showing {MEMORY_LINES_SHOWN})" if len(lines) > MEMORY_LINES_SHOWN else ""
+        say(f"memory file {file.relative_to(memory_dir)}: {len(lines)} items{shown}")
+        for line in lines[:MEMORY_LINES_SHOWN]:
             item = orjson.loads(line)
             say(f"    {item['type']:<10} {item['content'][:90]}")
     if not files:
         say("no memory file was written")
     say(f"\nsummaries are marked with: {SUMMARY_MARKER}")
+    say(f"memory files kept in {memory_dir}")
 
 
 def main() -> int:

@@ -4,7 +4,9 @@
     ProxyError                       every error we answer ourselves ({"error": {...}})
     ├── BadRequest            400    invalid_request_error
     │   ├── SessionIdRefused  400    code invalid_session_id
-    │   └── InvalidPath       400    code invalid_path
+    │   ├── InvalidPath       400    code invalid_path
+    │   └── UnreadableBody    400    code invalid_content_encoding (a body not in its stated
+    │                                Content-Encoding), invalid_request_body (a malformed body)
     ├── Unauthorized          401    code invalid_admin_token
     ├── NotFound              404    code not_found
     ├── BodyTooLarge          413    code request_too_large
@@ -57,6 +59,14 @@ class InvalidPath(BadRequest):
     code = "invalid_path"
 
 
+class UnreadableBody(BadRequest):
+    code = "invalid_request_body"
+
+
+class BadContentEncoding(UnreadableBody):
+    code = "invalid_content_encoding"
+
+
 class Unauthorized(ProxyError):
     status = 401
     type = "authentication_error"
@@ -90,9 +100,11 @@ class UpstreamTimeout(ProxyError):
 class UpstreamStreamCut(Exception):
     """The upstream connection failed while its response body was being relayed."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, *, partial: bytes = b"") -> None:
         super().__init__(kind)
         self.kind = kind
+        self.partial = partial
+        """The body bytes read before the failure, when the reader kept them."""
 
 
 # Anthropic's error types by status, for the proxy's own errors on Anthropic's paths.

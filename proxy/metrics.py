@@ -7,6 +7,7 @@ it; `render()` serves whatever the registry holds.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import (
@@ -17,6 +18,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -90,7 +92,21 @@ class Metrics:
         self.labelled(self.requests, route, method, str(status)).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(_WithoutCreated(self.registry))
+
+
+class _WithoutCreated:
+    """`registry` without the `*_created` series prometheus-client adds to every counter and
+    histogram: a start timestamp per label set that doubles the output and that Prometheus does
+    not use. (prometheus_client.disable_created_metrics() would do it for the whole process.)"""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._registry.collect():
+            metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            yield metric
 
 
 class CompactionMetrics:

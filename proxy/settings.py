@@ -134,6 +134,7 @@ class AdminSettings(_Section):
     token: str | None = None
     records_per_session: int = Field(default=50, gt=0)
     max_sessions: int = Field(default=10000, gt=0)
+    preview_chars: int = Field(default=400, ge=0)
 
     @field_validator("token")
     @classmethod

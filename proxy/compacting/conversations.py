@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cachetools import LRUCache
+
 from compaction import CompactionResult, Compactor, Plan
 from compaction.checkpoints import (
     Checkpoint,
@@ -69,6 +71,10 @@ class Conversations:
         self._clock = clock
         self._flight: SingleFlight[bytes, CompactionResult] = SingleFlight(tasks)
         self._cooldown = Cooldown(options.failure_threshold, options.failure_cooldown_s, clock)
+        # Compactions some request already went out with: a checkpoint not among them (one
+        # precomputed, or finished after its request left on the fallback) is new to the
+        # conversation when first substituted, and reported "applied", not "reused".
+        self._forwarded: LRUCache[str, None] = LRUCache(options.checkpoint_max_entries)
 
     def estimate(self, request: ParsedRequest, messages: list[Any]) -> int:
         return self._compactor.estimate(messages, request.extras, estimator=request.estimator)
@@ -179,8 +185,7 @@ class Conversations:
         plan = self.plan(request, view)
         task = self.start(request, view, plan, digests, reason)
         if task is None:
-            status = "reused" if view.base is not None else "failed"
-            return Decision(view.messages, status, before, tokens, None)
+            return self._as_is(view, before, tokens)
         try:
             result = await wait_shielded(task, max(0.0, deadline - self._clock()))
         except Exception as exc:
@@ -193,15 +198,28 @@ class Conversations:
                 self._metrics.summary_timeouts.inc()
             result = await self._run(request, view, plan, llm=None)
         if result.path == "unchanged":
-            return Decision(view.messages, "failed", before, tokens, None)
+            return self._as_is(view, before, tokens)
+        self._forwarded[result.compaction_id] = None
         return Decision(
             result.messages, "applied", before, result.tokens_after, result.compaction_id
         )
 
+    def _as_is(self, view: View, before: int, tokens: int) -> Decision:
+        """Nothing more could be folded: the view goes out as it is. Only a view that is the
+        original request means the compaction failed; one built on a checkpoint still carries
+        an earlier compaction."""
+        if view.base is None:
+            return Decision(view.messages, "failed", before, tokens, None)
+        return self._reused(view, before, tokens)
+
     def _reused(self, view: View, before: int, tokens: int) -> Decision:
+        """`view` substitutes a checkpoint: "reused", or "applied" the first time it goes out."""
         self._metrics.checkpoint_hits.inc()
-        compaction_id = view.base.compaction_id if view.base is not None else None
-        return Decision(view.messages, "reused", before, tokens, compaction_id)
+        assert view.base is not None
+        compaction_id = view.base.compaction_id
+        status = "reused" if compaction_id in self._forwarded else "applied"
+        self._forwarded[compaction_id] = None
+        return Decision(view.messages, status, before, tokens, compaction_id)
 
     async def _summarize(
         self, request: ParsedRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str

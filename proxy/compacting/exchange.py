@@ -12,12 +12,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.compacting.calibration import Calibration
-from proxy.compacting.conversations import Conversations
-from proxy.compacting.overflow import parse_overflow
+from proxy.compacting.conversations import Conversations, Decision
+from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.request import ParsedRequest
 from proxy.metrics import CompactionMetrics
 
 log = logging.getLogger(__name__)
+
+STATUS = "x-compaction-status"
+TOKENS_BEFORE = "x-compaction-tokens-before"
+TOKENS_AFTER = "x-compaction-tokens-after"
+COMPACTION_ID = "x-compaction-id"
+SESSION = "x-compaction-session"
 
 # After an overflow without numbers, assume we under-counted by this much.
 _OVERFLOW_BUMP = 1.25
@@ -37,6 +43,7 @@ class CompactedExchange:
         headers: Mapping[str, str],
         conversations: Conversations,
         calibration: Calibration,
+        learned: LearnedWindows,
         metrics: CompactionMetrics,
     ) -> None:
         self._request = request
@@ -45,6 +52,7 @@ class CompactedExchange:
         self._headers = headers
         self._conversations = conversations
         self._calibration = calibration
+        self._learned = learned
         self._metrics = metrics
         self._retried = False
 
@@ -76,10 +84,13 @@ class CompactedExchange:
             factor = self._calibration.raise_at_least(
                 request.model, request.factor * _OVERFLOW_BUMP
             )
-        window = request.window
         if overflow.limit:
-            # A stated limit below ours is believed, but never shrinks the budget past half.
-            window = max(min(window, int(overflow.limit * _OVERFLOW_MARGIN)), window // 2)
+            # The upstream's word on its own limit is believed, and remembered for the model.
+            self._learned.learn(request.model, overflow.limit, request.window)
+            window = min(request.window, int(overflow.limit * _OVERFLOW_MARGIN))
+        else:
+            # No number: the window is no larger than what was just refused.
+            window = min(request.window, max(1, int(self._tokens * _OVERFLOW_MARGIN)))
         harder = request.with_budget(window=window, factor=factor)
         self._metrics.overflow_retries.inc()
         try:
@@ -93,6 +104,7 @@ class CompactedExchange:
         if decision.status not in ("applied", "reused") or len(retry) >= len(self._body):
             return None  # nothing smaller to send: relay the upstream's error
         self._request, self._tokens, self._body = harder, decision.tokens_after, retry
+        self._headers = describe(harder, decision)  # the headers tell what went out last
         self._retried = True
         log.info(
             "upstream reported a context overflow; retrying once compacted",
@@ -109,3 +121,16 @@ class CompactedExchange:
             self._calibration.observe(
                 request.model, round(self._tokens / request.factor), prompt_tokens
             )
+
+
+def describe(request: ParsedRequest, decision: Decision) -> dict[str, str]:
+    """The informational response headers for `decision` on `request`."""
+    headers = {
+        STATUS: decision.status,
+        SESSION: request.session_id,
+        TOKENS_BEFORE: str(decision.tokens_before),
+        TOKENS_AFTER: str(decision.tokens_after),
+    }
+    if decision.compaction_id:
+        headers[COMPACTION_ID] = decision.compaction_id
+    return headers

@@ -7,10 +7,14 @@ data: it is read here only to decide whether to retry, then relayed unchanged if
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 
 import orjson
+from cachetools import LRUCache
+
+log = logging.getLogger(__name__)
 
 _CODES = {"context_length_exceeded", "string_above_max_length", "context_window_exceeded"}
 _WORDINGS = re.compile(
@@ -57,6 +61,43 @@ def parse_overflow(status: int, body: bytes) -> Overflow | None:
         _int(limit.group(1)) if limit else None,
         _int(prompt.group(1)) if prompt else None,
     )
+
+
+# A stated limit below this is a misread message, not a model's window: never learned.
+_MIN_WINDOW = 512
+
+
+class LearnedWindows:
+    """Context windows the upstream stated in its overflow errors, per model (a bounded number
+    of models). From then on they cap the configured window: a proxy configured for 128k in
+    front of a 4k model learns it from the first error, and says once how to configure it."""
+
+    def __init__(self, max_models: int = 1024) -> None:
+        self._windows: LRUCache[str, int] = LRUCache(max_models)
+
+    def window(self, model: str, configured: int) -> int:
+        learned = self._windows.get(model)
+        return configured if learned is None else min(configured, learned)
+
+    def smallest(self) -> int | None:
+        return min(self._windows.values(), default=None)
+
+    def learn(self, model: str, limit: int, configured: int) -> None:
+        """`limit` is what the upstream said `model` takes; kept when below what we assumed."""
+        if limit < _MIN_WINDOW or limit >= self.window(model, configured):
+            return
+        first = model not in self._windows
+        self._windows[model] = limit
+        if first:
+            log.warning(
+                "the upstream says model %r takes at most %d tokens, below the %d assumed; "
+                "using %d from now on (set models.context_windows to make it permanent)",
+                model,
+                limit,
+                configured,
+                limit,
+                extra={"model": model, "learned_window": limit},
+            )
 
 
 def _int(text: str) -> int:

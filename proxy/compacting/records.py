@@ -13,9 +13,6 @@ from proxy.metrics import CompactionMetrics
 
 log = logging.getLogger(__name__)
 
-# How much of each summary the admin records show.
-_PREVIEW_CHARS = 400
-
 
 def record_compaction(
     records: SessionRecords,
@@ -51,7 +48,7 @@ def record_compaction(
             "folded_range": _folded_range(view, checkpoint),
             "extends": view.base.compaction_id if view.base else None,
             "summary_chars": len(result.summary_text),
-            "summary_preview": result.summary_text[:_PREVIEW_CHARS],
+            "summary_preview": result.summary_text[: records.preview_chars],
             "memory_items": len(result.memory_items),
             "quality": verification.quality if verification else None,
             "key_decisions_preserved": verification.key_decisions_preserved

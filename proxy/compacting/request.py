@@ -84,14 +84,17 @@ def model_of(payload: dict[str, Any]) -> str:
     return model if isinstance(model, str) else ""
 
 
-def fingerprint(opening: Mapping[str, Any]) -> str:
+def fingerprint(opening: Mapping[str, Any], tenant: bytes = b"") -> str:
     """A stable session id for a request that names none: a digest of the conversation's
-    opening (see Dialect.opening: head, tool names, first user message).
+    opening (see Dialect.opening: head, tool names, first user message) and of the caller's
+    credentials (`tenant`, a digest already).
 
     The first user message is part of it because the system prompt alone is the same for every
-    conversation of one agent."""
+    conversation of one agent; the credentials, because two tenants whose conversations open
+    the same way must never share a session, its records or its memory file."""
+    named = {**opening, "tenant": tenant.hex()}
     try:
-        canonical = orjson.dumps(opening, option=orjson.OPT_SORT_KEYS)
+        canonical = orjson.dumps(named, option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits from a lenient parser
-        canonical = repr(opening).encode()
+        canonical = repr(named).encode()
     return f"fp-{hashlib.sha256(canonical).hexdigest()[:32]}"

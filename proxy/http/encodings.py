@@ -1,11 +1,14 @@
 """Content codings of bodies the proxy reads itself (an upstream error it inspects, a usage
 probe, a summary answer). Relayed bodies are never decoded: their bytes and `Content-Encoding`
-travel together. Request bodies are decoded by aiohttp's server (see proxy.http.headers).
+travel together. Request bodies are decoded by aiohttp's server (see proxy.http.headers); one
+that does not decode is the client's error (`unreadable_body`).
 """
 
 from __future__ import annotations
 
 import zlib
+
+from proxy.errors import BadContentEncoding, UnreadableBody
 
 # A decoded body larger than this is cut: we only ever read error bodies, usage and summaries.
 _MAX_DECODED_BYTES = 8 * 1024 * 1024
@@ -29,3 +32,14 @@ def decode_body(data: bytes, encoding: str) -> bytes | None:
         except zlib.error:
             return None
     return out
+
+
+def unreadable_body(content_encoding: str) -> UnreadableBody:
+    """The 400 for a request body aiohttp's server could not read (its RequestPayloadError):
+    with a Content-Encoding, the body was not in it; without, the framing was broken."""
+    encoding = content_encoding.strip().lower()
+    if encoding:
+        return BadContentEncoding(
+            f"the request body could not be decoded as its Content-Encoding says ({encoding})"
+        )
+    return UnreadableBody("the request body is malformed (broken chunked framing)")

@@ -19,11 +19,12 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from proxy import keys
-from proxy.errors import BodyTooLarge, InvalidPath, ProxyError
+from proxy.errors import BodyTooLarge, InvalidPath, ProxyError, UpstreamStreamCut
 from proxy.hook import Exchange, Hook, Passthrough, RequestContext
-from proxy.http.encodings import decode_body
+from proxy.http.encodings import decode_body, unreadable_body
 from proxy.http.headers import upstream_request_headers
 from proxy.http.relay import relay
 from proxy.http.sessions import resolve_session_id
@@ -77,7 +78,20 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
     response = await _send(request, "POST", url, headers, exchange.body)
     already_read = b""
     if response.status in RETRYABLE_STATUSES:
-        already_read, complete = await _read_error(request, response)
+        try:
+            already_read, complete = await _read_error(request, response)
+        except UpstreamStreamCut as cut:
+            # The error body broke off: the client gets its status and the bytes that came,
+            # then the stream ends short, as on any route (the relay logs and counts it).
+            return await relay(
+                request,
+                response,
+                _Failing(cut),
+                info=info,
+                metrics=metrics,
+                extra_headers=exchange.headers,
+                already_read=cut.partial,
+            )
         retry = None
         if complete:
             decoded = decode_body(already_read, response.headers.get("Content-Encoding", ""))
@@ -178,6 +192,8 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(limit) from None
+    except RequestPayloadError:
+        raise unreadable_body(request.headers.get("Content-Encoding", "")) from None
 
 
 def _too_large(limit: int) -> BodyTooLarge:
@@ -225,14 +241,33 @@ class _LimitedBody:
         self._limit = limit
         self._metrics = metrics
         self._route = route
+        self._encoding = request.headers.get("Content-Encoding", "")
         self.exceeded = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         size = 0
-        async for chunk in self._content.iter_any():
-            size += len(chunk)
-            self._metrics.labelled(self._metrics.request_bytes, self._route).inc(len(chunk))
-            if size > self._limit:
-                self.exceeded = True
-                raise _too_large(self._limit)
-            yield chunk
+        try:
+            async for chunk in self._content.iter_any():
+                size += len(chunk)
+                self._metrics.labelled(self._metrics.request_bytes, self._route).inc(len(chunk))
+                if size > self._limit:
+                    self.exceeded = True
+                    raise _too_large(self._limit)
+                yield chunk
+        except RequestPayloadError:
+            # Raised inside the client library's body writer, which wraps it; Upstream.send
+            # unwraps a ProxyError, so this stays the client's 400, not an upstream failure.
+            raise unreadable_body(self._encoding) from None
+
+
+class _Failing:
+    """A body that fails at once with `cut`: what is left of an error body that broke off."""
+
+    def __init__(self, cut: UpstreamStreamCut) -> None:
+        self._cut = cut
+
+    def __aiter__(self) -> _Failing:
+        return self
+
+    async def __anext__(self) -> bytes:
+        raise self._cut

@@ -62,8 +62,11 @@ class SessionRecords:
         *,
         max_sessions: int,
         records_per_session: int,
+        preview_chars: int = 400,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self.preview_chars = preview_chars
+        """How much of each summary a record shows (admin.preview_chars; 0: none)."""
         self._max_sessions = max_sessions
         self._per_session = records_per_session
         self._clock = clock

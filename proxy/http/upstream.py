@@ -25,6 +25,7 @@ from yarl import URL
 
 from proxy.errors import (
     InvalidPath,
+    ProxyError,
     UpstreamStreamCut,
     UpstreamTimeout,
     UpstreamUnreachable,
@@ -123,14 +124,18 @@ class Upstream:
     async def read_bounded(
         self, response: aiohttp.ClientResponse, limit: int
     ) -> tuple[bytes, bool]:
-        """Up to about `limit` bytes of the body, and whether that was all of it."""
+        """Up to about `limit` bytes of the body, and whether that was all of it.
+        UpstreamStreamCut carries the bytes read before the body broke off (`partial`)."""
         parts: list[bytes] = []
         size = 0
-        async for chunk in self.chunks(response):
-            parts.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                return b"".join(parts), False
+        try:
+            async for chunk in self.chunks(response):
+                parts.append(chunk)
+                size += len(chunk)
+                if size > limit:
+                    return b"".join(parts), False
+        except UpstreamStreamCut as cut:
+            raise UpstreamStreamCut(cut.kind, partial=b"".join(parts)) from cut
         return b"".join(parts), True
 
     async def post_json(
@@ -172,10 +177,15 @@ def upstream_errors(
 
     Before the response headers: a failed or timed-out connect is UpstreamUnreachable (502), no
     answer in time is UpstreamTimeout (504), anything else UpstreamUnreachable. While a body is
-    read: UpstreamStreamCut, "stream_timeout" or "stream_cut". `count` gets the kind."""
+    read: UpstreamStreamCut, "stream_timeout" or "stream_cut". `count` gets the kind. A ProxyError
+    that caused the client error (our refusal of a body we were streaming) is raised as is."""
     try:
         yield
     except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+        if isinstance(exc.__cause__, ProxyError):
+            # Our own refusal of the request body being streamed (too large, undecodable),
+            # wrapped by the client library's body writer: the client's error, not the upstream's.
+            raise exc.__cause__ from None
         kind, error = _translate(exc, reading_body=reading_body)
         if count is not None:
             count(kind)

@@ -139,3 +139,14 @@ async def test_upstream_failures_are_counted_by_kind(
     assert not any(
         line.startswith('compaction_proxy_upstream_errors_total{kind="connect"}') for line in lines
     )
+
+
+async def test_metrics_carry_no_created_series(
+    proxy: RunningProxy, client: aiohttp.ClientSession
+) -> None:
+    async with client.post(f"{proxy.url}/v1/chat/completions", data=b"{}"):
+        pass
+    async with client.get(f"{proxy.url}/metrics") as response:
+        text = await response.text()
+    assert "compaction_proxy_requests_total{" in text
+    assert "_created" not in text

@@ -78,10 +78,13 @@ async def test_precompute_prepares_the_checkpoint_before_the_trigger(
     script.summary = never  # a request that had to summarize now would time out
     grown = conversation_of(int(WINDOW * 0.88), grow=messages)
     response = await post(client, proxy, grown)
-    assert response.headers["x-compaction-status"] == "reused", response.headers
+    # The conversation's first compaction goes out now, prepared in advance: "applied".
+    assert response.headers["x-compaction-status"] == "applied", response.headers
     assert len(script.calls("summary")) == 1
     record = proxy.app[keys.RECORDS].get("agent-1")["records"][0]
     assert record["reason"] == "precompute"
+    again = await post(client, proxy, [*grown, f.assistant("ok"), f.user("go on")])
+    assert again.headers["x-compaction-status"] == "reused"
 
 
 async def test_a_precomputed_checkpoint_waits_in_reserve_until_the_trigger(
@@ -110,7 +113,7 @@ async def test_a_precomputed_checkpoint_waits_in_reserve_until_the_trigger(
     summaries = len(script.calls("summary"))
     messages = conversation_of(int(tokens(messages) + 0.3 * WINDOW), grow=messages)
     response = await post(client, proxy, messages)
-    assert response.headers["x-compaction-status"] == "reused"
+    assert response.headers["x-compaction-status"] == "applied"  # new to the conversation
     assert response.headers["x-compaction-id"] == records.get("agent-1")["records"][1]["id"]
     assert len(script.calls("summary")) == summaries
 
@@ -153,7 +156,8 @@ async def test_a_client_that_leaves_during_a_summary_does_not_waste_it(
     records = proxy.app[keys.RECORDS]
     await wait_for(lambda: len((records.get("agent-1") or {"records": []})["records"]) == 1)
     again = await post(client, proxy, [*messages, f.assistant("ok"), f.user("go on")])
-    assert again.headers["x-compaction-status"] == "reused"
+    # The first request never went out: this one is the first to carry the compaction.
+    assert again.headers["x-compaction-status"] == "applied"
     assert len(script.calls("summary")) == 1
 
 
@@ -180,7 +184,8 @@ async def test_a_summary_that_outlives_its_request_is_used_once_it_lands(
     record = records.get("agent-1")["records"][0]
     assert record["path"] == "llm"
     second = await post(client, proxy, [*messages, f.assistant("ok"), f.user("go on")])
-    assert second.headers["x-compaction-status"] == "reused"
+    # The model's summary replaces the fallback the first request carried: a new compaction.
+    assert second.headers["x-compaction-status"] == "applied"
     assert second.headers["x-compaction-id"] == record["id"]
     assert (
         "The user wants the failing tests fixed" in forwarded(script)[1]["messages"][1]["content"]
