@@ -55,6 +55,8 @@ bench: $(STAMP_BENCH)
 	$(BIN)/python -m bench.token_accuracy
 	$(BIN)/python -m bench.passthrough
 	$(BIN)/python -m bench.replay
+	$(BIN)/python -m bench.retention
+	$(BIN)/python -m bench.scan_speed
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache

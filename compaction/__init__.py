@@ -19,7 +19,7 @@ from __future__ import annotations
 from compaction.compactor import Compactor
 from compaction.engine import CompactionEngine
 from compaction.extract import extract_items_heuristically, parse_memory_reply
-from compaction.ledger import Ledger, build_ledger, render_ledger
+from compaction.ledger import Ledger, build_ledger
 from compaction.marker import SUMMARY_MARKER
 from compaction.memory import InvalidSessionId, MemoryWriter
 from compaction.messages import (
@@ -89,7 +89,6 @@ __all__ = [
     "message_text",
     "parse_memory_reply",
     "read_items",
-    "render_ledger",
     "render_transcript",
     "summary_message",
     "summary_text",

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import orjson
 from cachetools import TTLCache
 
-from compaction.types import CompactionResult, Message
+from compaction.types import CompactionResult, MemoryItem, Message, as_memory_type
 
 _DIGEST_SIZE = 16
 
@@ -63,6 +63,9 @@ class Checkpoint:
     """Key of the checkpoint this one extended (None: it compacted the original history)."""
     precomputed: bool = False
     """Prepared ahead of the trigger: held in reserve until the parent's view reaches it."""
+    memory_items: tuple[MemoryItem, ...] = ()
+    """A reserve's memory items, written to the memory file when it is applied, not before (a
+    conversation that never reaches the trigger must not leave memory behind)."""
 
     def apply(self, messages: Sequence[Any]) -> list[Any]:
         """The compacted view of a request whose first `cut` messages match this checkpoint."""
@@ -91,6 +94,7 @@ class Checkpoint:
             "path": self.path,
             "parent": self.parent.hex() if self.parent is not None else None,
             "precomputed": self.precomputed,
+            "memory_items": [[i.type, i.content] for i in self.memory_items],
         }
 
     @classmethod
@@ -110,6 +114,10 @@ class Checkpoint:
                 path=str(data["path"]),
                 parent=bytes.fromhex(data["parent"]) if data["parent"] is not None else None,
                 precomputed=bool(data["precomputed"]),
+                memory_items=tuple(
+                    MemoryItem(as_memory_type(str(t)), str(c))
+                    for t, c in data.get("memory_items", [])
+                ),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed checkpoint: {exc}") from exc
@@ -252,4 +260,5 @@ def checkpoint_after(
         path=result.path,
         parent=view.base.key if view.base is not None else None,
         precomputed=precomputed,
+        memory_items=result.memory_items if precomputed else (),
     )

@@ -7,7 +7,7 @@ Paths, in order of preference:
 - "llm": the model's summary, plus the code-built ledger and any missing key items.
 - "extractive": the model failed (raised, timed out, or answered empty, too short, without
   letters, or with a refusal); the summary is built by code from the ledger (user requests,
-  files, commands, errors, values), the previous summary and the extracted items.
+  tool trail, files, values), the earlier summary's entries merged in, and the extracted items.
 - "dropped": not even the extractive summary fits its budget; a one-line note says how many
   messages were left out.
 - "unchanged": nothing to fold, no gain, a failed check, or an internal error; the input as is.
@@ -21,11 +21,17 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from compaction.composition import LLM_SHARE, body_budget, compose_summary, is_too_little
+from compaction.composition import (
+    LLM_SHARE,
+    body_budget,
+    compose_summary,
+    is_too_little,
+    read_previous,
+)
 from compaction.extract import extract_memory_items
 from compaction.invariants import check_compacted
-from compaction.ledger import build_ledger, overflow_items
-from compaction.memory import MemoryWriter
+from compaction.ledger import build_ledger
+from compaction.memory import MemoryWriter, write_items
 from compaction.messages import CHAT, Shape, read_items
 from compaction.plan import plan_compaction, should_compact
 from compaction.segment import split
@@ -35,18 +41,11 @@ from compaction.summarize import (
     build_memory_request,
     build_summary_request,
     summary_message,
-    summary_text,
 )
 from compaction.text import is_cjk_dominant
 from compaction.tokens import HeuristicEstimator, estimate_request
 from compaction.transcript import render_transcript
-from compaction.types import (
-    ChatLLM,
-    CompactionResult,
-    MemoryItem,
-    Plan,
-    TokenEstimator,
-)
+from compaction.types import ChatLLM, CompactionResult, MemoryItem, Plan, TokenEstimator
 from compaction.verify import check_preserved
 
 logger = logging.getLogger(__name__)
@@ -72,8 +71,6 @@ class Compactor:
         self.estimator: TokenEstimator = estimator or HeuristicEstimator(shape=shape)
         self.memory = memory
         self.clock = clock
-
-    # ------------------------------------------------------------ deciding
 
     def estimate(
         self, messages: Sequence[Any], tools: Any = None, *, estimator: TokenEstimator | None = None
@@ -103,20 +100,27 @@ class Compactor:
         tools: Any = None,
         max_output_tokens: int | None = None,
         estimator: TokenEstimator | None = None,
+        target_ratio: float | None = None,
         shape: Shape | None = None,
     ) -> Plan:
-        """Where to cut `messages`; `shape` (default: the compactor's) reads them."""
+        """Where to cut; `target_ratio` overrides the setting (a compaction prepared ahead of
+        the trigger aims lower by the growth still to come), `shape` the compactor's."""
         segments = split(messages, estimator or self.estimator, tools, shape=shape or self.shape)
         return plan_compaction(
             segments,
             window=window,
-            target_ratio=self.settings.target_ratio,
+            target_ratio=target_ratio or self.settings.target_ratio,
             keep_recent_rounds=self.settings.keep_recent_rounds,
             summary_budget_tokens=self.summary_budget(window),
             max_output_tokens=max_output_tokens,
+            strict_alternation=self.settings.strict_alternation,
         )
 
-    # ------------------------------------------------------------ running
+    async def flush_memory(
+        self, session_id: str | None, compaction_id: str, items: Sequence[MemoryItem]
+    ) -> str | None:
+        """Append `items` to the session's memory file; the error, if writing failed."""
+        return await write_items(self.memory, session_id, compaction_id, items)
 
     async def run(
         self,
@@ -127,13 +131,15 @@ class Compactor:
         session_id: str | None,
         tools: Any = None,
         estimator: TokenEstimator | None = None,
+        flush_memory: bool = True,
         shape: Shape | None = None,
     ) -> CompactionResult:
-        """Apply `plan` to `messages`; on any failure the input comes back unchanged, with why.
-        `shape` (default: the compactor's) must be the one the plan was made with."""
+        """Apply `plan` (made with the same `shape`) to `messages`; on any failure the input
+        comes back unchanged, with why. With `flush_memory` False the memory items are only
+        returned (a compaction prepared ahead of need writes them with `flush_memory()`)."""
         run = _Run(self, messages, plan, tools, estimator or self.estimator, shape or self.shape)
         try:
-            return await run.execute(llm, session_id)
+            return await run.execute(llm, session_id, flush_memory=flush_memory)
         except Exception as exc:  # fail open: the agent's request must go out regardless
             logger.warning("compaction failed, forwarding unchanged: %r", exc, exc_info=True)
             return run.unchanged("internal error", errors=(f"{type(exc).__name__}: {exc}",))
@@ -182,7 +188,9 @@ class _Run:
             errors=(*self.errors, *errors),
         )
 
-    async def execute(self, llm: ChatLLM | None, session_id: str | None) -> CompactionResult:
+    async def execute(
+        self, llm: ChatLLM | None, session_id: str | None, *, flush_memory: bool = True
+    ) -> CompactionResult:
         plan, messages, items, shape = self.plan, self.messages, self.items, self.shape
         folded = plan.folded
         if not folded:
@@ -190,12 +198,11 @@ class _Run:
         if self._too_little(folded):
             # Decide before paying for two model calls whose result would be thrown away.
             return self.unchanged("too little to fold: a summary would not be smaller")
-        previous = [summary_text(messages[i], shape) for i in folded if items[i].kind == "summary"]
-        previous_summary = "\n\n".join(t for t in previous if t) or None
+        previous_summary, previous = read_previous(messages, items, folded, shape)
         fresh = [i for i in folded if items[i].kind != "summary"]
 
         prose = [items[i].text for i in fresh if items[i].is_prose]
-        cjk = is_cjk_dominant([*prose, previous_summary or ""])
+        cjk = is_cjk_dominant([*prose, previous_summary])
         transcript = render_transcript(
             items,
             fresh,
@@ -210,7 +217,8 @@ class _Run:
             llm,
             build_summary_request(
                 transcript,
-                previous_summary=previous_summary,
+                # The model updates its own text; code carries the ledger and key items forward.
+                previous_summary=(previous.lead or None) if previous is not None else None,
                 max_tokens=summary_max_tokens,
                 cjk=cjk,
             ),
@@ -225,16 +233,18 @@ class _Run:
         ]
         summary = compose_summary(
             summary_reply.text,
-            previous_summary,
+            previous,
             ledger,
             found,
+            quoted=[items[i].text for i in plan.quoted],
             budget=body_budget,
             folded_count=len(folded),
             estimator=self.estimator,
         )
-        verification = check_preserved(
-            [i.content for i in found] + ledger.key_entries(), summary.body
-        )
+        memory_items = summary.memory_items(found)
+        # The key decisions and user requests; what has no room is in memory_items: moved.
+        keys = [i.content for i in found] + list(ledger.requests)
+        verification = check_preserved(keys, summary.body, moved_to_memory=True)
 
         inserted = summary_message(summary.body, shape)
         compacted = [
@@ -251,8 +261,10 @@ class _Run:
         if tokens_after >= plan.tokens_before:
             return self.unchanged("compaction would not make the request smaller")
 
-        memory_items = tuple(found + overflow_items(summary.overflow))
-        await self._flush(session_id, memory_items)
+        if flush_memory and (
+            error := await self.compactor.flush_memory(session_id, self.compaction_id, memory_items)
+        ):
+            self.errors.append(error)
         return CompactionResult(
             messages=compacted,
             path=summary.path,
@@ -285,13 +297,3 @@ class _Run:
 
     def _tokens_of(self, indices: Sequence[int]) -> int:
         return sum(self.estimator.count_message(self.messages[i]) for i in indices)
-
-    async def _flush(self, session_id: str | None, items: Sequence[MemoryItem]) -> None:
-        memory = self.compactor.memory
-        if memory is None or session_id is None or not items:
-            return
-        try:
-            await memory.append(session_id, self.compaction_id, items)
-        except Exception as exc:  # a memory file problem must not cost the compaction
-            logger.warning("memory flush failed for session %r: %r", session_id, exc)
-            self.errors.append(f"memory flush failed: {type(exc).__name__}: {exc}")

@@ -1,25 +1,40 @@
-"""The summary body: the model's text or an extractive lead, the ledger, and missing key items.
+"""The summary body: the model's text or the fallback's note, the task, the ledger, key items.
 
-Everything is fitted under a token budget: the model's text (or, without it, the previous summary)
-takes at most LLM_SHARE, the ledger most of the rest, and key items the summary does not mention
-are appended while they fit. Ledger entries with no room go back as overflow for the memory file.
+Everything is fitted under a token budget. The model's text is an addition, never a replacement:
+the code-built sections (sections.py) are always there, and an earlier summary's sections are
+read back and carried forward, so an update by a forgetful model keeps what code collected, and
+a fallback merges the earlier summary's entries instead of wrapping the earlier summary (summaries
+never nest). What has no room is returned for the memory file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from compaction.ledger import Ledger, render_ledger
+from compaction.ledger import Ledger, overflow_items
+from compaction.messages import Item, Shape
+from compaction.sections import Body, read_body, render_sections, render_task
+from compaction.summarize import summary_text
 from compaction.text import clip_middle
 from compaction.types import MemoryItem, ResultPath, TokenEstimator
-from compaction.verify import append_missing, missing_items
 
-LLM_SHARE = 0.65
-"""Of the summary body, the part the model's text may take; the ledger gets the rest."""
+LLM_SHARE = 0.45
+"""Of the summary body, the part the model's text may take; the code-built sections get the rest
+and whatever the model leaves unused."""
+
+TASK_SHARE = 0.4
+"""Of the summary body, the most a quoted task may take (clipped head and tail)."""
+
+CARRIED_SHARE = 0.25
+"""Of a fallback body, the most an earlier model text may take."""
 
 MIN_BODY_TOKENS = 200
 """A summary may take half of what it replaces, but never needs to be smaller than this."""
+
+_FALLBACK_NOTE = re.compile(r"^\(Built without the model from \d+ condensed messages\.\)\s*")
 
 
 def is_too_little(folded_tokens: int, framing_tokens: int) -> bool:
@@ -33,54 +48,74 @@ def body_budget(summary_budget: int, framing_tokens: int, replaced_tokens: int) 
     return min(summary_budget - framing_tokens, max(MIN_BODY_TOKENS, replaced_tokens // 2))
 
 
+def read_previous(
+    messages: Sequence[Any], items: Sequence[Item], folded: Sequence[int], shape: Shape
+) -> tuple[str, Body | None]:
+    """The earlier summaries in the folded span: their text, and their body read back (the lead
+    without a fallback's note, so that a fallback of a fallback never repeats it)."""
+    text = "\n\n".join(
+        t for i in folded if items[i].kind == "summary" and (t := summary_text(messages[i], shape))
+    )
+    if not text:
+        return "", None
+    body = read_body(text)
+    lead = _FALLBACK_NOTE.sub("", body.lead).strip()
+    return text, Body(lead, body.task, body.ledger, body.items)
+
+
 @dataclass(frozen=True)
 class Composed:
     body: str
     path: ResultPath
     overflow: Ledger
+    left_out: tuple[MemoryItem, ...]
+    """Key items with no room in the body (they go to the memory file)."""
+
+    def memory_items(self, found: Sequence[MemoryItem]) -> tuple[MemoryItem, ...]:
+        """What the memory file gets: the items found, and whatever had no room here."""
+        return tuple(dict.fromkeys([*found, *self.left_out, *overflow_items(self.overflow)]))
 
 
 def compose_summary(
     reply_text: str | None,
-    previous_summary: str | None,
+    previous: Body | None,
     ledger: Ledger,
     items: Sequence[MemoryItem],
     *,
+    quoted: Sequence[str] = (),
     budget: int,
     folded_count: int,
     estimator: TokenEstimator,
 ) -> Composed:
     """The summary body within `budget` tokens: "llm" with a model text, else "extractive", and
     "dropped" (a one-line note) when not even the lead fits."""
-    fits = _fits(estimator, budget)
+    if previous is not None:
+        ledger = previous.ledger.merged(ledger)
+        items = [*previous.items, *(i for i in items if i not in previous.items)]
     path: ResultPath = "llm" if reply_text is not None else "extractive"
     if reply_text is not None:
         lead = clip_to_tokens(reply_text.strip(), int(budget * LLM_SHARE), estimator)
     else:
-        lead = _extractive_lead(previous_summary, folded_count, budget, estimator)
-    if not lead or not fits(lead):
+        lead = f"(Built without the model from {folded_count} condensed messages.)"
+        if previous is not None and previous.lead:
+            carried = clip_to_tokens(previous.lead, int(budget * CARRIED_SHARE), estimator)
+            lead = f"{lead}\n\n{carried}" if carried else lead
+    task = previous.task if previous is not None and previous.task else None
+    if quoted:
+        task = "\n\n".join([*([task] if task else []), *quoted])
+    task_text = ""
+    if task:
+        clipped = clip_to_tokens(task, int(budget * TASK_SHARE), estimator)
+        task_text = render_task(clipped) if clipped else ""
+    parts = [p for p in (lead, task_text) if p]
+    head = "\n\n".join(parts)
+    if not lead or estimator.count_text(head) > budget:
         note = f"{folded_count} earlier messages were omitted to fit the context window."
-        return Composed(note, "dropped", ledger)
-    reserve = min(int(budget * 0.15), sum(estimator.count_text(i.content) + 4 for i in items))
-    ledger_budget = budget - estimator.count_text(lead) - reserve - 2
-    ledger_text, overflow = render_ledger(ledger, estimator=estimator, max_tokens=ledger_budget)
-    body = f"{lead}\n\n{ledger_text}" if ledger_text else lead
-    body = append_missing(body, missing_items(items, body), fits=fits)
-    return Composed(body, path, overflow)
-
-
-def _fits(estimator: TokenEstimator, budget: int) -> Callable[[str], bool]:
-    return lambda text: estimator.count_text(text) <= budget
-
-
-def _extractive_lead(
-    previous_summary: str | None, folded_count: int, budget: int, estimator: TokenEstimator
-) -> str:
-    lead = f"(Built without the model from {folded_count} condensed messages.)"
-    if previous_summary:
-        earlier = clip_to_tokens(previous_summary, int(budget * 0.4), estimator)
-        lead = f"{lead}\n\n## Earlier summary\n{earlier}"
-    return lead
+        return Composed(note, "dropped", ledger, tuple(items))
+    room = budget - estimator.count_text(head) - 2
+    rendered = render_sections(ledger, tuple(items), estimator=estimator, max_tokens=room)
+    body = f"{head}\n\n{rendered.text}" if rendered.text else head
+    return Composed(body, path, rendered.overflow, rendered.left_out)
 
 
 def clip_to_tokens(text: str, max_tokens: int, estimator: TokenEstimator) -> str:

@@ -107,6 +107,7 @@ class CompactionEngine:
         if len(rounds) <= keep_recent:
             return None
         kept = sum(r.tokens for r in rounds[len(rounds) - keep_recent :]) if keep_recent > 0 else 0
+        kept += rounds[0].blocks[0].tokens  # the task (first request) is pinned
         needed = (
             segments.head_tokens + REPLY_PRIMING_TOKENS + kept + self.settings.summary_max_tokens
         )
@@ -116,8 +117,9 @@ class CompactionEngine:
         """How much of what the folded messages held the summary keeps.
 
         `compacted` is a compact() result or the compacted message list. The keys are the items
-        flushed to memory (if known), items found by keyword, and the ledger's paths, commands
-        and errors of the messages that no longer appear.
+        flushed to memory (if known), items found by keyword, and the ledger's requests and tool
+        trail of the messages that no longer appear; a key is preserved when the summary or the
+        memory lines flushed with the result hold it.
         """
         if isinstance(compacted, dict):
             history = compacted.get("compacted_history") or []
@@ -140,8 +142,10 @@ class CompactionEngine:
         ]
         items = read_items(original)
         keys += [i.content for i in extract_items_heuristically(items[i] for i in folded)]
-        keys += build_ledger(items, folded).key_entries()
-        verification = check_preserved(keys, summary)
+        keys += build_ledger(items, folded).requests_and_trail()
+        # What had no room in the summary went to the memory file: still kept, not missing.
+        memory = [r["content"] for r in flushed if isinstance(r, dict) and "content" in r]
+        verification = check_preserved(keys, "\n".join([summary, *map(str, memory)]))
         return {
             "quality": verification.quality,
             "missing_key_info": list(verification.missing_key_info),

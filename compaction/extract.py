@@ -45,12 +45,16 @@ def parse_memory_reply(text: str) -> list[MemoryItem] | None:
 def extract_memory_items(
     reply_text: str | None, folded: Iterable[Item]
 ) -> tuple[list[MemoryItem], str | None]:
-    """The items of the model's answer, else items guessed from `folded`; and the error, if the
-    model answered without a JSON array."""
+    """The items of the model's answer, else (no answer, no array, or no valid item in it) items
+    guessed from `folded`; and the error, if the model answered without a JSON array."""
     parsed = parse_memory_reply(reply_text) if reply_text is not None else None
-    if parsed is not None:
+    if parsed:
         return parsed, None
-    error = None if reply_text is None else "memory call failed: no JSON array in the answer"
+    # An empty list, or one with no valid {type, content} object, says nothing the folded
+    # messages cannot: code mines them instead of writing nothing.
+    error = None
+    if reply_text is not None and parsed is None:
+        error = "memory call failed: no JSON array in the answer"
     return extract_items_heuristically(folded), error
 
 
@@ -89,15 +93,24 @@ def _memory_item(entry: Any) -> MemoryItem | None:
 
 # ---------------------------------------------------------------- extraction without an LLM
 
+# Preferences are directives about how to work ("please always", "don't use"), not small talk
+# ("I always loved painting"); todos come from the user or an explicit TODO, never from the
+# assistant thinking aloud ("THOUGHT: I need to look at…").
 _PREFERENCE = re.compile(
-    r"\b(?:i prefer|prefer|always|never|don't|do not|avoid|please use)\b|偏好|喜欢|总是|不要|别用|请用",
+    r"\b(?:i(?:'d| would)? prefer|please (?:always|never|don't|do not|use|avoid|keep)"
+    r"|(?:don't|do not|never) use|avoid using|from now on|make sure (?:to|you))\b"
+    r"|偏好|总是要|不要用|别用|请用",
     re.IGNORECASE,
 )
 _DECISION = re.compile(
-    r"\b(?:decided|we decide|let's use|let's go with|we will|we'll use|going with)\b|决定|就用|我们用",
+    r"\b(?:decided|we decide|let's go with|let's use|we'll use|we will use|going with|agreed)\b"
+    r"|决定|就用|我们用",
     re.IGNORECASE,
 )
-_TODO = re.compile(r"\bTODO\b|(?i:\bnext step\b|\bneed to\b|\bstill have to\b)|待办|下一步|需要")
+_USER_TODO = re.compile(
+    r"\bTODO\b|(?i:\bnext step\b|\bstill have to\b|\bremember to\b)|待办|下一步"
+)
+_EXPLICIT_TODO = re.compile(r"\bTODO\b|待办")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])\s*|\n+")
 MAX_HEURISTIC_ITEMS = 30
 MAX_HEURISTIC_CHARS = 300
@@ -106,8 +119,8 @@ MAX_HEURISTIC_CHARS = 300
 def extract_items_heuristically(items: Iterable[Item]) -> list[MemoryItem]:
     """Items guessed from keywords in what the user and assistant wrote (no tool output).
 
-    Preferences come only from the user; decisions and todos from either side. One sentence,
-    one item; at most MAX_HEURISTIC_ITEMS.
+    Preferences come only from the user; decisions from either side; todos from the user, or
+    marked TODO. One sentence, one item; at most MAX_HEURISTIC_ITEMS.
     """
     found: list[MemoryItem] = []
     for item in items:
@@ -134,6 +147,6 @@ def _classify(sentence: str, from_user: bool) -> MemoryItem | None:
         return MemoryItem("preference", sentence)
     if _DECISION.search(sentence):
         return MemoryItem("decision", sentence)
-    if _TODO.search(sentence):
+    if (_USER_TODO if from_user else _EXPLICIT_TODO).search(sentence):
         return MemoryItem("todo", sentence)
     return None

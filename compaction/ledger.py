@@ -1,52 +1,64 @@
 """Ledgers: what the folded messages did, collected by code rather than by the model.
 
-Files read or written, shell commands run, error lines seen, the user's requests, and the numbers
-and identifiers the user and assistant mentioned (scan.py finds them in each text). A ledger is
-bounded (entries capped and clipped) and rendered under a token budget; what does not fit is
-returned as overflow, which the compactor keeps in the memory file so that nothing collected here
-is silently lost.
+The user's requests, a tool trail (every call: its name, clipped arguments and outcome: exit
+status, first error line, ids found in the result; shell commands shown as `$ command`), the
+files touched, and the numbers and identifiers the user and assistant mentioned (scan.py finds
+them in each text). Nothing is capped away here: the summary renders what fits its budget and the
+rest goes to the memory file (see composition.py), so nothing collected is silently lost.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 
-from compaction.messages import Item
+from compaction.messages import Item, ToolCall
 from compaction.scan import (
     call_commands_and_paths,
     command_key,
-    error_lines,
     fenced_commands,
     find_paths,
+    first_error_line,
     first_lines,
+    is_shell_tool,
     mentioned_values,
     strip_fences,
 )
-from compaction.types import MemoryItem, TokenEstimator
+from compaction.text import clip_end, collapse_spaces
+from compaction.types import MemoryItem
 
-MAX_REQUESTS = 40
-MAX_FILES = 400
-MAX_COMMANDS = 400
-MAX_ERRORS = 30
-MAX_VALUES = 300
+ARGUMENTS_CHARS = 160
+MAX_IDS_PER_RESULT = 12
+
+_EXIT_STATUS = re.compile(r"<returncode>(-?\d+)</returncode>|exit code[ :=]*(-?\d+)", re.I)
+_RESULT_ID = re.compile(r'"(\w*(?:id|number))"\s*:\s*"([^"\\]{3,60})"')
 
 
 @dataclass(frozen=True)
 class Ledger:
     requests: tuple[str, ...] = ()
+    trail: tuple[str, ...] = ()
+    """One entry per tool call, oldest first: `name(arguments) → outcome`."""
     files: tuple[str, ...] = ()
-    commands: tuple[str, ...] = ()
-    errors: tuple[str, ...] = ()
     values: tuple[str, ...] = ()
-    """Numbers of three or more digits and identifiers mixing letters and digits."""
+    """Numbers with the words before them, and identifiers mixing letters and digits."""
 
-    def key_entries(self) -> list[str]:
-        """What verification checks against the summary: paths, commands, errors."""
-        return [*self.files, *self.commands, *self.errors]
+    def requests_and_trail(self) -> list[str]:
+        """What verification checks against the summary besides the key items."""
+        return [*self.requests, *self.trail]
 
     def is_empty(self) -> bool:
         return not any(getattr(self, f.name) for f in fields(self))
+
+    def merged(self, newer: Ledger) -> Ledger:
+        """This ledger followed by `newer`, each entry once (an update carries entries forward)."""
+        return Ledger(
+            **{
+                f.name: tuple(dict.fromkeys((*getattr(self, f.name), *getattr(newer, f.name))))
+                for f in fields(self)
+            }
+        )
 
 
 # ---------------------------------------------------------------- extraction
@@ -54,50 +66,92 @@ class Ledger:
 
 class _Collector:
     def __init__(self) -> None:
-        self.requests: list[str] = []
+        self.requests: dict[str, None] = {}
+        self.calls: list[str] = []
+        self.outcomes: list[str] = []
+        self.pending: dict[str, int] = {}
         self.files: dict[str, None] = {}
-        self.commands: dict[str, None] = {}
-        self.errors: dict[str, None] = {}
         self.values: dict[str, None] = {}
 
     def add(self, item: Item) -> None:
-        if item.kind == "tool" or item.observation:
-            self.errors.update(dict.fromkeys(error_lines(item.text)))
+        if item.kind == "tool":
+            self._answer(item.answers, item.text)
+        elif item.observation:
+            self._answer(("shell",), item.text)
         elif item.is_request:
             if request := first_lines(item.text):
-                self.requests.append(request)
+                self.requests[request] = None
             self._add_prose(item.text)
         elif item.kind == "assistant":
             self._add_prose(item.text)
+            self.pending = {}
             for command in fenced_commands(item.text):
-                self._add_command(command)
+                self._call("shell", f"$ {command_key(command)}")
+                self.files.update(dict.fromkeys(find_paths(command)))
             for call in item.functions:
-                commands, paths = call_commands_and_paths(call)
-                for command in commands:
-                    self._add_command(command)
-                self.files.update(dict.fromkeys(paths))
+                self._call(call.id or "", _describe(call))
+                self.files.update(dict.fromkeys(call_commands_and_paths(call)[1]))
+
+    def _call(self, key: str, text: str) -> None:
+        self.pending[key] = len(self.calls)
+        self.calls.append(text)
+        self.outcomes.append("")
+
+    def _answer(self, answers: Sequence[str], text: str) -> None:
+        index = next((self.pending.pop(a) for a in answers if a in self.pending), None)
+        if index is None:
+            # Its call was folded earlier (or never seen): the outcome still counts.
+            self._call("", "(an earlier call)")
+            index = len(self.calls) - 1
+            del self.pending[""]
+        self.outcomes[index] = _outcome(text)
 
     def _add_prose(self, text: str) -> None:
         self.files.update(dict.fromkeys(find_paths(strip_fences(text))))
         self.values.update(dict.fromkeys(mentioned_values(text)))
 
-    def _add_command(self, command: str) -> None:
-        if key := command_key(command):
-            self.commands[key] = None
-        self.files.update(dict.fromkeys(find_paths(command)))
-
     def ledger(self) -> Ledger:
-        requests = self.requests
-        if len(requests) > MAX_REQUESTS:
-            # The first requests set the goal, the latest ones the current state.
-            requests = requests[:10] + requests[len(requests) - (MAX_REQUESTS - 10) :]
+        trail = (f"{c} → {o}" if o else c for c, o in zip(self.calls, self.outcomes, strict=True))
         return Ledger(
-            requests=tuple(requests),
-            files=tuple(list(self.files)[:MAX_FILES]),
-            commands=tuple(list(self.commands)[-MAX_COMMANDS:]),
-            errors=tuple(list(self.errors)[-MAX_ERRORS:]),
-            values=tuple(list(self.values)[:MAX_VALUES]),
+            requests=tuple(self.requests),
+            trail=tuple(dict.fromkeys(trail)),
+            files=tuple(self.files),
+            values=tuple(v for v in self.values if v not in self.files),
         )
+
+
+def _describe(call: ToolCall) -> str:
+    """A call as the trail shows it: a shell command as `$ command`, else `name(k=v, …)`."""
+    name = call.name or "?"
+    commands, _ = call_commands_and_paths(call)
+    if commands and is_shell_tool(name):
+        return f"$ {command_key(commands[0])}"
+    arguments = call.parsed()
+    if arguments:
+        shown = ", ".join(f"{k}={_short(v)}" for k, v in arguments.items())
+    else:
+        shown = collapse_spaces(call.arguments)
+    return f"{name}({clip_end(shown, ARGUMENTS_CHARS)})"
+
+
+def _short(value: object) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return clip_end(collapse_spaces(text), 60)
+
+
+def _outcome(result: str) -> str:
+    """Exit status, first error line and ids of a tool result; "ok" when it says nothing else."""
+    parts: list[str] = []
+    status = _EXIT_STATUS.search(result)
+    if status:
+        parts.append(f"exit {status.group(1) or status.group(2)}")
+    error = first_error_line(result)
+    if error:
+        parts.append(error)
+    ids = list(dict.fromkeys(value for _, value in _RESULT_ID.findall(result)))
+    if ids:
+        parts.append("ids: " + ", ".join(ids[:MAX_IDS_PER_RESULT]))
+    return "; ".join(parts) or "ok"
 
 
 def build_ledger(items: Sequence[Item], indices: Iterable[int]) -> Ledger:
@@ -108,92 +162,23 @@ def build_ledger(items: Sequence[Item], indices: Iterable[int]) -> Ledger:
     return collector.ledger()
 
 
-# ---------------------------------------------------------------- rendering
-
-_SECTIONS: tuple[tuple[str, str], ...] = (
-    ("requests", "User requests"),
-    ("files", "Files touched"),
-    ("errors", "Errors seen"),
-    ("commands", "Commands run"),
-    ("values", "Numbers and identifiers mentioned"),
-)
-_INLINE = frozenset({"files", "values"})
-HEADING = "## Ledger of the condensed turns (built by code)"
-
-
-def _format(name: str, entry: str) -> str:
-    if name == "commands":
-        return f"`{entry}`"
-    return entry
-
-
-def render_ledger(
-    ledger: Ledger, *, estimator: TokenEstimator, max_tokens: int
-) -> tuple[str, Ledger]:
-    """The ledger as markdown within `max_tokens`, and the entries that did not fit.
-
-    Sections are filled in turn, one entry each per pass, so a long section cannot starve the
-    others.
-    """
-    if ledger.is_empty() or max_tokens <= 0:
-        return "", ledger
-    remaining = max_tokens - estimator.count_text(HEADING) - 2
-    queues = {name: list(getattr(ledger, name)) for name, _ in _SECTIONS}
-    taken: dict[str, list[str]] = {name: [] for name, _ in _SECTIONS}
-    open_sections = [name for name, _ in _SECTIONS if queues[name]]
-    for name in open_sections:
-        remaining -= estimator.count_text(dict(_SECTIONS)[name]) + 3
-    while open_sections and remaining > 0:
-        for name in list(open_sections):
-            entry = _format(name, queues[name][len(taken[name])])
-            cost = estimator.count_text(entry) + 1
-            if cost > remaining:
-                open_sections.remove(name)
-                continue
-            taken[name].append(queues[name][len(taken[name])])
-            remaining -= cost
-            if len(taken[name]) == len(queues[name]):
-                open_sections.remove(name)
-    text = _render_taken(taken)
-    overflow = Ledger(**{name: tuple(queues[name][len(taken[name]) :]) for name, _ in _SECTIONS})
-    return text, overflow
-
-
-def _render_taken(taken: dict[str, list[str]]) -> str:
-    lines = [HEADING]
-    for name, title in _SECTIONS:
-        entries = [_format(name, e) for e in taken[name]]
-        if not entries:
-            continue
-        if name in _INLINE:
-            lines.append(f"- {title}: " + ", ".join(entries))
-        else:
-            lines.append(f"- {title}:")
-            lines += [f"  - {entry}" for entry in entries]
-    return "\n".join(lines) if len(lines) > 1 else ""
-
-
 # ---------------------------------------------------------------- overflow into memory
 
 _OVERFLOW_TITLES = {
+    "requests": "User requests in condensed turns",
+    "trail": "Tool calls in condensed turns",
     "files": "Files touched in condensed turns",
-    "commands": "Commands run in condensed turns",
-    "errors": "Errors seen in condensed turns",
     "values": "Numbers and identifiers mentioned in condensed turns",
 }
 OVERFLOW_ITEM_CHARS = 600
 
 
 def overflow_items(overflow: Ledger) -> list[MemoryItem]:
-    """Ledger entries the summary had no room for, as `fact` items for the memory file.
-
-    Requests are left out: the transcript-based extraction covers what the user asked for.
-    """
+    """Ledger entries the summary had no room for, as `fact` items for the memory file."""
     items: list[MemoryItem] = []
     for name, title in _OVERFLOW_TITLES.items():
-        entries = [_format(name, e) for e in getattr(overflow, name)]
-        for chunk in _chunks(entries, OVERFLOW_ITEM_CHARS):
-            items.append(MemoryItem("fact", f"{title}: " + "; ".join(chunk)))
+        for chunk in _chunks(getattr(overflow, name), OVERFLOW_ITEM_CHARS):
+            items.append(MemoryItem("fact", f"{title}: " + " | ".join(chunk)))
     return items
 
 
@@ -210,6 +195,6 @@ def _chunks(entries: Sequence[str], limit: int) -> Iterator[list[str]]:
             yield chunk
             chunk, size = [], 0
         chunk.append(entry)
-        size += len(entry) + 2
+        size += len(entry) + 3
     if chunk:
         yield chunk

@@ -14,3 +14,8 @@ SUMMARY_MARKER = "[compaction-proxy: summary of earlier conversation]"
 def is_summary_text(text: str) -> bool:
     """True for the text of a summary this library inserted."""
     return text.startswith(SUMMARY_MARKER)
+
+
+TASK_HEADING = "## Task: the user's first request"
+"""Opens the section in which a summary quotes the conversation's task (when it was too large to
+keep as a message); a later compaction looks for it to know the task lives in the summary."""

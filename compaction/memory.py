@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import re
 import secrets
@@ -31,6 +32,7 @@ from compaction.text import normalize
 from compaction.types import MemoryItem, as_memory_type
 
 FILE_NAME = "compaction_flush.jsonl"
+logger = logging.getLogger(__name__)
 _TEMPORARY = ".tmp"  # suffix of the file a flush writes before renaming it over FILE_NAME
 _NO_LINKS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # NONBLOCK: a planted FIFO cannot hang us
 _WRITE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_LINKS
@@ -134,6 +136,24 @@ class MemoryWriter:
                         seen.discard((record["type"], item_identity(record["content"])))
                     raise
             return records
+
+
+async def write_items(
+    memory: MemoryWriter | None,
+    session_id: str | None,
+    compaction_id: str,
+    items: Sequence[MemoryItem],
+) -> str | None:
+    """Append `items` with `memory` (if any); the error as text when writing failed, which must
+    never cost the compaction that produced them."""
+    if memory is None or session_id is None or not items:
+        return None
+    try:
+        await memory.append(session_id, compaction_id, items)
+    except Exception as exc:  # a memory file problem is reported, not raised
+        logger.warning("memory flush failed for session %r: %r", session_id, exc)
+        return f"memory flush failed: {type(exc).__name__}: {exc}"
+    return None
 
 
 def _load_keys(path: Path) -> set[tuple[str, str]]:

@@ -2,9 +2,9 @@
 
 The compacted request is head + summary + pinned + kept tail (see types.Plan). Its target is
 `target_ratio` of the window, well below the trigger so the next turns do not compact again, and
-never more than the window minus the requested output. Cuts fall only on block boundaries: the
-last `keep_recent_rounds` rounds are kept when they fit, fewer when they do not, and a single
-round too big on its own is cut inside, keeping its user message pinned.
+never more than the window minus the requested output. Cuts fall only on block boundaries: as
+many recent blocks are kept as fit the target (at least the last `keep_recent_rounds` rounds when
+they fit), and a round cut inside keeps its user message pinned, as does the conversation's task.
 """
 
 from __future__ import annotations
@@ -62,8 +62,17 @@ def plan_compaction(
     keep_recent_rounds: int = KEEP_RECENT_ROUNDS,
     summary_budget_tokens: int = SUMMARY_MAX_TOKENS,
     max_output_tokens: int | None = None,
+    strict_alternation: bool = False,
 ) -> Plan:
     """Where to cut `segments` so that head + summary + kept part reaches the target.
+
+    Over the target, as many recent blocks are kept as fit it (`keep_recent_rounds` is only the
+    least one hopes for), so that the compacted request sits near the target, not far below it.
+    Under the target (a caller compacting on purpose), exactly the last `keep_recent_rounds`
+    rounds are kept. The conversation's task (its first request) and the request of a round cut
+    inside are pinned when they fit, else quoted by the summary. With `strict_alternation`
+    nothing is pinned (a pinned request after the summary would make two user turns in a row)
+    and the kept part starts with a block the user did not open.
 
     Deterministic and pure. A plan with keep_from == head_end folds nothing ("unchanged");
     `fits` is False (with a note) when even the smallest keepable part misses the target.
@@ -77,12 +86,80 @@ def plan_compaction(
     user_rounds = [r for r in segments.rounds if r.has_user]
     if segments.total_tokens <= target and len(user_rounds) <= keep_recent_rounds:
         return _unchanged(segments, budget, "under target with few rounds")
-    kept = _kept_rounds(user_rounds, keep_recent_rounds, budget)
-    if kept:
-        return _plan(segments, budget, kept[0].start, ())
     if not segments.rounds:
         return _unchanged(segments, budget, "nothing after the head to fold")
-    return _cut_inside(segments, segments.rounds[-1], budget)
+    blocks = [b for r in segments.rounds for b in r.blocks]
+    first: int | None = None
+    if segments.total_tokens <= target:
+        kept = _kept_rounds(user_rounds, keep_recent_rounds, budget)
+        if kept and _fits_from(segments, kept[0].start, budget, window):
+            first = kept[0].start
+    if first is None:
+        first = _fill(segments, blocks, budget, window)
+    if first is None:
+        return _giant_last_block(segments, blocks, budget, window)
+    if strict_alternation:
+        first = _assistant_led(segments, blocks, first)
+    pinned, quoted = _pins(segments, first, window, pin=not strict_alternation)
+    return _plan(segments, budget, first, pinned, quoted=quoted)
+
+
+TASK_PIN_SHARE = 0.2
+"""The conversation's first request is pinned verbatim while it takes at most this share of the
+window; a larger one is quoted by the summary, clipped head and tail (a 7k-token task pinned in an
+8k window would leave no room and make every request compact again)."""
+
+
+def _fill(segments: Segments, blocks: Sequence[Block], budget: _Budget, window: int) -> int | None:
+    """The earliest block from which everything after it, with its pins, fits the target."""
+    first: int | None = None
+    kept = 0
+    for block in reversed(blocks):
+        kept += block.tokens
+        if not budget.fits(kept):
+            break
+        pinned, _ = _pins(segments, block.start, window, pin=True)
+        if block.start > segments.head_end and budget.fits(kept + _tokens(segments, pinned)):
+            first = block.start
+    return first
+
+
+def _fits_from(segments: Segments, keep_from: int, budget: _Budget, window: int) -> bool:
+    pinned, _ = _pins(segments, keep_from, window, pin=True)
+    kept = sum(b.tokens for r in segments.rounds for b in r.blocks if b.start >= keep_from)
+    return budget.fits(kept + _tokens(segments, pinned))
+
+
+def _pins(
+    segments: Segments, keep_from: int, window: int, *, pin: bool
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(pinned, quoted): the task and the cut round's request, when they would be folded."""
+    wanted: list[int] = []
+    task = segments.task
+    if task is not None and segments.head_end <= task < keep_from:
+        wanted.append(task)
+    cut_round = _round_of(segments, keep_from)
+    if (
+        cut_round is not None
+        and cut_round.start < keep_from
+        and cut_round.has_user
+        and cut_round.start not in wanted
+    ):
+        wanted.append(cut_round.start)
+    if not pin:
+        return (), tuple(sorted(wanted))
+    limit = TASK_PIN_SHARE * window
+    small = [i for i in wanted if i != task or _block_at(segments, i).tokens <= limit]
+    return tuple(sorted(small)), tuple(sorted(set(wanted) - set(small)))
+
+
+def _assistant_led(segments: Segments, blocks: Sequence[Block], first: int) -> int:
+    """`first`, moved back to the nearest block that a user message does not open."""
+    starts = [b.start for b in blocks if b.start <= first]
+    for start in reversed(starts):
+        if not _block_at(segments, start).user_led:
+            return start
+    return segments.head_end
 
 
 def _kept_rounds(user_rounds: Sequence[Round], keep: int, budget: _Budget) -> list[Round]:
@@ -97,41 +174,38 @@ def _kept_rounds(user_rounds: Sequence[Round], keep: int, budget: _Budget) -> li
     return kept
 
 
-def _cut_inside(segments: Segments, last: Round, budget: _Budget) -> Plan:
-    """Keep the latest blocks of the last round that fit, pinning its user message."""
-    pinned = (last.start,) if last.has_user else ()
-    movable = last.blocks[1:] if last.has_user else last.blocks
-    pin_tokens = last.blocks[0].tokens if last.has_user else 0
-    first = _first_fitting_block(movable, pin_tokens, budget)
-    if first is None:
-        first = movable[-1] if movable else last.blocks[0]
-        if first.start == last.start:
-            pinned = ()
-        return _plan(
-            segments, budget, first.start, pinned, "the latest block alone exceeds the target"
-        )
-    return _plan(segments, budget, first.start, pinned)
+def _giant_last_block(
+    segments: Segments, blocks: Sequence[Block], budget: _Budget, window: int
+) -> Plan:
+    """Not even the latest block fits: keep it alone (never edited), with the task and its
+    round's request pinned or quoted; the note says it does not fit."""
+    pinned, quoted = _pins(segments, blocks[-1].start, window, pin=True)
+    return _plan(
+        segments,
+        budget,
+        blocks[-1].start,
+        pinned,
+        note="the latest block alone exceeds the target",
+        quoted=quoted,
+    )
 
 
-def _first_fitting_block(blocks: Sequence[Block], extra: int, budget: _Budget) -> Block | None:
-    """The earliest block such that it and all after it (plus `extra`) fit the budget."""
-    tokens = extra
-    first: Block | None = None
-    for block in reversed(blocks):
-        tokens += block.tokens
-        if not budget.fits(tokens):
-            break
-        first = block
-    return first
+def _tokens(segments: Segments, indices: Sequence[int]) -> int:
+    return sum(_block_at(segments, i).tokens for i in indices)
 
 
 def _plan(
-    segments: Segments, budget: _Budget, keep_from: int, pinned: tuple[int, ...], note: str = ""
+    segments: Segments,
+    budget: _Budget,
+    keep_from: int,
+    pinned: tuple[int, ...],
+    note: str = "",
+    quoted: tuple[int, ...] = (),
 ) -> Plan:
     if keep_from <= segments.head_end:
         return _unchanged(segments, budget, note or "nothing before the kept part to fold")
     kept = sum(b.tokens for r in segments.rounds for b in r.blocks if b.start >= keep_from)
-    kept += sum(_block_at(segments, i).tokens for i in pinned)
+    kept += _tokens(segments, pinned)
     return Plan(
         head_end=segments.head_end,
         keep_from=keep_from,
@@ -141,6 +215,7 @@ def _plan(
         summary_budget_tokens=budget.summary,
         fits=budget.fits(kept),
         note=note,
+        quoted=quoted,
     )
 
 
@@ -159,8 +234,11 @@ def _unchanged(segments: Segments, budget: _Budget, note: str) -> Plan:
 
 
 def _block_at(segments: Segments, index: int) -> Block:
-    for round_ in segments.rounds:
-        for block in round_.blocks:
-            if block.start == index:
-                return block
-    raise ValueError(f"no block starts at message {index}")
+    found = segments.block_at(index)
+    if found is None:
+        raise ValueError(f"no block starts at message {index}")
+    return found
+
+
+def _round_of(segments: Segments, index: int) -> Round | None:
+    return segments.round_of(index)

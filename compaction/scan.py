@@ -88,37 +88,63 @@ CODE_EXTENSIONS = frozenset(
     ]
 )
 
-_TOKEN_SPLIT = re.compile(r"[\s'\"`;|&<>(){}\[\],=*!?]+")
+_EXTENSIONS = "|".join(sorted(CODE_EXTENSIONS, key=len, reverse=True))
+_PART = r"[\w.+@-]+"
+# One pass over the whole text finds the candidates; only the few hits are looked at in Python.
+# A path is not glued to a word, a tag (`</pr_description>`), a URL or another path before it.
+_PATH = re.compile(
+    rf"(?<![\w<>/.~$:%-])(?=[\w.+@~-]*[/.])"  # a word start, and a word with a slash or a dot
+    rf"(?:(?:~|\.{{1,2}})?/{_PART}(?:/{_PART})*/?"  # absolute, ./ ../ ~/
+    rf"|{_PART}(?:/{_PART})+/?"  # relative and nested
+    rf"|[\w+@-][\w.+@-]*\.(?:{_EXTENSIONS})\b)"  # a file name with a known extension
+    rf"(?![\w/:])",
+    re.IGNORECASE,
+)
+_KNOWN_EXTENSION = re.compile(rf"\.(?:{_EXTENSIONS})$", re.IGNORECASE)
+_PLACEHOLDER = re.compile(
+    r"/path/to/|(?:^|/)(?:your|my|some)[_-]|\.\.\.|^/?(?:\w+_)?(?:description|example)$"
+)
+_HAS_LETTER = re.compile(r"[^\W\d_]")
 _TRAILING = ".:;,)"
 _FENCED_SHELL = re.compile(r"```(?:bash|sh|shell|console)[ \t]*\n(.*?)```", re.DOTALL)
 _FENCE = re.compile(r"```.*?(?:```|$)", re.DOTALL)
 _ERROR_LINE = re.compile(
-    r"^\s*(?:[\w.]*(?:Error|Exception)\b|error:|ERROR\b|FAILED\b|fatal:|panic:|E\s{3})"
+    r"^[ \t]*(?:[\w.]*(?:Error|Exception)\b[^\n]*?\S[^\n]*"
+    r"|(?:error|ERROR|fatal|panic):[ \t]*(?:\n[ \t]*)?\S[^\n]*)$",
+    re.MULTILINE,
 )
-_NUMBER = re.compile(r"\b\d{3,}\b")
+# A number of three or more digits is shown with the words before it (or, opening a line, after
+# it): "order 12345", never a bare 12345. The digits are found over the whole text; each hit looks
+# only at a bounded slice around it, so no long run can make the scan quadratic.
+_DIGITS = re.compile(r"(?<!\w)\d{3,}")  # not digits inside a word (abc123, user_7287)
+_CONTEXT_CHARS = 130
 _IDENTIFIER = re.compile(r"\b(?=[A-Za-z_-]*\d)(?=[\d_-]*[A-Za-z])[A-Za-z0-9_-]{5,40}\b")
 
 
 def looks_like_path(token: str) -> bool:
-    """A file or directory path: absolute, relative with a dot, nested, or a known extension."""
-    if "://" in token or not any(ch.isalpha() for ch in token) or len(token) > PATH_CHARS:
-        return False
-    if token.startswith(("/", "./", "../", "~/")):
-        return len(token) > 1 and not token.startswith("//")
-    _, dot, extension = token.rpartition(".")
-    has_extension = bool(dot) and extension.lower() in CODE_EXTENSIONS
-    inner = token.strip("/").count("/")
-    return has_extension or inner >= 2
+    """A file or directory path: absolute, relative with a dot, nested, or a known extension;
+    never a URL, a placeholder (`/path/to/dir`) or a template tag."""
+    return find_paths(token) == [token]
 
 
 def find_paths(text: str) -> list[str]:
     """Path-looking tokens of `text` (shell commands or prose), in order, trailing punctuation cut."""
     found: list[str] = []
-    for raw in _TOKEN_SPLIT.split(text):
+    for raw in _PATH.findall(text):
         token = raw.rstrip(_TRAILING)
-        if token and looks_like_path(token):
+        if _is_path(token):
             found.append(token)
     return found
+
+
+def _is_path(token: str) -> bool:
+    if len(token) > PATH_CHARS or len(token) < 2 or not _HAS_LETTER.search(token):
+        return False
+    if _PLACEHOLDER.search(token):
+        return False
+    if token.startswith(("/", "./", "../", "~/")):
+        return not token.startswith("//")
+    return token.strip("/").count("/") >= 2 or bool(_KNOWN_EXTENSION.search(token))
 
 
 def command_key(command: str) -> str:
@@ -142,12 +168,19 @@ def call_commands_and_paths(call: ToolCall) -> tuple[list[str], list[str]]:
     for key, value in arguments.items():
         if not isinstance(value, str) or not value.strip():
             continue
-        if key in PATH_ARGUMENTS and len(value) <= PATH_CHARS:
+        if key in PATH_ARGUMENTS and _is_argument_path(value.strip()):
             paths.append(value.strip())
         elif key in SHELL_ARGUMENTS and is_shell_tool(call.name or ""):
             commands.append(value)
             paths += find_paths(value)
     return commands, paths
+
+
+def _is_argument_path(value: str) -> bool:
+    """A path argument's value, when it is one (an airport code under `destination` is not)."""
+    if len(value) > PATH_CHARS or "\n" in value or not _HAS_LETTER.search(value):
+        return False
+    return "/" in value or bool(_KNOWN_EXTENSION.search(value))
 
 
 def fenced_commands(text: str) -> list[str]:
@@ -156,9 +189,13 @@ def fenced_commands(text: str) -> list[str]:
 
 
 def error_lines(text: str) -> list[str]:
-    return [
-        clip_end(line.strip(), ERROR_CHARS) for line in text.splitlines() if _ERROR_LINE.match(line)
-    ]
+    """Lines that report an error with something to say (a bare `ERROR:` takes the next line)."""
+    return [clip_end(collapse_spaces(m), ERROR_CHARS) for m in _ERROR_LINE.findall(text)]
+
+
+def first_error_line(text: str) -> str | None:
+    found = _ERROR_LINE.search(text)
+    return clip_end(collapse_spaces(found.group(0)), ERROR_CHARS) if found else None
 
 
 def strip_fences(text: str) -> str:
@@ -167,11 +204,30 @@ def strip_fences(text: str) -> str:
 
 
 def mentioned_values(text: str) -> list[str]:
-    """Numbers and identifiers in prose, code blocks excluded (line numbers there are noise)."""
+    """Numbers with the words around them ("order 12345", not a bare 12345) and identifiers
+    mixing letters and digits, in prose; code blocks excluded (line numbers there are noise)."""
     prose = strip_fences(text)
-    return _NUMBER.findall(prose) + _IDENTIFIER.findall(prose)
+    numbers = [_in_context(prose, *found.span()) for found in _DIGITS.finditer(prose)]
+    return [n for n in numbers if n] + _IDENTIFIER.findall(prose)
+
+
+def _in_context(prose: str, start: int, end: int) -> str:
+    """The number at prose[start:end] as its own token with the two words before it (after it,
+    opening a line); "" when it stands alone. Bounded slices, split at C speed."""
+    line = prose.rfind("\n", max(0, start - _CONTEXT_CHARS), start) + 1
+    before = prose[line or max(0, start - _CONTEXT_CHARS) : start].split()
+    if not line and start > _CONTEXT_CHARS and before:
+        before = before[1:]  # the slice may open inside a word
+    stop = prose.find("\n", end, end + _CONTEXT_CHARS)
+    after = prose[end : stop if stop >= 0 else end + _CONTEXT_CHARS].split(maxsplit=3)[:3]
+    prefix = before.pop() if before and not prose[start - 1].isspace() else ""
+    suffix = after.pop(0) if after and end < len(prose) and not prose[end].isspace() else ""
+    token = prefix + prose[start:end] + suffix
+    words = [*before[-2:], token] if before else [token, *after[:2]]
+    value = " ".join(words).rstrip(".:,;/-")
+    return "" if value == prose[start:end] else value
 
 
 def first_lines(text: str, limit: int = REQUEST_CHARS) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return clip_end(" / ".join(lines[:2]), limit) if lines else ""
+    """The opening of a request, whitespace collapsed and clipped."""
+    return clip_end(collapse_spaces(text[: limit * 4]), limit)

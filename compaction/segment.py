@@ -1,10 +1,12 @@
 """Cut a message list into head, rounds and atomic blocks, in one pass over its Items.
 
-The head is the leading `head` items (system/developer messages). A round starts at each user
-item (an earlier summary is not one). Inside a round, an item with calls and the items answering
+The head is the leading `head` items (system/developer messages). A round starts at each request
+the user wrote: an earlier summary is not one, and neither is tool output sent as a user message
+(`Item.observation`), so a coding agent's whole task is one round however many commands it runs. Inside a round, an item with calls and the items answering
 them form one block that is kept or folded whole; `lead` items just before it belong to it, and
 so do further `joins` call items before the first answer (Responses sends one item per call).
-Every other item, malformed ones included, is a block of its own and stays where it is.
+An assistant turn without calls followed by a tool observation sent as a user message is one
+block too. Every other item, malformed ones included, is a block of its own.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from compaction.marker import TASK_HEADING
 from compaction.messages import CHAT, Item, Shape, read_items
 from compaction.tokens import REPLY_PRIMING_TOKENS
 from compaction.types import Block, Round, Segments, TokenEstimator
@@ -27,6 +30,11 @@ def block_end(items: Sequence[Item], start: int) -> int:
     first = _skip_leads(items, start)
     if first >= len(items):
         return len(items)
+    if items[first].kind == "assistant" and not items[first].call_ids:
+        # An agent that acts in its text (mini-swe-agent) gets the outcome as the next user
+        # message: the action and its observation stay together, like a call and its result.
+        glued = first + 1
+        return glued + 1 if glued < len(items) and items[glued].observation else glued
     pending = set(items[first].call_ids)
     end = first + 1
     i = first + 1
@@ -66,19 +74,31 @@ def split_blocks(items: Sequence[Item], start: int, end: int, counts: Sequence[i
     i = start
     while i < end:
         stop = min(block_end(items, i), end)
-        has_calls = any(items[k].call_ids for k in range(i, stop))
+        has_calls = any(items[k].call_ids or items[k].observation for k in range(i, stop))
         kind: Literal["tool", "message"] = "tool" if stop > i + 1 and has_calls else "message"
-        blocks.append(Block(i, stop, kind, sum(counts[i:stop])))
+        user_led = items[i].kind in ("user", "summary")
+        blocks.append(Block(i, stop, kind, sum(counts[i:stop]), user_led))
         i = stop
     return blocks
 
 
 def round_starts(items: Sequence[Item], head_end: int) -> list[int]:
-    """Where each round begins: the first non-head index, then every user item."""
-    starts = [i for i in range(head_end, len(items)) if items[i].kind == "user"]
+    """Where each round begins: the first non-head index, then every request the user wrote."""
+    starts = [i for i in range(head_end, len(items)) if items[i].is_request]
     if head_end < len(items) and (not starts or starts[0] != head_end):
         starts.insert(0, head_end)
     return starts
+
+
+def find_task(items: Sequence[Item], head_end: int) -> int | None:
+    """The conversation's first request, unless an earlier summary already quotes it."""
+    for i in range(head_end, len(items)):
+        item = items[i]
+        if item.kind == "summary" and TASK_HEADING in item.text:
+            return None
+        if item.is_request:
+            return i
+    return None
 
 
 def head_end(items: Sequence[Item]) -> int:
@@ -109,7 +129,7 @@ def split(
     rounds: list[Round] = []
     for start, end in zip(starts, [*starts[1:], len(items)], strict=False):
         blocks = tuple(split_blocks(items, start, end, counts))
-        has_user = items[start].kind == "user"
+        has_user = items[start].is_request
         rounds.append(Round(start, end, blocks, has_user, sum(b.tokens for b in blocks)))
     tools_tokens = estimator.count_tools(tools)
     return Segments(
@@ -118,4 +138,5 @@ def split(
         head_tokens=sum(counts[:head]),
         tools_tokens=tools_tokens,
         total_tokens=sum(counts) + tools_tokens + REPLY_PRIMING_TOKENS,
+        task=find_task(items, head),
     )

@@ -32,6 +32,11 @@ TOOL_OUTPUT_CLIP_CHARS = 2000
 MEMORY_MAX_TOKENS = 1500
 """The answer budget of the memory-extraction call."""
 
+STRICT_ALTERNATION = False
+"""Off: the summary is a user message that may precede another user message, as OpenAI accepts.
+On: nothing is pinned after the summary and the kept part opens with an assistant turn, for
+backends whose chat templates refuse two user (or assistant) messages in a row."""
+
 LLM_TIMEOUT_S = 60.0
 """How long one summarizer call may take before the compaction falls back."""
 
@@ -47,3 +52,4 @@ class CompactionSettings:
     tool_output_clip_chars: int = TOOL_OUTPUT_CLIP_CHARS
     memory_max_tokens: int = MEMORY_MAX_TOKENS
     llm_timeout_s: float = LLM_TIMEOUT_S
+    strict_alternation: bool = STRICT_ALTERNATION

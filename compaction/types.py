@@ -8,6 +8,7 @@ Whatever needs I/O (the summarizing LLM, the token counter) is a Protocol passed
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, Protocol
 
 Message = dict[str, Any]
@@ -77,6 +78,9 @@ class Block:
     end: int
     kind: Literal["tool", "message"]
     tokens: int
+    user_led: bool = False
+    """Opened by a user-role message (a request or an observation): never right after a summary
+    when roles must alternate."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,23 @@ class Segments:
     head_tokens: int
     tools_tokens: int
     total_tokens: int
+    task: int | None = None
+    """Where the conversation's task (its first request) is; None when it is not in the list as
+    a message (an earlier summary quotes it) or there is none."""
+
+    def block_at(self, start: int) -> Block | None:
+        """The block that starts at message `start`."""
+        return self._index[0].get(start)
+
+    def round_of(self, index: int) -> Round | None:
+        """The round holding message `index`."""
+        return self._index[1].get(index)
+
+    @cached_property
+    def _index(self) -> tuple[dict[int, Block], dict[int, Round]]:
+        blocks = {b.start: b for r in self.rounds for b in r.blocks}
+        rounds = {i: r for r in self.rounds for i in range(r.start, r.end)}
+        return blocks, rounds
 
 
 @dataclass(frozen=True)
@@ -124,6 +145,9 @@ class Plan:
     fits: bool
     """False when even the kept part alone cannot reach the target (a single giant block)."""
     note: str = ""
+    quoted: tuple[int, ...] = ()
+    """Folded requests the summary must quote (clipped head and tail when large): the task when
+    too big to pin, and, when roles must alternate, whatever would otherwise be pinned."""
 
     @property
     def folded(self) -> tuple[int, ...]:
@@ -143,6 +167,8 @@ class Verification:
     missing_key_info: tuple[str, ...]
     key_decisions_preserved: int
     key_decisions_total: int
+    moved_to_memory: int = 0
+    """Key entries with no room in the summary, written to the memory file instead."""
 
 
 @dataclass(frozen=True)

@@ -62,8 +62,11 @@ def grade(preserved: int, total: int) -> Quality:
     return "poor"
 
 
-def check_preserved(keys: Sequence[str], summary: str) -> Verification:
-    """Which of `keys` (deduplicated, in order) the summary preserves, and the grade."""
+def check_preserved(
+    keys: Sequence[str], summary: str, *, moved_to_memory: bool = False
+) -> Verification:
+    """Which of `keys` (deduplicated, in order) the summary preserves, and the grade; with
+    `moved_to_memory`, the missing ones were written to the memory file and are counted so."""
     unique = list(dict.fromkeys(k for k in keys if k.strip()))
     index = SummaryIndex(summary)
     missing = tuple(k for k in unique if not index.contains(k))
@@ -73,6 +76,7 @@ def check_preserved(keys: Sequence[str], summary: str) -> Verification:
         missing_key_info=missing,
         key_decisions_preserved=preserved,
         key_decisions_total=len(unique),
+        moved_to_memory=len(missing) if moved_to_memory else 0,
     )
 
 

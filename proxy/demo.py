@@ -99,8 +99,9 @@ def _script() -> list[list[dict[str, Any]]]:
     )
     turns: list[list[dict[str, Any]]] = []
     tasks = [
-        "Fix the date parser in src/dates.py: it crashes on '2024-02-30'. I prefer pytest over unittest.",
-        "Now make parse_iso accept a trailing 'Z'. We decided to keep the stdlib only, no dateutil.",
+        # The task is pinned after every summary: what later turns say is what gets folded.
+        "Fix the date parser in src/dates.py: it crashes on '2024-02-30'.",
+        "Now make parse_iso accept a trailing 'Z'. We decided to keep the stdlib only, no dateutil. I prefer pytest over unittest.",
         "Add a regression test for the leap-year case in tests/test_dates.py.",
         "TODO: document the new behaviour in docs/dates.md once tests pass.",
         "Run the whole suite and tell me what fails.",

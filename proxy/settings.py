@@ -99,6 +99,7 @@ class CompactionSection(_Section):
     failure_cooldown_s: float = Field(default=300, ge=0)
     checkpoint_max_entries: int = Field(default=10000, gt=0)
     checkpoint_ttl_s: float = Field(default=21600, gt=0)
+    strict_alternation: bool = library.STRICT_ALTERNATION
 
     @field_validator("target_ratio")
     @classmethod
@@ -123,6 +124,7 @@ class CompactionSection(_Section):
             keep_recent_rounds=self.keep_recent_rounds,
             summary_max_tokens=self.summary_max_tokens,
             llm_timeout_s=llm_timeout_s,
+            strict_alternation=self.strict_alternation,
         )
 
 

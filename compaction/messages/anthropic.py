@@ -6,11 +6,11 @@ answered by `tool_result` blocks (same `tool_use_id`) of the next user turn, so 
 are one block; `thinking` / `redacted_thinking` blocks and their signatures, and `cache_control`
 markers, ride along untouched because kept messages are never edited.
 
-Turns must alternate and start with a user turn. The summary is a user message placed first; when
-the next kept message is a user turn too, `join_summary` puts the summary into that turn (after
-its `tool_result` blocks, which Anthropic wants first), deterministically, so the forwarded
-prefix stays byte-stable between compactions. The library itself keeps them apart (kept messages
-stay the caller's own objects); `join_summary` is what goes on the wire.
+Turns must alternate and start with a user turn. The summary is a user message placed first; the
+user turns right after it (pinned requests, a kept user turn) are joined with it into one turn by
+`join_summary`, deterministically, so the forwarded prefix stays byte-stable between compactions.
+The library itself keeps them apart (kept messages stay the caller's own objects); `join_summary`
+is what goes on the wire.
 """
 
 from __future__ import annotations
@@ -113,24 +113,26 @@ ANTHROPIC: Shape = AnthropicShape()
 
 
 def join_summary(messages: Sequence[Any]) -> list[Any]:
-    """`messages` as Anthropic accepts them: a summary followed by a user turn joins that turn.
+    """`messages` as Anthropic accepts them: the summary and the user turns right after it (the
+    pinned requests, a kept user turn) become one user turn, as Anthropic would combine them.
 
-    The joined turn is a new dict (the caller's message is not edited): its content blocks with
-    the summary's text block inserted after the leading `tool_result` blocks."""
-    for index, message in enumerate(messages[:-1]):
+    The joined turn is a new dict (the caller's messages are not edited): the summary's text
+    block, then the other turns' blocks in order, `tool_result` blocks first as Anthropic wants."""
+    for index, message in enumerate(messages):
         if not ANTHROPIC.is_summary(message):
             continue
-        after = messages[index + 1]
-        if not isinstance(after, dict) or after.get("role") != "user":
+        end = index + 1
+        while end < len(messages) and _is_user(messages[end]):
+            end += 1
+        if end == index + 1:
             break
-        content = after.get("content")
-        blocks = list(content) if isinstance(content, list) else _blocks(content)
-        results = 0
-        while results < len(blocks) and _is_result(blocks[results]):
-            results += 1
-        summary = {"type": "text", "text": message["content"]}
-        joined = {**after, "content": [*blocks[:results], summary, *blocks[results:]]}
-        return [*messages[:index], joined, *messages[index + 2 :]]
+        blocks = [{"type": "text", "text": message["content"]}]
+        for turn in messages[index + 1 : end]:
+            content = turn.get("content")
+            blocks += list(content) if isinstance(content, list) else _blocks(content)
+        ordered = [b for b in blocks if _is_result(b)] + [b for b in blocks if not _is_result(b)]
+        joined = {**messages[index + 1], "content": ordered}
+        return [*messages[:index], joined, *messages[end:]]
     return list(messages)
 
 
@@ -145,6 +147,10 @@ def check_turns(messages: Sequence[Any]) -> list[str]:
         if roles[index] == roles[index - 1]:
             problems.append(f"message {index}: a second {roles[index]!r} turn in a row")
     return problems
+
+
+def _is_user(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("role") == "user"
 
 
 def _is_result(block: Any) -> bool:

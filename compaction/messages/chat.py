@@ -104,6 +104,8 @@ class ChatShape:
             total += sum(_measure_call(call, text_cost) for call in calls)
         elif calls is not None:
             total += text_cost(json_text(calls))
+        if "function_call" in raw:
+            total += _measure_call({"function": raw["function_call"]}, text_cost)
         return total
 
 

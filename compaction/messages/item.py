@@ -19,8 +19,8 @@ Kind = Literal["head", "user", "assistant", "tool", "summary", "other"]
 `Item.observation`); assistant: the model's turn; tool: a tool's result; summary: a summary this
 library inserted; other: anything else, malformed items included."""
 
-OBSERVATION_PREFIX = "<returncode>"
-"""mini-swe-agent returns shell output as a user message that starts with this tag."""
+OBSERVATION_PREFIXES = ("<returncode>", "Please always provide EXACTLY ONE action")
+"""mini-swe-agent's shell output and its malformed-action reminder: user-role, not requests."""
 
 # Token costs the APIs add. Images: OpenAI's published costs (`detail: low` is flat,
 # high/auto typically a 2x2-tile image); audio and files: rough flat costs for media we do not
@@ -130,8 +130,8 @@ def json_text(item: Any) -> str:
 
 
 def is_observation_text(text: str) -> bool:
-    """True for a user message's text that is really shell output (see OBSERVATION_PREFIX)."""
-    return text.lstrip().startswith(OBSERVATION_PREFIX)
+    """True for a user message's text that is really tool output (see OBSERVATION_PREFIXES)."""
+    return text.lstrip().startswith(OBSERVATION_PREFIXES)
 
 
 def measure_value(value: Any, text_cost: Callable[[str], float]) -> float:

@@ -71,24 +71,26 @@ class Conversations:
         self._clock = clock
         self._flight: SingleFlight[bytes, CompactionResult] = SingleFlight(tasks)
         self._cooldown = Cooldown(options.failure_threshold, options.failure_cooldown_s, clock)
+        # Reserves whose memory items this process has written (applied at least once).
+        self._flushed: LRUCache[str, None] = LRUCache(options.checkpoint_max_entries)
         # Compactions some request already went out with: a checkpoint not among them (one
         # precomputed, or finished after its request left on the fallback) is new to the
         # conversation when first substituted, and reported "applied", not "reused".
         self._forwarded: LRUCache[str, None] = LRUCache(options.checkpoint_max_entries)
 
-    def estimate(self, request: ParsedRequest, messages: list[Any]) -> int:
-        return self._compactor.estimate(messages, request.extras, estimator=request.estimator)
+    def estimate(self, req: ParsedRequest, messages: list[Any]) -> int:
+        return self._compactor.estimate(messages, req.extras, estimator=req.estimator)
 
-    def needs(self, request: ParsedRequest, tokens: int) -> bool:
-        return self._compactor.needs_compaction(tokens, request.window, request.max_output_tokens)
+    def needs(self, req: ParsedRequest, tokens: int) -> bool:
+        return self._compactor.needs_compaction(tokens, req.window, req.max_output_tokens)
 
-    async def compact(self, request: ParsedRequest, before: int) -> Decision:
+    async def compact(self, req: ParsedRequest, before: int) -> Decision:
         """At the trigger: reuse a checkpoint whose view fits, else wait for a compaction of this
         conversation already under way, else compact the view once more."""
         deadline = self._clock() + self._options.summary_timeout_s
-        digests = prefix_digests(request.messages, request.seed)
-        view, tokens, _ = await self.view(request, digests)
-        if view.base is not None and not self.needs(request, tokens):
+        digests = prefix_digests(req.messages, req.seed)
+        view, tokens, _ = await self.view(req, digests)
+        if view.base is not None and not self.needs(req, tokens):
             return self._reused(view, before, tokens)
         pending = self._flight.find(reversed(digests))
         if pending is not None:
@@ -97,29 +99,28 @@ class Conversations:
             # Timed out, or it failed (and logged): go on with our own plan.
             with contextlib.suppress(Exception):
                 await wait_shielded(pending, max(0.0, deadline - self._clock()))
-            view, tokens, _ = await self.view(request, digests)
-            if view.base is not None and not self.needs(request, tokens):
+            view, tokens, _ = await self.view(req, digests)
+            if view.base is not None and not self.needs(req, tokens):
                 return self._reused(view, before, tokens)
-        return await self._compact_view(request, view, tokens, digests, before, deadline, "trigger")
+        return await self._compact_view(req, view, tokens, digests, before, deadline, "trigger")
 
-    async def compact_after_overflow(self, request: ParsedRequest, before: int) -> Decision:
-        """The upstream refused the forwarded view as too long (`request` carries the corrected
+    async def compact_after_overflow(self, req: ParsedRequest, before: int) -> Decision:
+        """The upstream refused the forwarded view as too long (`req` carries the corrected
         budget): compact further now. A checkpoint held in reserve is the first step; nothing is
         reused or waited for on the strength of the estimate that just proved wrong."""
         deadline = self._clock() + self._options.summary_timeout_s
-        digests = prefix_digests(request.messages, request.seed)
-        view, tokens, reserve = await self.view(request, digests)
+        digests = prefix_digests(req.messages, req.seed)
+        view, tokens, reserve = await self.view(req, digests)
         if reserve is not None:
-            view = View.of(request.messages, reserve)
-            tokens = self.estimate(request, view.messages)
-        return await self._compact_view(
-            request, view, tokens, digests, before, deadline, "overflow"
-        )
+            view = View.of(req.messages, reserve)
+            tokens = self.estimate(req, view.messages)
+            await self._flush_reserve(req, reserve)
+        return await self._compact_view(req, view, tokens, digests, before, deadline, "overflow")
 
     # -- shared with proxy.compacting.precompute ----------------------------------------------
 
     async def view(
-        self, request: ParsedRequest, digests: Sequence[bytes]
+        self, req: ParsedRequest, digests: Sequence[bytes]
     ) -> tuple[View, int, Checkpoint | None]:
         """The view to forward, its tokens, and a precomputed checkpoint still held in reserve.
 
@@ -129,24 +130,26 @@ class Conversations:
         """
         # The last message is never part of a checkpoint: it is the new turn.
         newest = await self._store.longest(digests[:-1])
-        view = View.of(request.messages, newest)
+        view = View.of(req.messages, newest)
         if newest is None or not newest.precomputed:
-            return view, self.estimate(request, view.messages), None
+            return view, self.estimate(req, view.messages), None
         parent = await self._stored(digests, newest.parent)
-        parent_view = View.of(request.messages, parent)
-        parent_tokens = self.estimate(request, parent_view.messages)
-        if self.needs(request, parent_tokens):
-            return view, self.estimate(request, view.messages), None
+        parent_view = View.of(req.messages, parent)
+        parent_tokens = self.estimate(req, parent_view.messages)
+        if self.needs(req, parent_tokens):
+            await self._flush_reserve(req, newest)
+            return view, self.estimate(req, view.messages), None
         return parent_view, parent_tokens, newest
 
-    def plan(self, request: ParsedRequest, view: View) -> Plan:
+    def plan(self, req: ParsedRequest, view: View, *, target_ratio: float | None = None) -> Plan:
         return self._compactor.plan(
             view.messages,
-            window=request.window,
-            tools=request.extras,
-            max_output_tokens=request.max_output_tokens,
-            estimator=request.estimator,
-            shape=request.dialect.shape,
+            window=req.window,
+            tools=req.extras,
+            max_output_tokens=req.max_output_tokens,
+            estimator=req.estimator,
+            target_ratio=target_ratio,
+            shape=req.dialect.shape,
         )
 
     def running(self, digests: Sequence[bytes]) -> bool:
@@ -158,7 +161,7 @@ class Conversations:
         return key is not None and await self._stored(digests, key) is not None
 
     def start(
-        self, request: ParsedRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
+        self, req: ParsedRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
     ) -> asyncio.Task[CompactionResult] | None:
         """The (single-flight) summarization carrying out `plan`; None if it folds nothing new."""
         key = _key(view, plan, digests)
@@ -166,15 +169,15 @@ class Conversations:
             return None
         return self._flight.start(
             key,
-            lambda: self._summarize(request, view, plan, digests, reason),
-            name=f"{reason}:{request.session_id}",
+            lambda: self._summarize(req, view, plan, digests, reason),
+            name=f"{reason}:{req.session_id}",
         )
 
     # -- compacting ----------------------------------------------------------------------------
 
     async def _compact_view(
         self,
-        request: ParsedRequest,
+        req: ParsedRequest,
         view: View,
         tokens: int,
         digests: Sequence[bytes],
@@ -182,8 +185,8 @@ class Conversations:
         deadline: float,
         reason: str,
     ) -> Decision:
-        plan = self.plan(request, view)
-        task = self.start(request, view, plan, digests, reason)
+        plan = self.plan(req, view)
+        task = self.start(req, view, plan, digests, reason)
         if task is None:
             return self._as_is(view, before, tokens)
         try:
@@ -196,7 +199,7 @@ class Conversations:
             # writer skips items already there).
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
-            result = await self._run(request, view, plan, llm=None)
+            result = await self._run(req, view, plan, llm=None)
         if result.path == "unchanged":
             return self._as_is(view, before, tokens)
         self._forwarded[result.compaction_id] = None
@@ -222,19 +225,19 @@ class Conversations:
         return Decision(view.messages, status, before, tokens, compaction_id)
 
     async def _summarize(
-        self, request: ParsedRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
+        self, req: ParsedRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
     ) -> CompactionResult:
-        summary_model = self._options.summary_model or request.model
+        summary_model = self._options.summary_model or req.model
         # One tenant's failing key must not cool the summarizer down for everyone.
-        cooldown_key = f"{summary_model}\x00{request.tenant.hex()}"
+        cooldown_key = f"{summary_model}\x00{req.tenant.hex()}"
         llm: ChatLLM | None = None
         if self._cooldown.is_cooling(cooldown_key):
             self._metrics.cooldown_skips.inc()
         else:
-            llm = self._llm_for(
-                LLMRequest(summary_model, request.credential, request.auth_headers, request.dialect)
-            )
-        result = await self._run(request, view, plan, llm=llm)
+            asked = LLMRequest(summary_model, req.credential, req.auth_headers, req.dialect)
+            llm = self._llm_for(asked)
+        # A precomputed compaction may never be applied: its memory items wait in its checkpoint.
+        result = await self._run(req, view, plan, llm=llm, flush=reason != "precompute")
         if llm is not None and result.path != "unchanged":
             # "unchanged" says nothing about the summarizer (nothing to fold, or no gain).
             ok = result.path == "llm"
@@ -246,27 +249,31 @@ class Conversations:
         if checkpoint is not None:
             await self._store.put(checkpoint)
         record_compaction(
-            self._records,
-            self._metrics,
-            request,
-            view,
-            result,
-            reason=reason,
-            checkpoint=checkpoint,
+            self._records, self._metrics, req, view, result, reason=reason, checkpoint=checkpoint
         )
         return result
 
     async def _run(
-        self, request: ParsedRequest, view: View, plan: Plan, *, llm: ChatLLM | None
+        self, req: ParsedRequest, view: View, plan: Plan, *, llm: ChatLLM | None, flush: bool = True
     ) -> CompactionResult:
         return await self._compactor.run(
             view.messages,
             plan,
             llm=llm,
-            session_id=request.session_id,
-            tools=request.extras,
-            estimator=request.estimator,
-            shape=request.dialect.shape,
+            session_id=req.session_id,
+            tools=req.extras,
+            estimator=req.estimator,
+            flush_memory=flush,
+            shape=req.dialect.shape,
+        )
+
+    async def _flush_reserve(self, req: ParsedRequest, reserve: Checkpoint) -> None:
+        """A precomputed checkpoint is being applied: its memory items are due now (once)."""
+        if reserve.compaction_id in self._flushed or not reserve.memory_items:
+            return
+        self._flushed[reserve.compaction_id] = None
+        await self._compactor.flush_memory(
+            req.session_id, reserve.compaction_id, reserve.memory_items
         )
 
     async def _stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:

@@ -16,6 +16,9 @@ from proxy.compacting.request import ParsedRequest
 from proxy.settings import CompactionSection
 from proxy.tasks import BackgroundTasks
 
+MIN_PRECOMPUTE_TARGET_RATIO = 0.35
+"""However early a reserve is prepared, it never folds the request below this share."""
+
 
 class Precompute:
     def __init__(
@@ -57,9 +60,16 @@ class Precompute:
             # History only grows: nothing to do until the view grows past the threshold.
             self._quiet_for(request, raw_tokens, threshold - tokens)
             return
-        plan = conversations.plan(request, view)
+        plan = conversations.plan(request, view, target_ratio=self._target_ratio(request, tokens))
         if not await conversations.is_stored(digests, plan, view):
             conversations.start(request, view, plan, digests, "precompute")
+
+    def _target_ratio(self, request: ParsedRequest, tokens: int) -> float:
+        """The target minus the growth still to come before the trigger: applied then, the
+        reserve leaves the request near the target rather than already near the trigger."""
+        options = self._options
+        growth = max(0.0, options.trigger_ratio * request.window - tokens) / request.window
+        return max(MIN_PRECOMPUTE_TARGET_RATIO, options.target_ratio - growth)
 
     def _threshold(self, request: ParsedRequest) -> float:
         ratio = self._options.precompute_ratio

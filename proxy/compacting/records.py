@@ -55,6 +55,7 @@ def record_compaction(
             if verification
             else None,
             "key_decisions_total": verification.key_decisions_total if verification else None,
+            "moved_to_memory": verification.moved_to_memory if verification else None,
             "fits": result.fits,
             "duration_ms": round(result.duration_s * 1000, 1),
             "errors": list(result.errors),

@@ -52,9 +52,11 @@ async def test_twenty_rounds_keep_five(tmp_path: Path, with_llm: bool) -> None:
     )
     history = _seed_history(20)
     result = await engine.compact(history, keep_recent=5)
-    assert len(result["compacted_history"]) <= 11
-    assert result["compacted_history"][1:] == history[-10:]
-    assert all(a is b for a, b in zip(result["compacted_history"][1:], history[-10:], strict=False))
+    # summary, the task (the first request, pinned), the last five rounds
+    assert len(result["compacted_history"]) == 12
+    assert result["compacted_history"][1] is history[0]
+    assert result["compacted_history"][2:] == history[-10:]
+    assert all(a is b for a, b in zip(result["compacted_history"][2:], history[-10:], strict=False))
     assert result["summary"] and result["compression_ratio"] < 1.0
     assert result["path"] == ("llm" if with_llm else "extractive")
     assert result["compacted_tokens"] < result["original_tokens"]
@@ -63,7 +65,7 @@ async def test_twenty_rounds_keep_five(tmp_path: Path, with_llm: bool) -> None:
 
 async def test_twenty_rounds_with_a_system_prompt_keep_it_and_five_rounds(tmp_path: Path) -> None:
     result = await CompactionEngine(None, tmp_path).compact(simple_conversation(20), keep_recent=5)
-    assert len(result["compacted_history"]) == 12  # system + summary + 5 rounds
+    assert len(result["compacted_history"]) == 13  # system + summary + task + 5 rounds
 
 
 async def test_three_rounds_come_back_unchanged(tmp_path: Path) -> None:
@@ -112,7 +114,7 @@ async def test_verify_compaction_reports_quality(tmp_path: Path) -> None:
         history, [{"role": "user", "content": SUMMARY_MARKER + " nothing"}, *stripped]
     )
     assert bare["quality"] == "poor"
-    assert "pytest tests/test_api.py" in bare["missing_key_info"]
+    assert "$ pytest tests/test_api.py → ValueError: boom" in bare["missing_key_info"]
 
 
 def test_invalid_session_id_is_refused_up_front(tmp_path: Path) -> None:

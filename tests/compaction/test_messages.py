@@ -217,3 +217,14 @@ async def test_a_compactor_with_another_shape_folds_whole_blocks_and_inserts_its
     kept = result.messages[result.prefix_len :]
     assert kept[0].kind == "user" and kept == messages[plan.keep_from :]
     assert find_pairing_problems(result.messages, shape=ITEMS) == []
+
+
+def test_legacy_function_call_arguments_are_counted() -> None:
+    big = '{"text": "' + "x" * 40_000 + '"}'
+    call = {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": big}}
+    assert HeuristicEstimator().count_message(call) >= 10_000  # ~40k characters of arguments
+
+
+def test_mini_swe_format_reminders_are_observations_not_requests() -> None:
+    reminder = f.user("Please always provide EXACTLY ONE action in triple backticks, found 2.")
+    assert CHAT.read(reminder).observation and not CHAT.read(reminder).is_request

@@ -75,12 +75,12 @@ def test_target_leaves_room_for_the_requested_output() -> None:
 # ---------------------------------------------------------------- kept rounds
 
 
-def test_twenty_rounds_keep_exactly_the_last_five() -> None:
+def test_twenty_rounds_under_target_keep_exactly_the_last_five_and_pin_the_task() -> None:
     messages = f.simple_conversation(20, system_prompt=None)
     _, plan = plan_for(messages, 128_000, keep_recent_rounds=5)
     assert plan.keep_from == len(messages) - 10
-    assert len(f.apply_plan(messages, plan)) == 11
-    assert plan.fits and plan.pinned == ()
+    assert len(f.apply_plan(messages, plan)) == 12
+    assert plan.fits and plan.pinned == (0,)
 
 
 def test_few_rounds_under_target_come_back_unchanged() -> None:
@@ -101,7 +101,7 @@ def test_fewer_rounds_are_kept_when_they_do_not_fit() -> None:
 def test_head_is_never_folded() -> None:
     messages = [f.system(), f.developer(), *f.simple_conversation(12, system_prompt=None)]
     _, plan = plan_for(messages, 100_000)
-    assert plan.head_end == 2 and min(plan.folded) == 2
+    assert plan.head_end == 2 and min((*plan.folded, *plan.pinned)) == 2
 
 
 def test_an_earlier_summary_in_the_folded_span_is_folded() -> None:
@@ -146,7 +146,7 @@ def test_a_single_giant_block_is_kept_whole_and_reported() -> None:
     ]
     segments, plan = plan_for(messages, 8_000)
     assert not plan.fits and plan.note
-    assert plan.keep_from == 4 and plan.pinned == (3,)
+    assert plan.keep_from == 4 and plan.pinned == (1, 3)  # the task and the round's request
     assert_block_aligned(segments, plan)
 
 
@@ -207,11 +207,12 @@ def test_plans_are_block_aligned_deterministic_and_under_target(
 
 @settings(max_examples=60, deadline=None)
 @given(f.conversations(max_rounds=4, max_blocks=12), st.integers(500, 6_000))
-def test_the_latest_user_message_is_kept_or_pinned(messages: list[Any], window: int) -> None:
+def test_the_latest_user_message_is_kept_pinned_or_quoted(messages: list[Any], window: int) -> None:
     segments, plan = plan_for(messages, window, summary_budget_tokens=100)
     users = [r.start for r in segments.rounds if r.has_user]
     if users and plan.folded:
-        assert users[-1] >= plan.keep_from or users[-1] in plan.pinned
+        last = users[-1]
+        assert last >= plan.keep_from or last in plan.pinned or last in plan.quoted
 
 
 # ---------------------------------------------------------------- the corpus
@@ -239,3 +240,19 @@ def test_every_corpus_conversation_gets_a_block_aligned_valid_plan(
         assert problems == [], conv_id
         if segments.total_tokens > window and not plan.fits:
             assert plan.note, conv_id
+
+
+def test_over_the_target_more_than_keep_recent_rounds_are_kept_up_to_it() -> None:
+    messages = f.simple_conversation(60, words=60)
+    segments, plan = plan_for(messages, 8_000, keep_recent_rounds=2, summary_budget_tokens=500)
+    kept_rounds = [r for r in segments.rounds if r.start >= plan.keep_from]
+    assert len(kept_rounds) > 2 and plan.fits
+    assert output_tokens(messages, plan) > 0.5 * 8_000  # near the 0.6 target, not far below
+
+
+def test_strict_alternation_pins_nothing_and_keeps_from_an_assistant_turn() -> None:
+    messages = f.simple_conversation(30, words=60)
+    segments, plan = plan_for(messages, 4_000, strict_alternation=True)
+    assert plan.folded and plan.pinned == ()
+    assert messages[plan.keep_from]["role"] == "assistant"
+    assert segments.task in plan.quoted  # the task goes into the summary instead

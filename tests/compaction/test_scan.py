@@ -24,5 +24,17 @@ def test_error_lines_are_clipped_and_values_skip_code_blocks() -> None:
     text = "ok\nValueError: " + "x" * 500 + "\nfine"
     assert error_lines(text) == ["ValueError: " + "x" * 187 + "…"]
     prose = "Port 8080 and build abc123 ```\nline 4242\n```"
-    assert mentioned_values(prose) == ["8080", "abc123"]
+    assert mentioned_values(prose) == ["Port 8080", "abc123"]  # a number keeps its context
     assert "4242" not in strip_fences(prose)
+
+
+def test_find_paths_skips_tags_placeholders_and_codes() -> None:
+    text = "<pr_description>fix</pr_description> in /path/to/working/dir, see src/app.py and IAH"
+    assert find_paths(text) == ["src/app.py"]
+
+
+def test_bare_error_markers_take_the_next_line_or_are_skipped() -> None:
+    assert error_lines("OBSERVATION:\nERROR:\nThe `view_range` parameter is not allowed.") == [
+        "ERROR: The `view_range` parameter is not allowed."
+    ]
+    assert error_lines("ERROR:\n\n") == []

@@ -64,6 +64,10 @@ def test_join_summary_puts_the_summary_into_the_next_user_turn_after_its_results
     result = {"type": "tool_result", "tool_use_id": "t1", "content": "ok"}
     joined = join_summary([summary, {"role": "user", "content": [result]}])
     assert joined[0]["content"][0] == result and joined[0]["content"][1]["type"] == "text"
+    task, request = {"role": "user", "content": "the task"}, {"role": "user", "content": "go on"}
+    joined = join_summary([summary, task, request, {"role": "assistant", "content": "ok"}])
+    assert [b["text"] for b in joined[0]["content"]] == [summary["content"], "the task", "go on"]
+    assert check_turns(joined) == []
     before = [summary, {"role": "assistant", "content": "hi"}]
     assert join_summary(before) == before and check_turns(before) == []
     assert check_turns([{"role": "assistant"}, {"role": "assistant"}]) != []

@@ -17,6 +17,10 @@ functions; the factories below cover the usual cases:
   the last step, without the terminating chunk: an upstream dying mid-stream.
 - `sse_events(*payloads)`: `data: <json>\\n\\n` chunks plus `data: [DONE]`, for `stream_reply`
 - `hang_reply()`: never answers (until the connection goes away)
+- `strict_alternation(reply)`: like a backend whose chat template requires user and assistant
+  turns to alternate (several vLLM / llama.cpp models): a chat body with two user or two
+  assistant messages in a row (tool results aside), or whose first turn after the system
+  messages is not the user's, gets a 400; anything else goes to `reply`
 
 Side channels for assertions: `chunks_sent` (stream chunks written), `disconnected` (an Event set
 when the peer closed the connection while a reply was still writing or waiting), `replies`
@@ -242,5 +246,41 @@ def hang_reply() -> Reply:
     async def answer(request: web.Request, upstream: FakeUpstream) -> web.StreamResponse:
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
+
+    return answer
+
+
+def alternation_problem(messages: Any) -> str | None:
+    """Why a strict chat template would refuse `messages`; None when roles alternate. Tool
+    results belong to the assistant turn that called them: assistant, tool, assistant is fine."""
+    listed = messages if isinstance(messages, list) else []
+    roles = [m.get("role") for m in listed if isinstance(m, dict)]
+    turns = [r for r in roles if r not in ("system", "developer")]
+    if turns and turns[0] != "user":
+        return "the first turn after the system messages must be the user's"
+    previous = None
+    for i, role in enumerate(turns):
+        if role != "tool" and role == previous:
+            return f"roles must alternate user/assistant: two {role} turns before turn {i}"
+        previous = None if role == "tool" else role
+    return None
+
+
+def strict_alternation(reply: Reply) -> Reply:
+    async def answer(request: web.Request, upstream: FakeUpstream) -> web.StreamResponse:
+        try:
+            payload = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            payload = None
+        problem = (
+            alternation_problem(payload.get("messages")) if isinstance(payload, dict) else None
+        )
+        if problem is not None:
+            error = {
+                "message": f"Conversation roles must alternate: {problem}",
+                "type": "BadRequestError",
+            }
+            return web.json_response({"error": error}, status=400)
+        return await reply(request, upstream)
 
     return answer

@@ -64,8 +64,13 @@ async def test_over_the_trigger_head_tools_and_recent_rounds_are_kept(
     assert is_summary_message(out[1]) and out[1]["content"].startswith(SUMMARY_MARKER)
     assert "standard library" in out[1]["content"]
     user_starts = [i for i, m in enumerate(messages) if m["role"] == "user"]
-    kept_from = user_starts[-2]  # keep_recent_rounds = 2
-    assert out[2:] == messages[kept_from:]
+    # Pinned after the summary: the task (first request), and the request of a round cut inside.
+    kept_from = next(
+        i for i in range(len(messages)) if messages[i:] == out[len(out) - len(messages) + i :]
+    )
+    pinned = out[2 : len(out) - (len(messages) - kept_from)]
+    assert pinned[0] == messages[1] and all(m["role"] == "user" for m in pinned)
+    assert kept_from <= user_starts[-2]  # keep_recent_rounds = 2 is a minimum
     assert check_tool_pairing(out) == []
     assert tokens(out, tools) < 0.85 * WINDOW
 
@@ -105,7 +110,8 @@ async def test_two_sessions_never_share_summaries_or_memory(
     script.summary, script.memory = echo_summary, echo_memory
     for session, secret in (("alice", "AZURE-42"), ("bob", "CRIMSON-7")):
         messages = conversation_of(int(WINDOW * 1.2))
-        messages[1] = f.user(f"The code word is {secret}. Please fix the failing test.")
+        # messages[1] is the task, pinned: the secret goes in a request that is folded.
+        messages[4] = f.user(f"The code word is {secret}. Please fix the failing test.")
         await post(client, proxy, messages, session=session)
     alice, bob = (sent["messages"][1]["content"] for sent in forwarded(script))
     assert "AZURE-42" in alice and "CRIMSON-7" not in alice
@@ -236,7 +242,7 @@ async def test_many_sessions_compact_at_once_each_with_its_own_summary(
     conversations = {}
     for n in range(20):
         messages = conversation_of(int(WINDOW * 1.2))
-        messages[1] = f.user(f"I am session-{n:02d}. Please fix the failing test.")
+        messages[4] = f.user(f"I am session-{n:02d}. Please fix the failing test.")
         conversations[f"s{n:02d}"] = messages
     responses = await asyncio.gather(
         *(post(client, proxy, m, session=s) for s, m in conversations.items())

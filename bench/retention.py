@@ -1,0 +1,238 @@
+"""What the agent still has after compactions: corpus replayed through the library as the proxy does.
+
+Every corpus conversation is sent as its growing requests (each prefix that ends in a user or
+tool message). Like the proxy, each request takes its longest remembered checkpoint, and when the
+view reaches the trigger it is compacted once more (an extension when a checkpoint was applied)
+and the new checkpoint is stored. Two summarizers: none (the code-built fallback) and a lossy
+scripted model that answers generic prose and an empty memory list.
+
+Printed per source, window and summarizer (facts as bench/facts.py defines them, counted over
+everything folded so far at each compaction):
+- retention of paths, commands, errors, ids and user requests in forwarded request ∪ memory;
+- task: share of compacted requests whose forwarded list still holds the first user request;
+- post: median size of the request just after a compaction, as a share of the window;
+- comp/conv, and conversations that compacted on most (over half) of their requests;
+- invalid: forwarded lists with a tool result without its call or a call without its result.
+
+    .venv/bin/python -m bench.retention [--per-source 40] [--windows 8000 32000]
+        [--models none lossy] [--sources swe_mini tau] [--jobs 2] [--examples]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.corpus import CORPUS_ENV, corpus_dir, has_corpus, read_corpus
+from bench.facts import (
+    KINDS,
+    Facts,
+    facts_of,
+    is_request,
+    pairing_is_valid,
+    task_words,
+    visible_text,
+)
+from bench.facts import flat as flatten
+from compaction import CompactionSettings, Compactor
+from compaction.checkpoints import (
+    MemoryCheckpointStore,
+    View,
+    checkpoint_after,
+    find_longest,
+    prefix_digests,
+)
+from compaction.types import Message, Purpose
+
+FILES = {
+    "swe_mini": "swe_mini_gemini3pro.jsonl",
+    "swe_mini_tc": "swe_mini_gemini3pro_toolcalls.jsonl",
+    "swe_gym": "swe_gym_openhands.jsonl",
+    "tau": "tau_bench_airline_gpt4o.jsonl",
+    "locomo": "locomo10.jsonl",
+}
+LOSSY_SUMMARY = "The agent worked on the task and made progress. Several steps were taken."
+
+
+class LossyLLM:
+    """A summarizer that keeps nothing specific: generic prose, and no memory items."""
+
+    async def complete(self, messages: list[Message], *, purpose: Purpose, max_tokens: int) -> str:
+        return LOSSY_SUMMARY if purpose == "summary" else "[]"
+
+
+@dataclass
+class Tally:
+    conversations: int = 0
+    requests: int = 0
+    compactions: int = 0
+    compacted_requests: int = 0
+    task_present: int = 0
+    invalid: int = 0
+    mostly_compacting: int = 0
+    post_ratios: list[float] = field(default_factory=list)
+    total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    kept: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, other: Tally) -> None:
+        for name in (
+            "conversations",
+            "requests",
+            "compactions",
+            "compacted_requests",
+            "task_present",
+            "invalid",
+            "mostly_compacting",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.post_ratios += other.post_ratios
+        self.examples += other.examples
+        for kind in KINDS:
+            self.total[kind] += other.total[kind]
+            self.kept[kind] += other.kept[kind]
+
+
+def request_ends(messages: list[Any]) -> list[int]:
+    """Lengths of the prefixes the agent sent: each ends in a user or tool message."""
+    return [
+        i + 1
+        for i, m in enumerate(messages)
+        if m.get("role") in ("user", "tool")
+        and (i + 1 == len(messages) or messages[i + 1].get("role") != "tool")
+    ]
+
+
+def _measure_folded(facts: list[Facts], folded: list[int], haystack: str, tally: Tally) -> None:
+    for kind in KINDS:
+        wanted: set[str] = set()
+        for i in folded:
+            wanted |= facts[i].by_kind[kind]
+        tally.total[kind] += len(wanted)
+        tally.kept[kind] += sum(1 for fact in wanted if flatten(fact) in haystack)
+
+
+async def replay(conversation: dict[str, Any], window: int, lossy: bool) -> Tally:
+    messages: list[Any] = conversation["messages"]
+    tools = conversation.get("tools") or None
+    tally = Tally(conversations=1)
+    compactor = Compactor(settings=CompactionSettings(llm_timeout_s=5))
+    llm = LossyLLM() if lossy else None
+    store = MemoryCheckpointStore()
+    digests = prefix_digests(messages, b"retention")
+    facts = [facts_of(m) for m in messages]
+    task_index = next((i for i, m in enumerate(messages) if is_request(m)), None)
+    words = task_words(messages[task_index]) if task_index is not None else set()
+    memory: list[str] = []
+    ends = request_ends(messages)
+    applied = 0
+    last_summary = ""
+    for end in ends:
+        prefix = messages[:end]
+        view = View.of(prefix, find_longest(store, digests[:end]))
+        forwarded = view.messages
+        tokens = compactor.estimate(forwarded, tools)
+        if compactor.needs_compaction(tokens, window):
+            plan = compactor.plan(forwarded, window=window, tools=tools)
+            result = await compactor.run(forwarded, plan, llm=llm, session_id=None, tools=tools)
+            if result.path != "unchanged":
+                checkpoint = checkpoint_after(view, result, digests[:end])
+                if checkpoint is not None:
+                    store.put(checkpoint)
+                forwarded = result.messages
+                memory += [item.content for item in result.memory_items]
+                applied += 1
+                tally.compactions += 1
+                tally.post_ratios.append(result.tokens_after / window)
+                last_summary = result.summary_text
+                kept_ids = {id(m) for m in forwarded}
+                folded = [i for i in range(end) if id(prefix[i]) not in kept_ids]
+                haystack = visible_text(forwarded) + "\n" + flatten("\n".join(memory))
+                _measure_folded(facts, folded, haystack, tally)
+        tally.requests += 1
+        tally.invalid += not pairing_is_valid(forwarded)
+        if forwarded is not prefix:
+            tally.compacted_requests += 1
+            if task_index is not None and task_index < end:
+                present = any(m is messages[task_index] for m in forwarded)
+                if not present and words:
+                    text = visible_text(forwarded)
+                    present = sum(1 for w in words if w in text) >= 0.8 * len(words)
+                tally.task_present += present
+    tally.mostly_compacting = int(len(ends) >= 4 and applied > len(ends) / 2)
+    if last_summary:
+        tally.examples.append(f"{conversation['id']}\n{last_summary}")
+    return tally
+
+
+def _job(args: tuple[dict[str, Any], int, bool]) -> Tally:
+    return asyncio.run(replay(*args))
+
+
+def sample(path: Path, per_source: int) -> list[dict[str, Any]]:
+    rows = list(read_corpus(path))
+    if per_source <= 0 or len(rows) <= per_source:
+        return rows
+    step = (len(rows) - 1) / (per_source - 1) if per_source > 1 else 0
+    return [rows[round(k * step)] for k in range(per_source)]
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:5.1f}%" if whole else "     -"
+
+
+def row(name: str, t: Tally) -> str:
+    post = statistics.median(t.post_ratios) if t.post_ratios else 0.0
+    retention = " ".join(_pct(t.kept[k], t.total[k]) for k in KINDS)
+    return (
+        f"{name:<22} {t.conversations:4} {t.requests:6} {t.compactions / max(t.conversations, 1):6.1f}"
+        f" {t.mostly_compacting:5} {_pct(t.task_present, t.compacted_requests)} {t.invalid:4}"
+        f" {post:5.2f}  {retention}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--per-source", type=int, default=40, help="0: every conversation")
+    parser.add_argument("--windows", type=int, nargs="*", default=[8000, 32000])
+    parser.add_argument("--models", nargs="*", default=["none", "lossy"])
+    parser.add_argument("--sources", nargs="*", default=list(FILES))
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--examples", action="store_true", help="print one final summary each")
+    args = parser.parse_args()
+    if not has_corpus():
+        print(f"corpus not found at {corpus_dir()} (set {CORPUS_ENV})", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    print(
+        f"{'source window model':<22} conv   reqs comp/c  most   task  inv  post"
+        f"  {'  '.join(k[:5].rjust(5) for k in KINDS)}"
+    )
+    overall = Tally()
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for source in args.sources:
+            conversations = sample(corpus_dir() / FILES[source], args.per_source)
+            for window in args.windows:
+                for model in args.models:
+                    jobs = [(c, window, model == "lossy") for c in conversations]
+                    tally = Tally()
+                    for part in pool.map(_job, jobs, chunksize=4):
+                        tally.add(part)
+                    print(row(f"{source} {window // 1000}k {model}", tally), flush=True)
+                    if args.examples and tally.examples:
+                        print("    example:", tally.examples[len(tally.examples) // 2][:3000])
+                    overall.add(tally)
+    print(row("overall", overall))
+    print(f"{time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
