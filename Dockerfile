@@ -13,14 +13,15 @@ COPY compaction ./compaction
 COPY config.yaml ./config.yaml
 RUN pip install . \
     && useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin proxy \
-    && mkdir -p /data/memory \
+    && mkdir -p /data/memory /data/state \
     && chown -R proxy /data
 
 # Inside the container the proxy must listen on all interfaces to be reachable through -p;
-# outside it, the default stays 127.0.0.1. Memory files go to a volume.
+# outside it, the default stays 127.0.0.1. Memory files and the state file go to volumes.
 ENV COMPACTION_PROXY__SERVER__HOST=0.0.0.0 \
-    COMPACTION_PROXY__MEMORY__DIR=/data/memory
-VOLUME ["/data/memory"]
+    COMPACTION_PROXY__MEMORY__DIR=/data/memory \
+    COMPACTION_PROXY__STATE__PATH=/data/state/state.sqlite3
+VOLUME ["/data/memory", "/data/state"]
 EXPOSE 8080
 USER proxy
 

@@ -6,7 +6,7 @@ STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 STAMP_BENCH := $(VENV)/.installed-bench
 
-.PHONY: run test lint format typecheck bench demo clean
+.PHONY: run test lint format typecheck bench demo clean redis-server
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,19 @@ $(STAMP_BENCH): pyproject.toml | $(BIN)/python
 run: $(STAMP_RUN)
 	$(BIN)/compaction-proxy --config config.yaml $(if $(filter command line,$(origin PORT)),--port $(PORT)) $(ARGS)
 
-test: $(STAMP_TEST)
+# The state tests start a real redis-server. Found on PATH, or installed from Debian's package
+# when we may (root, apt-get); otherwise one clear line and a failure.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "make: installing the Debian package redis-server (needed by tests/proxy/state)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; } >/dev/null 2>&1 || true; \
+	  fi; \
+	  command -v redis-server >/dev/null 2>&1 || { \
+	    echo "make: redis-server is missing and could not be installed; install it (apt-get install redis-server, brew install redis) and run make test again" >&2; \
+	    exit 1; }; }
+
+test: $(STAMP_TEST) redis-server
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m ruff format --check .
 	$(BIN)/python -m mypy
@@ -50,13 +62,15 @@ typecheck: $(STAMP_TEST)
 demo: $(STAMP_RUN)
 	$(BIN)/compaction-proxy demo
 
-bench: $(STAMP_BENCH)
+bench: $(STAMP_BENCH) redis-server
 	$(BIN)/python -m bench.decision
 	$(BIN)/python -m bench.token_accuracy
 	$(BIN)/python -m bench.passthrough
 	$(BIN)/python -m bench.replay
 	$(BIN)/python -m bench.retention
 	$(BIN)/python -m bench.scan_speed
+	$(BIN)/python -m bench.state
+	$(BIN)/python -m bench.sqlite_writes
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache

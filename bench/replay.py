@@ -225,6 +225,7 @@ async def replay_source(name: str, window: int, wire: Wire, args: argparse.Names
                 "models": {"default_context_window": window},
                 "compaction": {"summary_timeout_s": args.summary_delay * 5},
                 "memory": {"dir": memory},
+                "state": {"backend": "memory"},
             }
         )
         proxy_runner, proxy_url = await serve_on_loopback(create_app(settings))

@@ -101,11 +101,11 @@ class Compactor:
         max_output_tokens: int | None = None,
         estimator: TokenEstimator | None = None,
         target_ratio: float | None = None,
-        shape: Shape | None = None,
     ) -> Plan:
-        """Where to cut; `target_ratio` overrides the setting (a compaction prepared ahead of
-        the trigger aims lower by the growth still to come), `shape` the compactor's."""
-        segments = split(messages, estimator or self.estimator, tools, shape=shape or self.shape)
+        """Where to cut; `target_ratio` overrides the setting (an early compaction aims lower).
+        A request's own HeuristicEstimator also says how its messages read (its shape)."""
+        estimator = estimator or self.estimator
+        segments = split(messages, estimator, tools, shape=getattr(estimator, "shape", self.shape))
         return plan_compaction(
             segments,
             window=window,
@@ -132,12 +132,11 @@ class Compactor:
         tools: Any = None,
         estimator: TokenEstimator | None = None,
         flush_memory: bool = True,
-        shape: Shape | None = None,
     ) -> CompactionResult:
-        """Apply `plan` (made with the same `shape`) to `messages`; on any failure the input
-        comes back unchanged, with why. With `flush_memory` False the memory items are only
-        returned (a compaction prepared ahead of need writes them with `flush_memory()`)."""
-        run = _Run(self, messages, plan, tools, estimator or self.estimator, shape or self.shape)
+        """Apply `plan` to `messages`; on any failure the input comes back unchanged, with why.
+        With `flush_memory` False the memory items are only returned (a compaction prepared
+        ahead of need writes them with `flush_memory()` when it is applied, if ever)."""
+        run = _Run(self, messages, plan, tools, estimator or self.estimator)
         try:
             return await run.execute(llm, session_id, flush_memory=flush_memory)
         except Exception as exc:  # fail open: the agent's request must go out regardless
@@ -155,13 +154,13 @@ class _Run:
         plan: Plan,
         tools: Any,
         estimator: TokenEstimator,
-        shape: Shape,
     ) -> None:
         self.compactor = compactor
         self.settings = compactor.settings
         self.messages = messages
-        self.shape = shape
-        self.items = read_items(messages, shape)
+        # A request's HeuristicEstimator reads in its own shape (see Compactor.plan).
+        self.shape: Shape = getattr(estimator, "shape", compactor.shape)
+        self.items = read_items(messages, self.shape)
         self.plan = plan
         self.tools = tools
         self.estimator = estimator

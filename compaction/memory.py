@@ -24,6 +24,7 @@ import stat
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 import orjson
 from cachetools import LRUCache
@@ -56,6 +57,16 @@ def item_identity(content: str) -> str:
     return normalize(content).rstrip(".。!！")
 
 
+class ItemClaims(Protocol):
+    """De-duplication shared by writers that do not see each other's cache (replicas writing to
+    one memory directory): `claim` returns the keys of `keys` never claimed before for the session
+    (claiming them), `release` gives back keys whose lines could not be written."""
+
+    async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]: ...
+
+    async def release(self, session_id: str, keys: Sequence[str]) -> None: ...
+
+
 def _utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -70,11 +81,13 @@ class MemoryWriter:
         now: Callable[[], datetime] = _utc_now,
         max_sessions: int = 4096,
         write: Callable[[int, bytes], int] = os.write,
+        claims: ItemClaims | None = None,
     ) -> None:
         """`write` is `os.write` (tests pass one that fills the disk)."""
         self.root = Path(root_dir)
         self._now = now
         self._write = write
+        self._claims = claims
         # Bounded: every fingerprinted conversation is a session. A session whose entries were
         # evicted reloads what it has written from its file; a lock evicted while held can let two
         # flushes run at once, which costs at most a duplicate line, never a torn one.
@@ -127,6 +140,8 @@ class MemoryWriter:
                         "timestamp": timestamp,
                     }
                 )
+            if records and self._claims is not None:
+                records = await self._claimed(session_id, records)
             if records:
                 try:
                     await asyncio.to_thread(_append_lines, path, records, self._write)
@@ -134,8 +149,27 @@ class MemoryWriter:
                     # Not written (a flush is all or nothing): a later flush may try them again.
                     for record in records:
                         seen.discard((record["type"], item_identity(record["content"])))
+                    if self._claims is not None:
+                        await self._claims.release(session_id, [_claim_key(r) for r in records])
                     raise
             return records
+
+    async def _claimed(
+        self, session_id: str, records: list[dict[str, str]]
+    ) -> list[dict[str, str]]:
+        """The records no other writer has claimed; all of them when the claims cannot be asked
+        (this writer's own de-duplication still holds)."""
+        assert self._claims is not None
+        keys = [_claim_key(record) for record in records]
+        try:
+            fresh = await self._claims.claim(session_id, keys)
+        except Exception:
+            return records
+        return [record for record, key in zip(records, keys, strict=True) if key in fresh]
+
+
+def _claim_key(record: dict[str, str]) -> str:
+    return f"{record['type']}\x00{item_identity(record['content'])}"
 
 
 async def write_items(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
@@ -10,7 +10,7 @@ from compaction.checkpoints import CheckpointStore
 from proxy import keys
 from proxy.compacting.hook import build_hook
 from proxy.compacting.llm_client import LLMFactory
-from proxy.compacting.stores.memory import MemoryStore
+from proxy.compacting.stores.backend import StateBackend, build_backend
 from proxy.hook import Hook
 from proxy.http import admin, handlers
 from proxy.http.middlewares import error_middleware, observe_middleware
@@ -31,7 +31,8 @@ def create_app(
 ) -> web.Application:
     """A ready-to-run proxy. Reads no file or environment. Every part may be passed in:
     `hook` changes requests on the hooked routes (default: compaction); `store` keeps the
-    checkpoints (default: in memory); `llm_for` gives the summarizer for a request (default:
+    checkpoints (default: the `state.backend`, which also keeps cooldowns and single-flight
+    leases); `llm_for` gives the summarizer for a request (default:
     over the upstream); `metrics` lets a caller supply an extended `Metrics`."""
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
@@ -46,12 +47,14 @@ def create_app(
     )
     app[keys.TASKS] = BackgroundTasks()
     app[keys.UPSTREAM] = Upstream(settings.upstream, app[keys.METRICS])
+    state: StateBackend | None = None
     if hook is None:
-        options = settings.compaction
+        state = build_backend(settings.state, settings.compaction, app[keys.METRICS].state)
         hook = build_hook(
             settings,
             upstream=app[keys.UPSTREAM],
-            store=store or MemoryStore(options.checkpoint_max_entries, options.checkpoint_ttl_s),
+            store=store or state,
+            state=state,
             llm_for=llm_for,
             records=app[keys.RECORDS],
             metrics=app[keys.METRICS].compaction,
@@ -59,6 +62,8 @@ def create_app(
         )
     app[keys.HOOK] = hook
     app.cleanup_ctx.append(_upstream_ctx)
+    if state is not None:
+        app.cleanup_ctx.append(_state_ctx(state))
     # Cleanup runs in reverse order: background work stops before the ClientSession closes.
     app.cleanup_ctx.append(_tasks_ctx)
     _add_routes(app.router)
@@ -74,6 +79,20 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await upstream.close()
+
+
+def _state_ctx(state: StateBackend) -> Callable[[web.Application], AsyncIterator[None]]:
+    """Open the state backend at start (an unreachable one is reported, never fatal) and close
+    it after the background work stopped, so pending writes land."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        await state.open()
+        try:
+            yield
+        finally:
+            await state.close()
+
+    return ctx
 
 
 async def _tasks_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -184,6 +184,8 @@ async def run_demo(out: Any = sys.stdout, workdir: Path = Path("workspace/demo")
             },
             "memory": {"dir": str(memory_dir)},
             "admin": {"token": "demo-admin", "preview_chars": 4000},
+            # Each run starts from nothing: no checkpoint of an earlier run is reused.
+            "state": {"backend": "memory"},
         }
     )
     proxy_runner, proxy_url = await serve_on_loopback(create_app(settings))

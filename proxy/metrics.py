@@ -75,6 +75,7 @@ class Metrics:
         )
 
         self.compaction = CompactionMetrics(r)
+        self.state = StateMetrics(r)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def labelled(self, metric: Any, *values: str) -> Any:
@@ -167,5 +168,31 @@ class CompactionMetrics:
         self.errors = Counter(
             "compaction_proxy_compaction_errors",
             "Internal errors in the compacting hook (the original request was forwarded).",
+            registry=r,
+        )
+
+
+class StateMetrics:
+    """The state backend's health (proxy.compacting.stores.guard): it never fails a request,
+    so an outage shows here and in one log line."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.errors = Counter(
+            "compaction_proxy_state_errors",
+            "State backend operations that failed or timed out and were served in-process.",
+            ("backend", "operation"),
+            registry=r,
+        )
+        self.outages = Counter(
+            "compaction_proxy_state_outages",
+            "Times the state backend went from up to down.",
+            ("backend",),
+            registry=r,
+        )
+        self.degraded = Gauge(
+            "compaction_proxy_state_degraded",
+            "1 while the state backend is down and the in-process cache stands in for it.",
+            ("backend",),
             registry=r,
         )

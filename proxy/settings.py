@@ -11,11 +11,19 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from compaction import settings as library
 
@@ -146,6 +154,29 @@ class AdminSettings(_Section):
         return value
 
 
+class StateSettings(_Section):
+    """Where checkpoints, cooldowns and single-flight live (proxy.compacting.stores)."""
+
+    backend: Literal["memory", "sqlite", "redis"] = "sqlite"
+    path: Path = Path("./workspace/state.sqlite3")
+    redis_url: str | None = None
+    timeout_s: float = Field(default=0.5, gt=0)
+    retry_s: float = Field(default=5, gt=0)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value is not None and urlsplit(value).scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> Self:
+        if self.backend == "redis" and self.redis_url is None:
+            raise ValueError("redis_url is required when backend is redis")
+        return self
+
+
 class LoggingSettings(_Section):
     level: str = "INFO"
 
@@ -165,6 +196,7 @@ class Settings(_Section):
     compaction: CompactionSection = Field(default_factory=CompactionSection)
     memory: MemorySettings = Field(default_factory=MemorySettings)
     admin: AdminSettings = Field(default_factory=AdminSettings)
+    state: StateSettings = Field(default_factory=StateSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @classmethod

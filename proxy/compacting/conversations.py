@@ -10,7 +10,6 @@ checkpoint ahead of the trigger is proxy.compacting.precompute; the per-request 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,11 +26,18 @@ from compaction.checkpoints import (
     prefix_digests,
 )
 from compaction.types import ChatLLM
-from proxy.compacting.cooldown import Cooldown
-from proxy.compacting.flight import SingleFlight, wait_shielded
-from proxy.compacting.llm_client import LLMFactory, LLMRequest
+from proxy.compacting.flight import (
+    SingleFlight,
+    is_running,
+    run_once_everywhere,
+    wait_for_running,
+    wait_shielded,
+)
+from proxy.compacting.forwarded import Forwarded
+from proxy.compacting.llm_client import LLMFactory
 from proxy.compacting.records import record_compaction
 from proxy.compacting.request import ParsedRequest
+from proxy.compacting.stores.backend import StateBackend, stored_under
 from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
 from proxy.settings import CompactionSection
@@ -56,6 +62,7 @@ class Conversations:
         *,
         compactor: Compactor,
         store: CheckpointStore,
+        state: StateBackend,
         llm_for: LLMFactory,
         records: SessionRecords,
         metrics: CompactionMetrics,
@@ -69,14 +76,12 @@ class Conversations:
         self._records = records
         self._metrics = metrics
         self._clock = clock
-        self._flight: SingleFlight[bytes, CompactionResult] = SingleFlight(tasks)
-        self._cooldown = Cooldown(options.failure_threshold, options.failure_cooldown_s, clock)
+        # Cooldowns and cross-process leases live in the state backend (proxy.compacting.stores).
+        self._state = state
+        self._flight: SingleFlight[bytes, CompactionResult | Checkpoint] = SingleFlight(tasks)
         # Reserves whose memory items this process has written (applied at least once).
         self._flushed: LRUCache[str, None] = LRUCache(options.checkpoint_max_entries)
-        # Compactions some request already went out with: a checkpoint not among them (one
-        # precomputed, or finished after its request left on the fallback) is new to the
-        # conversation when first substituted, and reported "applied", not "reused".
-        self._forwarded: LRUCache[str, None] = LRUCache(options.checkpoint_max_entries)
+        self._forwarded = Forwarded(state, options.checkpoint_max_entries)
 
     def estimate(self, req: ParsedRequest, messages: list[Any]) -> int:
         return self._compactor.estimate(messages, req.extras, estimator=req.estimator)
@@ -91,17 +96,12 @@ class Conversations:
         digests = prefix_digests(req.messages, req.seed)
         view, tokens, _ = await self.view(req, digests)
         if view.base is not None and not self.needs(req, tokens):
-            return self._reused(view, before, tokens)
-        pending = self._flight.find(reversed(digests))
-        if pending is not None:
-            # A compaction of this conversation is under way (a precompute, or a concurrent
-            # request): wait for it rather than summarize the same history again.
-            # Timed out, or it failed (and logged): go on with our own plan.
-            with contextlib.suppress(Exception):
-                await wait_shielded(pending, max(0.0, deadline - self._clock()))
+            return await self._reused(view, before, tokens)
+        remaining = max(0.0, deadline - self._clock())
+        if await wait_for_running(self._flight, self._state, digests, remaining):
             view, tokens, _ = await self.view(req, digests)
             if view.base is not None and not self.needs(req, tokens):
-                return self._reused(view, before, tokens)
+                return await self._reused(view, before, tokens)
         return await self._compact_view(req, view, tokens, digests, before, deadline, "trigger")
 
     async def compact_after_overflow(self, req: ParsedRequest, before: int) -> Decision:
@@ -149,11 +149,11 @@ class Conversations:
             max_output_tokens=req.max_output_tokens,
             estimator=req.estimator,
             target_ratio=target_ratio,
-            shape=req.dialect.shape,
         )
 
-    def running(self, digests: Sequence[bytes]) -> bool:
-        return self._flight.find(digests) is not None
+    async def is_running(self, digests: Sequence[bytes]) -> bool:
+        """True while a compaction of this conversation runs, here or in another process."""
+        return await is_running(self._flight, self._state, digests)
 
     async def is_stored(self, digests: Sequence[bytes], plan: Plan, view: View) -> bool:
         """True when the checkpoint `plan` would produce is already in the store."""
@@ -162,14 +162,22 @@ class Conversations:
 
     def start(
         self, req: ParsedRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
-    ) -> asyncio.Task[CompactionResult] | None:
-        """The (single-flight) summarization carrying out `plan`; None if it folds nothing new."""
+    ) -> asyncio.Task[CompactionResult | Checkpoint] | None:
+        """The (single-flight) summarization carrying out `plan`, or the checkpoint another
+        process stored for it; None if it folds nothing new."""
         key = _key(view, plan, digests)
         if key is None:
             return None
         return self._flight.start(
             key,
-            lambda: self._summarize(req, view, plan, digests, reason),
+            lambda: run_once_everywhere(
+                self._state,
+                key,
+                lambda: self._summarize(req, view, plan, digests, reason),
+                lambda: self._stored(digests, key),
+                # As long as the summarizer call itself may take (see hook.build_hook).
+                budget_s=self._options.summary_timeout_s * 3,
+            ),
             name=f"{reason}:{req.session_id}",
         )
 
@@ -188,7 +196,7 @@ class Conversations:
         plan = self.plan(req, view)
         task = self.start(req, view, plan, digests, reason)
         if task is None:
-            return self._as_is(view, before, tokens)
+            return await self._as_is(view, before, tokens)
         try:
             result = await wait_shielded(task, max(0.0, deadline - self._clock()))
         except Exception as exc:
@@ -200,29 +208,31 @@ class Conversations:
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
             result = await self._run(req, view, plan, llm=None)
-        if result.path == "unchanged":
-            return self._as_is(view, before, tokens)
-        self._forwarded[result.compaction_id] = None
+        if not isinstance(result, Checkpoint) and result.path == "unchanged":
+            return await self._as_is(view, before, tokens)
+        await self._forwarded.add(result.compaction_id)
+        if isinstance(result, Checkpoint):  # another process compacted it
+            done = View.of(req.messages, result)
+            tokens = self.estimate(req, done.messages)
+            return Decision(done.messages, "applied", before, tokens, result.compaction_id)
         return Decision(
             result.messages, "applied", before, result.tokens_after, result.compaction_id
         )
 
-    def _as_is(self, view: View, before: int, tokens: int) -> Decision:
+    async def _as_is(self, view: View, before: int, tokens: int) -> Decision:
         """Nothing more could be folded: the view goes out as it is. Only a view that is the
         original request means the compaction failed; one built on a checkpoint still carries
         an earlier compaction."""
         if view.base is None:
             return Decision(view.messages, "failed", before, tokens, None)
-        return self._reused(view, before, tokens)
+        return await self._reused(view, before, tokens)
 
-    def _reused(self, view: View, before: int, tokens: int) -> Decision:
+    async def _reused(self, view: View, before: int, tokens: int) -> Decision:
         """`view` substitutes a checkpoint: "reused", or "applied" the first time it goes out."""
         self._metrics.checkpoint_hits.inc()
         assert view.base is not None
-        compaction_id = view.base.compaction_id
-        status = "reused" if compaction_id in self._forwarded else "applied"
-        self._forwarded[compaction_id] = None
-        return Decision(view.messages, status, before, tokens, compaction_id)
+        status = "applied" if await self._forwarded.is_new(view.base.compaction_id) else "reused"
+        return Decision(view.messages, status, before, tokens, view.base.compaction_id)
 
     async def _summarize(
         self, req: ParsedRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
@@ -231,17 +241,16 @@ class Conversations:
         # One tenant's failing key must not cool the summarizer down for everyone.
         cooldown_key = f"{summary_model}\x00{req.tenant.hex()}"
         llm: ChatLLM | None = None
-        if self._cooldown.is_cooling(cooldown_key):
+        if await self._state.is_cooling(cooldown_key):
             self._metrics.cooldown_skips.inc()
         else:
-            asked = LLMRequest(summary_model, req.credential, req.auth_headers, req.dialect)
-            llm = self._llm_for(asked)
+            llm = self._llm_for(req.summarizer(summary_model))
         # A precomputed compaction may never be applied: its memory items wait in its checkpoint.
         result = await self._run(req, view, plan, llm=llm, flush=reason != "precompute")
         if llm is not None and result.path != "unchanged":
             # "unchanged" says nothing about the summarizer (nothing to fold, or no gain).
             ok = result.path == "llm"
-            self._cooldown.record(cooldown_key, ok=ok)
+            await self._state.record_outcome(cooldown_key, ok=ok)
             self._metrics.summarizer_seconds.observe(result.duration_s)
             if not ok:
                 self._metrics.summarizer_failures.inc()
@@ -264,7 +273,6 @@ class Conversations:
             tools=req.extras,
             estimator=req.estimator,
             flush_memory=flush,
-            shape=req.dialect.shape,
         )
 
     async def _flush_reserve(self, req: ParsedRequest, reserve: Checkpoint) -> None:
@@ -277,15 +285,7 @@ class Conversations:
         )
 
     async def _stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:
-        """The stored checkpoint under `key`, one of `digests`; None if it is not (any more)."""
-        if key is None:
-            return None
-        try:
-            cut = digests.index(key) + 1
-        except ValueError:
-            return None
-        found = await self._store.longest(digests[:cut])
-        return found if found is not None and found.key == key else None
+        return await stored_under(self._store, digests, key)
 
 
 def _key(view: View, plan: Plan, digests: Sequence[bytes]) -> bytes | None:

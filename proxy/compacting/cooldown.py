@@ -40,3 +40,14 @@ class Cooldown:
         self._failures[key] = failures
         if failures >= self._threshold:
             self._until[key] = self._clock() + self._cooldown_s
+
+    def state_of(self, key: str) -> tuple[int, float | None]:
+        """(consecutive failures, end of the cooldown or None): what a persistent store keeps."""
+        return self._failures.get(key, 0), self._until.get(key)
+
+    def restore(self, key: str, failures: int, until: float | None) -> None:
+        """Take back what `state_of` gave, e.g. after a restart (on the same clock)."""
+        if failures:
+            self._failures[key] = failures
+        if until is not None:
+            self._until[key] = until

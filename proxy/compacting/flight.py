@@ -2,19 +2,28 @@
 
 The computation runs as a tracked background task, so a caller that gives up (its own timeout,
 or its client disconnecting) does not cancel the work the others are waiting for; the result is
-still recorded when it lands.
+still recorded when it lands. Across processes sharing a state backend, `run_once_everywhere`
+holds the backend's lease for the key while computing, and a process that finds the lease taken
+waits for the holder and takes the stored result instead of computing it again.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable, Iterable
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
+from proxy.compacting.stores.backend import Lease, StateBackend
 from proxy.tasks import BackgroundTasks
+
+log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+S = TypeVar("S")
 
 
 class SingleFlight(Generic[K, V]):
@@ -53,3 +62,83 @@ class SingleFlight(Generic[K, V]):
 async def wait_shielded(task: asyncio.Task[V], timeout_s: float) -> V:
     """Wait for `task` at most `timeout_s` without cancelling it (raises TimeoutError)."""
     return await asyncio.wait_for(asyncio.shield(task), timeout_s)
+
+
+async def is_running(
+    flight: SingleFlight[bytes, V], state: StateBackend, keys: Sequence[bytes]
+) -> bool:
+    """True while a computation of any of `keys` runs, here or in another process."""
+    return flight.find(keys) is not None or await state.holder(keys) is not None
+
+
+async def wait_for_running(
+    flight: SingleFlight[bytes, V], state: StateBackend, keys: Sequence[bytes], timeout_s: float
+) -> bool:
+    """Wait (at most `timeout_s`) for a computation of any of `keys` under way, in this process
+    or, through `state`, in another; False when none is. One that failed or timed out is left
+    to the caller (it was logged where it ran)."""
+    pending = flight.find(reversed(keys))
+    if pending is not None:
+        with contextlib.suppress(Exception):
+            await wait_shielded(pending, timeout_s)
+        return True
+    held = await state.holder(keys)
+    if held is None:
+        return False
+    await state.wait(held, timeout_s)
+    return True
+
+
+async def run_once_everywhere(
+    state: StateBackend,
+    key: bytes,
+    work: Callable[[], Awaitable[V]],
+    stored: Callable[[], Awaitable[S | None]],
+    budget_s: float,
+) -> V | S:
+    """`work()` under `state`'s lease for `key`, unless a result is stored meanwhile; while
+    another process holds the lease, wait for it (at most `budget_s` in all) and return what it
+    stored. A holder that let go without storing anything (it failed, or died and its lease
+    expired) leaves the work to this process. Raises TimeoutError past the budget."""
+    deadline = time.monotonic() + budget_s
+    while True:
+        lease = await state.acquire(key)
+        if lease is not None:
+            try:
+                found = await stored()  # finished elsewhere just before we got the lease
+                if found is not None:
+                    return found
+                return await _holding(lease, work)
+            finally:
+                with contextlib.suppress(Exception):  # an expired lease frees itself
+                    await lease.release()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"lease of {key.hex()} still held elsewhere")
+        await state.wait(key, remaining)
+        found = await stored()
+        if found is not None:
+            return found
+
+
+async def _holding(lease: Lease, work: Callable[[], Awaitable[V]]) -> V:
+    """`work()` while renewing the lease, so it expires only if this process dies."""
+    if lease.renew_every_s is None:
+        return await work()
+    async with asyncio.TaskGroup() as group:
+        keeper = group.create_task(_keep(lease, lease.renew_every_s))
+        try:
+            return await work()
+        finally:
+            keeper.cancel()
+
+
+async def _keep(lease: Lease, every_s: float) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            if not await lease.renew():
+                log.warning("a single-flight lease was lost before its work finished")
+                return
+        except Exception as exc:  # the backend is down: the work goes on regardless
+            log.debug("lease renewal failed", extra={"error": repr(exc)})

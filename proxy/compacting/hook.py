@@ -24,6 +24,8 @@ from proxy.compacting.llm_client import LLMFactory, UpstreamLLMFactory
 from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.precompute import Precompute
 from proxy.compacting.request import ParsedRequest, fingerprint, may_need_parsing, model_of
+from proxy.compacting.stores.backend import StateBackend
+from proxy.compacting.stores.memory import MemoryStore
 from proxy.hook import Exchange, Passthrough, RequestContext
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
@@ -228,21 +230,30 @@ def build_hook(
     metrics: CompactionMetrics,
     tasks: BackgroundTasks,
     compactor: Compactor | None = None,
+    state: StateBackend | None = None,
 ) -> CompactingHook:
     """The compacting hook, configured from `settings` (see app.create_app). `llm_for` defaults
-    to summarizers over `upstream`, `compactor` to the library's, configured from `settings`."""
+    to summarizers over `upstream`, `compactor` to the library's, configured from `settings`,
+    `state` (cooldowns, single-flight leases) to the process's own."""
     options = settings.compaction
+    state = state or MemoryStore(
+        options.checkpoint_max_entries,
+        options.checkpoint_ttl_s,
+        failure_threshold=options.failure_threshold,
+        failure_cooldown_s=options.failure_cooldown_s,
+    )
     # A request stops waiting after summary_timeout_s; the summarization itself may go on a
     # while longer in the background and still record its checkpoint.
     llm_timeout_s = options.summary_timeout_s * _BACKGROUND_TIMEOUT_FACTOR
     compactor = compactor or Compactor(
         settings=options.library_settings(llm_timeout_s=llm_timeout_s),
-        memory=MemoryWriter(settings.memory.dir),
+        memory=MemoryWriter(settings.memory.dir, claims=state),
     )
     conversations = Conversations(
         options,
         compactor=compactor,
         store=store,
+        state=state,
         llm_for=llm_for or UpstreamLLMFactory(upstream, timeout_s=llm_timeout_s),
         records=records,
         metrics=metrics,

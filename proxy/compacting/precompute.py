@@ -46,7 +46,7 @@ class Precompute:
     async def _prepare(self, request: ParsedRequest, raw_tokens: int) -> None:
         conversations = self._conversations
         digests = prefix_digests(request.messages, request.seed)
-        if conversations.running(digests):
+        if await conversations.is_running(digests):
             return
         view, tokens, reserve = await conversations.view(request, digests)
         if reserve is not None:

@@ -17,6 +17,7 @@ import orjson
 
 from compaction import HeuristicEstimator
 from proxy.compacting.dialects import Dialect
+from proxy.compacting.llm_client import LLMRequest
 
 _FIXED_COST_PARTS = (
     b'"image_url"',
@@ -73,6 +74,11 @@ class ParsedRequest:
     def with_budget(self, *, window: int, factor: float) -> ParsedRequest:
         estimator = HeuristicEstimator(factor, shape=self.dialect.shape)
         return replace(self, window=window, factor=factor, estimator=estimator)
+
+    def summarizer(self, model: str) -> LLMRequest:
+        """What this request's summarizer is built from: `model`, the caller's credentials, the
+        dialect to ask in."""
+        return LLMRequest(model, self.credential, self.auth_headers, self.dialect)
 
     def serialize(self, messages: list[Any]) -> bytes:
         """The request with its list replaced; every other field as sent, in its place."""

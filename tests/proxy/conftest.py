@@ -38,7 +38,8 @@ class RunningProxy:
 
 
 def build_settings(fake: FakeUpstream, **sections: dict[str, Any]) -> Settings:
-    data: dict[str, Any] = {"upstream": {"base_url": fake.base_url}}
+    # State in the process unless a test names a backend: no test shares a state file.
+    data: dict[str, Any] = {"upstream": {"base_url": fake.base_url}, "state": {"backend": "memory"}}
     for section, values in sections.items():
         data.setdefault(section, {}).update(values)
     return Settings.build(data)

@@ -1,7 +1,10 @@
-"""Checkpoint stores: one module per state backend, each implementing
-compaction.checkpoints.CheckpointStore (async `longest(digests)` and `put(checkpoint)`).
+"""State backends: where checkpoints, summarizer cooldowns, single-flight leases and memory-item
+claims live (`state.backend`), one module per backend.
 
-`memory` keeps them in the process. A persistent or shared backend (sqlite, redis) stores
-`Checkpoint.to_json()` under the key and reads back with `Checkpoint.from_json`, a ValueError
-being a miss; `app.create_app(settings, store=...)` takes any of them.
+- backend: the StateBackend protocol (a compaction.checkpoints.CheckpointStore and more) and
+  `build_backend`, the one place a backend is chosen from settings;
+- memory: the process only (and the in-process cache behind the others);
+- sqlite (+ sqlite_file): one file that outlives the process (the default);
+- redis (+ redis_scripts, redis_notices): shared by replicas;
+- guard: keeps a persistent or shared backend's outages away from requests.
 """

@@ -1,5 +1,6 @@
-"""Checkpoints in the process: bounded, least recently used first, each for `ttl_s`. Lost at
-restart and not shared between replicas."""
+"""State in the process: checkpoints (bounded, least recently used first, each for `ttl_s`),
+cooldowns, and leases that are always granted. Lost at restart and not shared between replicas;
+also the in-process cache that a guarded backend falls back to."""
 
 from __future__ import annotations
 
@@ -7,21 +8,71 @@ import time
 from collections.abc import Callable, Sequence
 
 from compaction.checkpoints import Checkpoint, MemoryCheckpointStore, longest_of
+from proxy.compacting.cooldown import Cooldown
+from proxy.compacting.stores.backend import Lease, LocalLease
 
 
 class MemoryStore:
-    """The async CheckpointStore over the library's in-process table."""
+    """The async state backend over the library's in-process table."""
+
+    name = "memory"
 
     def __init__(
-        self, max_entries: int, ttl_s: float, timer: Callable[[], float] = time.monotonic
+        self,
+        max_entries: int,
+        ttl_s: float,
+        timer: Callable[[], float] = time.monotonic,
+        *,
+        failure_threshold: int = 3,
+        failure_cooldown_s: float = 300,
     ) -> None:
         self._table = MemoryCheckpointStore(max_entries, ttl_s, timer)
+        self._cooldown = Cooldown(failure_threshold, failure_cooldown_s, timer)
+        self._lease = LocalLease()
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
 
     async def longest(self, digests: Sequence[bytes]) -> Checkpoint | None:
         return longest_of(self._table.get, digests)
 
     async def put(self, checkpoint: Checkpoint) -> None:
         self._table.put(checkpoint)
+
+    def remember(self, checkpoint: Checkpoint) -> None:
+        """Keep a checkpoint read elsewhere (the guard's read-through cache)."""
+        if self._table.get(checkpoint.key) is None:
+            self._table.put(checkpoint)
+
+    async def is_cooling(self, key: str) -> bool:
+        return self._cooldown.is_cooling(key)
+
+    async def record_outcome(self, key: str, *, ok: bool) -> None:
+        self._cooldown.record(key, ok=ok)
+
+    async def acquire(self, key: bytes) -> Lease | None:
+        return self._lease
+
+    async def holder(self, digests: Sequence[bytes]) -> bytes | None:
+        return None
+
+    async def is_forwarded(self, compaction_id: str) -> bool:
+        return False  # proxy.compacting.forwarded keeps what this process sent
+
+    async def mark_forwarded(self, compaction_id: str) -> None:
+        return None
+
+    async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
+        return set(keys)
+
+    async def release(self, session_id: str, keys: Sequence[str]) -> None:
+        return None
+
+    async def wait(self, key: bytes, timeout_s: float) -> None:
+        return None
 
     def __len__(self) -> int:
         return len(self._table)

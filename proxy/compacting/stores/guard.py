@@ -1,0 +1,167 @@
+"""A persistent or shared backend that never fails a request.
+
+Every call to the backend is bounded by `state.timeout_s`. A call that fails or times out is
+answered from the in-process cache (a MemoryStore holding every checkpoint this process wrote or
+read), counted in /metrics, and the backend is left alone for `state.retry_s`; the first failure
+of an outage is logged, and so is the recovery. Checkpoints written while the backend was down
+are written to it once it answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from compaction.checkpoints import Checkpoint
+from proxy.compacting.stores.backend import Lease, LocalLease, StateBackend
+from proxy.compacting.stores.memory import MemoryStore
+from proxy.metrics import StateMetrics
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# Checkpoints kept for writing back after an outage; beyond, the oldest are only in-process.
+_MAX_UNSYNCED = 1000
+
+
+class Guarded:
+    def __init__(
+        self,
+        backend: StateBackend,
+        local: MemoryStore,
+        metrics: StateMetrics,
+        *,
+        timeout_s: float,
+        retry_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = backend.name
+        self.backend = backend
+        self._local = local
+        self._metrics = metrics
+        self._timeout_s = timeout_s
+        self._retry_s = retry_s
+        self._clock = clock
+        self._down_until: float | None = None
+        self._unsynced: dict[bytes, Checkpoint] = {}
+        metrics.degraded.labels(backend=self.name).set(0)
+
+    @property
+    def degraded(self) -> bool:
+        return self._down_until is not None
+
+    async def open(self) -> None:
+        await self._call("open", self.backend.open, lambda: None)
+
+    async def close(self) -> None:
+        try:
+            await self.backend.close()
+        except Exception as exc:  # shutting down: nothing left to protect
+            log.warning("state backend did not close cleanly", extra={"error": repr(exc)})
+
+    async def longest(self, digests: Sequence[bytes]) -> Checkpoint | None:
+        found = await self._call("read", lambda: self.backend.longest(digests), lambda: None)
+        if found is None:
+            return await self._local.longest(digests)
+        self._local.remember(found)
+        return found
+
+    async def put(self, checkpoint: Checkpoint) -> None:
+        await self._local.put(checkpoint)
+        if not await self._call("write", lambda: _true(self.backend.put(checkpoint)), _false):
+            self._unsynced[checkpoint.key] = checkpoint
+            while len(self._unsynced) > _MAX_UNSYNCED:
+                del self._unsynced[next(iter(self._unsynced))]
+
+    async def is_cooling(self, key: str) -> bool:
+        local = await self._local.is_cooling(key)
+        return local or await self._call("cooldown", lambda: self.backend.is_cooling(key), _false)
+
+    async def record_outcome(self, key: str, *, ok: bool) -> None:
+        await self._local.record_outcome(key, ok=ok)
+        await self._call("cooldown", lambda: self.backend.record_outcome(key, ok=ok), lambda: None)
+
+    async def acquire(self, key: bytes) -> Lease | None:
+        # Down: this process computes on its own; single-flight still holds inside it.
+        return await self._call("lease", lambda: self.backend.acquire(key), LocalLease)
+
+    async def holder(self, digests: Sequence[bytes]) -> bytes | None:
+        return await self._call("lease", lambda: self.backend.holder(digests), lambda: None)
+
+    async def is_forwarded(self, compaction_id: str) -> bool:
+        return await self._call("read", lambda: self.backend.is_forwarded(compaction_id), _false)
+
+    async def mark_forwarded(self, compaction_id: str) -> None:
+        await self._call("write", lambda: self.backend.mark_forwarded(compaction_id), lambda: None)
+
+    async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
+        # Down: every key is new here; the writer's own de-duplication still holds.
+        return await self._call(
+            "memory", lambda: self.backend.claim(session_id, keys), lambda: set(keys)
+        )
+
+    async def release(self, session_id: str, keys: Sequence[str]) -> None:
+        await self._call("memory", lambda: self.backend.release(session_id, keys), lambda: None)
+
+    async def wait(self, key: bytes, timeout_s: float) -> None:
+        if self._is_down():
+            return
+        try:
+            await self.backend.wait(key, timeout_s)
+        except Exception as exc:
+            self._failed("wait", exc)
+
+    # -- the guard ---------------------------------------------------------------------------
+
+    async def _call(
+        self, operation: str, call: Callable[[], Awaitable[T]], fallback: Callable[[], T]
+    ) -> T:
+        if self._is_down():
+            return fallback()
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                value = await call()
+        except Exception as exc:
+            self._failed(operation, exc)
+            return fallback()
+        if self._down_until is not None:
+            await self._recovered()
+        return value
+
+    def _is_down(self) -> bool:
+        return self._down_until is not None and self._clock() < self._down_until
+
+    def _failed(self, operation: str, exc: BaseException) -> None:
+        self._metrics.errors.labels(backend=self.name, operation=operation).inc()
+        if self._down_until is None:
+            self._metrics.outages.labels(backend=self.name).inc()
+            self._metrics.degraded.labels(backend=self.name).set(1)
+            log.warning(
+                "state backend unavailable; serving from the in-process cache",
+                extra={"backend": self.name, "operation": operation, "error": repr(exc)},
+            )
+        self._down_until = self._clock() + self._retry_s
+
+    async def _recovered(self) -> None:
+        self._down_until = None
+        self._metrics.degraded.labels(backend=self.name).set(0)
+        log.warning("state backend is back", extra={"backend": self.name})
+        while self._unsynced and not self._is_down():
+            key, checkpoint = next(iter(self._unsynced.items()))
+            if await self._write_back(checkpoint):
+                self._unsynced.pop(key, None)
+
+    async def _write_back(self, checkpoint: Checkpoint) -> bool:
+        return await self._call("write", lambda: _true(self.backend.put(checkpoint)), _false)
+
+
+async def _true(call: Awaitable[None]) -> bool:
+    await call
+    return True
+
+
+def _false() -> bool:
+    return False

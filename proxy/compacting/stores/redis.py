@@ -1,0 +1,263 @@
+"""State in Redis (6+, or Valkey), shared by every replica of the proxy.
+
+- Checkpoints: a hash (`cut`, `body`) per key, kept `ttl_s`, written once (the first replica to
+  write a key wins, so every replica forwards the same prefix). `longest(digests)` is one script
+  call walking the digests from the newest down, so a reused request walks only what is newer
+  than its checkpoint; checkpoints read are kept decoded in a bounded cache (they never change).
+- Single-flight: a lease per checkpoint key (`SET NX PX` holding a fencing id from `INCR`),
+  renewed, released or renewed only by the holder of that id; a replica that dies lets it
+  expire. Releases and writes are published on one channel that wakes waiting replicas (one
+  subscription per process; a re-check at most once a second in case a notice is lost).
+- Cooldowns per model and tenant, compactions already forwarded, memory items per session (a set).
+Scripts touch keys derived from their arguments: a single Redis, not Cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from cachetools import LRUCache
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from compaction.checkpoints import Checkpoint
+from proxy.compacting.stores import redis_scripts as scripts
+from proxy.compacting.stores.backend import Lease
+from proxy.compacting.stores.redis_notices import RECHECK_S, Notices
+
+PREFIX = "compaction-proxy:"
+_CACHED_CHECKPOINTS = 1024
+_FAILURES_TTL_S = 86400
+
+
+class RedisLease:
+    def __init__(self, store: RedisStore, key: bytes, fence: int, ttl_s: float) -> None:
+        self._store = store
+        self._key = key
+        self.fence = fence
+        self._ttl_ms = int(ttl_s * 1000)
+        self.renew_every_s: float | None = ttl_s / 3
+
+    async def renew(self) -> bool:
+        lock = self._store.lock_key(self._key)
+        return bool(await self._store.script(scripts.RENEW, [lock], [self.fence, self._ttl_ms]))
+
+    async def release(self) -> None:
+        lock = self._store.lock_key(self._key)
+        await self._store.script(
+            scripts.RELEASE, [lock], [self.fence, self._store.channel, self._key]
+        )
+
+
+class RedisStore:
+    name = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        ttl_s: float,
+        failure_threshold: int,
+        failure_cooldown_s: float,
+        lease_ttl_s: float,
+        timeout_s: float,
+        prefix: str = PREFIX,
+    ) -> None:
+        self._url = url
+        self._ttl_ms = max(1, int(ttl_s * 1000))
+        self._threshold = failure_threshold
+        self._cooldown_ms = int(failure_cooldown_s * 1000)
+        self._lease_ttl_s = lease_ttl_s
+        self._timeout_s = timeout_s
+        self._prefix = prefix.encode()
+        self.channel = f"{prefix}done"
+        self._client: aioredis.Redis | None = None
+        self._scripts: dict[str, Any] = {}
+        self._cache: LRUCache[bytes, Checkpoint] = LRUCache(_CACHED_CHECKPOINTS)
+        self._notices: Notices | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        # Connections are made on first use, so an unreachable Redis does not stop the start.
+        self._client = aioredis.from_url(
+            self._url,
+            socket_timeout=self._timeout_s,
+            socket_connect_timeout=self._timeout_s,
+            # One immediate retry (a pooled connection the server closed is reopened at once);
+            # anything longer is the guard's business, which leaves a failing Redis alone.
+            retry=Retry(NoBackoff(), 1),
+        )
+        self._notices = Notices(self._client, self.channel)
+        self._notices.start()
+
+    async def close(self) -> None:
+        if self._notices is not None:
+            await self._notices.close()
+            self._notices = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    async def longest(self, digests: Sequence[bytes]) -> Checkpoint | None:
+        if not digests:
+            return None
+        packed = b"".join(digests)
+        cut = int(await self.script(scripts.LONGEST, [], [self._prefix + b"cp:", packed]))
+        while cut > 0:
+            key = digests[cut - 1]
+            found = self._cache.get(key)
+            if found is None:
+                found = await self._read(key, cut)
+            if found is not None:
+                return found
+            # Expired or unreadable since the script ran: look below it.
+            cut = int(
+                await self.script(
+                    scripts.LONGEST, [], [self._prefix + b"cp:", packed[: (cut - 1) * 16]]
+                )
+            )
+        return None
+
+    async def _read(self, key: bytes, cut: int) -> Checkpoint | None:
+        body = await self._require().hget(self._checkpoint_key(key), "body")
+        if body is None:
+            return None
+        try:
+            found = Checkpoint.from_json(orjson.loads(body))
+        except (ValueError, orjson.JSONDecodeError):
+            return None  # written by another version, or damaged: a miss, never a crash
+        if found.cut != cut or found.key != key:
+            return None
+        self._cache[key] = found
+        return found
+
+    async def put(self, checkpoint: Checkpoint) -> None:
+        body = orjson.dumps(checkpoint.to_json())
+        await self.script(
+            scripts.PUT,
+            [self._checkpoint_key(checkpoint.key)],
+            [checkpoint.cut, body, self._ttl_ms, self.channel, checkpoint.key],
+        )
+
+    # -- cooldowns ---------------------------------------------------------------------------
+
+    async def is_cooling(self, key: str) -> bool:
+        return bool(await self._require().exists(self._cooldown_key(key, "until")))
+
+    async def record_outcome(self, key: str, *, ok: bool) -> None:
+        client = self._require()
+        failures_key = self._cooldown_key(key, "failures")
+        if ok:
+            await client.delete(failures_key, self._cooldown_key(key, "until"))
+            return
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.incr(failures_key)
+            pipe.expire(failures_key, _FAILURES_TTL_S)
+            failures, _ = await pipe.execute()
+        if int(failures) >= self._threshold and self._cooldown_ms > 0:
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.set(self._cooldown_key(key, "until"), 1, px=self._cooldown_ms)
+                pipe.delete(failures_key)
+                await pipe.execute()
+
+    async def is_forwarded(self, compaction_id: str) -> bool:
+        return bool(await self._require().exists(self._forwarded_key(compaction_id)))
+
+    async def mark_forwarded(self, compaction_id: str) -> None:
+        await self._require().set(self._forwarded_key(compaction_id), 1, px=self._ttl_ms)
+
+    # -- memory items --------------------------------------------------------------------------
+
+    async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
+        name = self._memory_key(session_id)
+        async with self._require().pipeline(transaction=True) as pipe:
+            for key in keys:
+                pipe.sadd(name, key)
+            pipe.pexpire(name, self._ttl_ms)
+            added = await pipe.execute()
+        return {key for key, new in zip(keys, added, strict=False) if new}
+
+    async def release(self, session_id: str, keys: Sequence[str]) -> None:
+        if keys:
+            await self._require().srem(self._memory_key(session_id), *keys)
+
+    # -- single-flight -----------------------------------------------------------------------
+
+    async def acquire(self, key: bytes) -> Lease | None:
+        fence = await self.script(
+            scripts.ACQUIRE,
+            [self.lock_key(key), self._prefix + b"fence"],
+            [int(self._lease_ttl_s * 1000)],
+        )
+        if fence is None:
+            return None
+        return RedisLease(self, key, int(fence), self._lease_ttl_s)
+
+    async def holder(self, digests: Sequence[bytes]) -> bytes | None:
+        if not digests:
+            return None
+        cut = int(
+            await self.script(scripts.HOLDER, [], [self._prefix + b"lock:", b"".join(digests)])
+        )
+        return digests[cut - 1] if cut > 0 else None
+
+    async def wait(self, key: bytes, timeout_s: float) -> None:
+        client = self._require()
+        deadline = time.monotonic() + timeout_s
+        with self._require_notices().waiting(key) as woken:
+            while True:
+                # Registered before checking, so a notice between the check and the wait counts.
+                woken.clear()
+                async with client.pipeline(transaction=False) as pipe:
+                    pipe.exists(self._checkpoint_key(key))
+                    pipe.pttl(self.lock_key(key))
+                    stored, lock_ms = await pipe.execute()
+                remaining = deadline - time.monotonic()
+                if stored or lock_ms < 0 or remaining <= 0:
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        woken.wait(), min(remaining, RECHECK_S, lock_ms / 1000 + 0.01)
+                    )
+
+    # -- keys and calls ------------------------------------------------------------------------
+
+    async def script(self, source: str, keys: list[Any], args: list[Any]) -> Any:
+        script = self._scripts.get(source)
+        if script is None:
+            script = self._scripts[source] = self._require().register_script(source)
+        return await script(keys=keys, args=args)
+
+    def lock_key(self, key: bytes) -> bytes:
+        return self._prefix + b"lock:" + key
+
+    def _checkpoint_key(self, key: bytes) -> bytes:
+        return self._prefix + b"cp:" + key
+
+    def _forwarded_key(self, compaction_id: str) -> str:
+        return f"{self._prefix.decode()}forwarded:{compaction_id}"
+
+    def _memory_key(self, session_id: str) -> str:
+        return f"{self._prefix.decode()}memory:{session_id}"
+
+    def _cooldown_key(self, key: str, part: str) -> str:
+        return f"{self._prefix.decode()}cooldown:{part}:{key}"
+
+    def _require_notices(self) -> Notices:
+        if self._notices is None:
+            raise ConnectionError("the redis store is not open")
+        return self._notices
+
+    def _require(self) -> aioredis.Redis:
+        if self._client is None:
+            raise ConnectionError("the redis store is not open")
+        return self._client

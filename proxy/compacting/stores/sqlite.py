@@ -1,0 +1,184 @@
+"""State in one SQLite file that outlives the process (the default backend).
+
+The hot path never touches the file: the keys of every live checkpoint (with their cut and
+expiry) and the cooldowns are loaded into memory when the store opens, and checkpoints are read
+through a bounded cache, so a reused request is a few dictionary lookups. The file itself, with
+its single writer thread, batched commits and pruning, is proxy.compacting.stores.sqlite_file.
+One process per file: replicas share state through Redis, not through one SQLite file.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import orjson
+from cachetools import LRUCache
+
+from compaction.checkpoints import Checkpoint
+from proxy.compacting.cooldown import Cooldown
+from proxy.compacting.stores.backend import Lease, LocalLease
+from proxy.compacting.stores.sqlite_file import StateFile
+
+# Checkpoints read back from the file and kept decoded; the keys of all of them stay in memory.
+_CACHED_CHECKPOINTS = 1024
+_PRUNE_EVERY_S = 60.0
+
+
+class SqliteStore:
+    name = "sqlite"
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        max_entries: int,
+        ttl_s: float,
+        failure_threshold: int,
+        failure_cooldown_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = Path(path)
+        self._max_entries = max_entries
+        self._ttl_s = ttl_s
+        # Wall-clock time: expiries and cooldowns must mean the same after a restart.
+        self._clock = clock
+        self._cooldown = Cooldown(failure_threshold, failure_cooldown_s, clock)
+        self._index: dict[bytes, tuple[int, float]] = {}
+        self._forwarded: dict[str, float] = {}  # compaction id -> expiry, oldest first
+        self._cache: LRUCache[bytes, Checkpoint] = LRUCache(_CACHED_CHECKPOINTS)
+        self._lease = LocalLease()
+        self._file = StateFile(self.path, max_entries=max_entries, clock=clock)
+        self._pruned_at = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        await self._ensure_open()
+
+    async def close(self) -> None:
+        await self._file.close()
+
+    async def _ensure_open(self) -> None:
+        """Open the file once (retried by the next call after a failure) and load its keys."""
+        loaded = await self._file.open()
+        if loaded is None:
+            return
+        index, cooldowns, forwarded = loaded
+        for compaction_id, expires_at in forwarded.items():
+            self._forwarded.setdefault(compaction_id, expires_at)
+        for key, entry in index.items():
+            self._index.setdefault(key, entry)
+        for name, failures, until in cooldowns:
+            self._cooldown.restore(name, failures, until)
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    async def longest(self, digests: Sequence[bytes]) -> Checkpoint | None:
+        await self._ensure_open()
+        now = self._clock()
+        index = self._index
+        for cut in range(len(digests), 0, -1):
+            key = digests[cut - 1]
+            entry = index.get(key)
+            if entry is None or entry[0] != cut or entry[1] <= now:
+                continue
+            found = self._cache.get(key)
+            if found is None:
+                found = await self._read(key)
+                if found is None or found.cut != cut:
+                    continue
+                self._cache[key] = found
+            return found
+        return None
+
+    async def put(self, checkpoint: Checkpoint) -> None:
+        await self._ensure_open()
+        now = self._clock()
+        expires_at = now + self._ttl_s
+        self._index.pop(checkpoint.key, None)  # re-inserted last: the dict stays oldest first
+        self._index[checkpoint.key] = (checkpoint.cut, expires_at)
+        self._cache[checkpoint.key] = checkpoint
+        self._trim(now)
+        body = orjson.dumps(checkpoint.to_json())
+        await self._file.write(
+            "INSERT OR REPLACE INTO checkpoints (key, cut, expires_at, body) VALUES (?, ?, ?, ?)",
+            (checkpoint.key, checkpoint.cut, expires_at, body),
+        )
+
+    async def _read(self, key: bytes) -> Checkpoint | None:
+        body = await self._file.read(key)
+        if body is None:
+            self._index.pop(key, None)
+            return None
+        try:
+            return Checkpoint.from_json(orjson.loads(body))
+        except (ValueError, TypeError, orjson.JSONDecodeError):
+            # Written by another version, or damaged: a miss, never a crash.
+            self._index.pop(key, None)
+            return None
+
+    def _trim(self, now: float) -> None:
+        """Forget expired keys, and the oldest beyond max_entries (the file follows suit)."""
+        while len(self._index) > self._max_entries:
+            del self._index[next(iter(self._index))]
+        if now - self._pruned_at >= _PRUNE_EVERY_S:
+            self._pruned_at = now
+            for key in [k for k, (_, expires_at) in self._index.items() if expires_at <= now]:
+                del self._index[key]
+
+    # -- cooldowns and leases ----------------------------------------------------------------
+
+    async def is_cooling(self, key: str) -> bool:
+        await self._ensure_open()
+        return self._cooldown.is_cooling(key)
+
+    async def record_outcome(self, key: str, *, ok: bool) -> None:
+        await self._ensure_open()
+        self._cooldown.record(key, ok=ok)
+        failures, until = self._cooldown.state_of(key)
+        if failures or until is not None:
+            await self._file.write(
+                "INSERT OR REPLACE INTO cooldowns (key, failures, until) VALUES (?, ?, ?)",
+                (key, failures, until),
+            )
+        else:
+            await self._file.write("DELETE FROM cooldowns WHERE key = ?", (key,))
+
+    async def is_forwarded(self, compaction_id: str) -> bool:
+        await self._ensure_open()
+        expires_at = self._forwarded.get(compaction_id)
+        return expires_at is not None and expires_at > self._clock()
+
+    async def mark_forwarded(self, compaction_id: str) -> None:
+        await self._ensure_open()
+        expires_at = self._clock() + self._ttl_s
+        self._forwarded[compaction_id] = expires_at
+        while len(self._forwarded) > self._max_entries:
+            del self._forwarded[next(iter(self._forwarded))]
+        await self._file.write(
+            "INSERT OR REPLACE INTO forwarded (id, expires_at) VALUES (?, ?)",
+            (compaction_id, expires_at),
+        )
+
+    # Leases and claims are the process's own (one process per file); each still opens the file
+    # first, so that a call that succeeds tells the guard the file works.
+
+    async def acquire(self, key: bytes) -> Lease | None:
+        await self._ensure_open()
+        return self._lease
+
+    async def holder(self, digests: Sequence[bytes]) -> bytes | None:
+        await self._ensure_open()
+        return None
+
+    async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
+        await self._ensure_open()
+        return set(keys)
+
+    async def release(self, session_id: str, keys: Sequence[str]) -> None:
+        return None
+
+    async def wait(self, key: bytes, timeout_s: float) -> None:
+        return None

@@ -1,0 +1,197 @@
+"""The SQLite state file and its one writer thread (used by proxy.compacting.stores.sqlite).
+
+Every statement runs on one thread, so the event loop never waits for the disk. A write joins the
+rows already waiting and all of them are committed in one transaction (WAL mode), and each commit
+prunes expired rows and rows beyond `max_entries` (oldest first), so the file's size is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS checkpoints"
+    " (key BLOB PRIMARY KEY, cut INTEGER NOT NULL, expires_at REAL NOT NULL, body BLOB NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS checkpoints_expiry ON checkpoints (expires_at)",
+    "CREATE TABLE IF NOT EXISTS cooldowns"
+    " (key TEXT PRIMARY KEY, failures INTEGER NOT NULL, until REAL)",
+    "CREATE TABLE IF NOT EXISTS forwarded (id TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
+)
+Index = dict[bytes, tuple[int, float]]
+"""Checkpoint key -> (cut, expiry), oldest expiry first."""
+Cooldowns = list[tuple[str, int, float | None]]
+Forwarded = dict[str, float]
+"""Compaction id -> expiry, of the compactions some request went out with."""
+Loaded = tuple[Index, Cooldowns, Forwarded]
+_Opened = tuple[sqlite3.Connection, Index, Cooldowns, Forwarded]
+_Row = tuple[str, tuple[Any, ...]]
+
+
+class StateFile:
+    def __init__(self, path: Path, *, max_entries: int, clock: Callable[[], float]) -> None:
+        self.path = path
+        self._max_entries = max_entries
+        self._clock = clock
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        # Used by the writer thread only; set on the loop once the file is open.
+        self._connection: sqlite3.Connection | None = None
+        self._opening: asyncio.Future[_Opened] | None = None
+        self._pending: list[tuple[_Row, concurrent.futures.Future[None]]] = []
+        self._pending_lock = threading.Lock()
+        self._commit_queued = False
+
+    async def open(self) -> Loaded | None:
+        """Open the file: its live keys and cooldowns the first time, None once open. A caller
+        that gives up (the guard's timeout) leaves the opening running for the next one; one
+        that fails leaves the next to try again."""
+        if self._connection is not None:
+            return None
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, "state-sqlite")
+        if self._opening is None:
+            loop = asyncio.get_running_loop()
+            self._opening = loop.run_in_executor(self._executor, self._connect)
+        try:
+            connection, index, cooldowns, forwarded = await asyncio.shield(self._opening)
+        except Exception:
+            self._opening = None
+            raise
+        if self._connection is not None:  # another caller took it meanwhile
+            return None
+        self._opening = None
+        self._connection = connection
+        return index, cooldowns, forwarded
+
+    async def close(self) -> None:
+        if self._executor is None:
+            return
+        await self._in_thread(self._disconnect)
+        self._executor.shutdown(wait=True)
+        self._executor = None
+
+    async def read(self, key: bytes) -> Any:
+        """The stored body of checkpoint `key` (bytes, or whatever another writer left there),
+        None if there is none that lives."""
+        return await self._in_thread(self._select, key)
+
+    async def write(self, sql: str, parameters: tuple[Any, ...]) -> None:
+        """Queue a row and wait until it is committed, together with whatever else is queued."""
+        if self._executor is None:
+            raise sqlite3.OperationalError("the state file is closed")
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        with self._pending_lock:
+            self._pending.append(((sql, parameters), done))
+            idle, self._commit_queued = not self._commit_queued, True
+        if idle:  # otherwise the commit already queued takes this row too
+            self._executor.submit(self._commit)
+        await asyncio.wrap_future(done)
+
+    async def _in_thread(self, call: Callable[..., T], *args: Any) -> T:
+        if self._executor is None:
+            raise sqlite3.OperationalError("the state file is closed")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call, *args)
+
+    # -- on the writer thread ----------------------------------------------------------------
+
+    def _connect(self) -> _Opened:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Summaries of users' conversations: private to the proxy's user, like the memory files
+        # (SQLite gives its -wal and -shm files the database file's permissions).
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            # Set before the first table exists: freed pages can then be given back.
+            connection.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            connection.execute("PRAGMA journal_mode = WAL")
+            # A commit survives the process being killed; only power loss may cost the last ones.
+            connection.execute("PRAGMA synchronous = NORMAL")
+            connection.execute("PRAGMA journal_size_limit = 16777216")
+            connection.execute("PRAGMA busy_timeout = 1000")
+            for statement in _SCHEMA:
+                connection.execute(statement)
+            now = self._clock()
+            self._prune(connection, now)
+            index = {
+                bytes(key): (cut, expires_at)
+                for key, cut, expires_at in connection.execute(
+                    "SELECT key, cut, expires_at FROM checkpoints ORDER BY expires_at"
+                )
+            }
+            cooldowns = list(
+                connection.execute(
+                    "SELECT key, failures, until FROM cooldowns WHERE until IS NULL OR until > ?",
+                    (now,),
+                )
+            )
+            forwarded = dict(
+                connection.execute("SELECT id, expires_at FROM forwarded ORDER BY expires_at")
+            )
+        except BaseException:
+            connection.close()
+            raise
+        return connection, index, cooldowns, forwarded
+
+    def _disconnect(self) -> None:
+        self._commit()
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def _select(self, key: bytes) -> Any:
+        """The stored body (bytes, or whatever another writer left there), None if none."""
+        connection = self._require()
+        row = connection.execute(
+            "SELECT body FROM checkpoints WHERE key = ? AND expires_at > ?", (key, self._clock())
+        ).fetchone()
+        return row[0] if row is not None else None
+
+    def _commit(self) -> None:
+        with self._pending_lock:
+            batch, self._pending = self._pending, []
+            self._commit_queued = False
+        if not batch:
+            return
+        try:
+            connection = self._require()
+            with connection:  # one transaction for the whole batch
+                connection.execute("BEGIN IMMEDIATE")
+                for (sql, parameters), _ in batch:
+                    connection.execute(sql, parameters)
+                self._prune(connection, self._clock())
+        except BaseException as exc:
+            for _, done in batch:
+                done.set_exception(exc)
+            return
+        for _, done in batch:
+            done.set_result(None)
+        # Hand pages freed by pruning back to the file system, a few at a time.
+        connection.execute("PRAGMA incremental_vacuum(64)")
+
+    def _prune(self, connection: sqlite3.Connection, now: float) -> None:
+        connection.execute("DELETE FROM checkpoints WHERE expires_at <= ?", (now,))
+        connection.execute(
+            "DELETE FROM checkpoints WHERE key IN (SELECT key FROM checkpoints"
+            " ORDER BY expires_at DESC LIMIT -1 OFFSET ?)",
+            (self._max_entries,),
+        )
+        connection.execute("DELETE FROM cooldowns WHERE until <= ?", (now,))
+        connection.execute("DELETE FROM forwarded WHERE expires_at <= ?", (now,))
+        connection.execute(
+            "DELETE FROM forwarded WHERE id IN (SELECT id FROM forwarded"
+            " ORDER BY expires_at DESC LIMIT -1 OFFSET ?)",
+            (self._max_entries,),
+        )
+
+    def _require(self) -> sqlite3.Connection:
+        if self._connection is None:
+            raise sqlite3.OperationalError("the state file is not open")
+        return self._connection

@@ -1,0 +1,107 @@
+"""The guard in front of a persistent or shared backend: a backend that is down or slow is
+answered from the in-process cache, logged once per outage, counted, and written back to once it
+answers again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from compaction.checkpoints import Checkpoint
+from proxy.compacting.stores.backend import Lease
+from proxy.compacting.stores.guard import Guarded
+from proxy.compacting.stores.memory import MemoryStore
+from proxy.metrics import StateMetrics
+from tests.proxy.state.test_stores import DIGESTS, _checkpoint
+
+
+class Flaky(MemoryStore):
+    """A backend that can be down (refusing every call) or slow (answering after `delay_s`)."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        super().__init__(100, 60)
+        self.down = False
+        self.delay_s = 0.0
+
+    async def _gate(self) -> None:
+        if self.down:
+            raise ConnectionError("backend down")
+        await asyncio.sleep(self.delay_s)
+
+    async def longest(self, digests: Sequence[bytes]) -> Checkpoint | None:
+        await self._gate()
+        return await super().longest(digests)
+
+    async def put(self, checkpoint: Checkpoint) -> None:
+        await self._gate()
+        await super().put(checkpoint)
+
+    async def acquire(self, key: bytes) -> Lease | None:
+        await self._gate()
+        return None  # held elsewhere, while the backend answers
+
+
+def _guarded(backend: Flaky, now: list[float]) -> tuple[Guarded, CollectorRegistry]:
+    registry = CollectorRegistry()
+    guard = Guarded(
+        backend,
+        MemoryStore(100, 60),
+        StateMetrics(registry),
+        timeout_s=0.05,
+        retry_s=5,
+        clock=lambda: now[0],
+    )
+    return guard, registry
+
+
+def _sample(registry: CollectorRegistry, name: str) -> float:
+    return registry.get_sample_value(name, {"backend": "flaky"}) or 0.0
+
+
+async def test_a_backend_that_is_down_is_served_in_process_logged_once_and_caught_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    backend = Flaky()
+    guard, registry = _guarded(backend, now)
+    await guard.put(_checkpoint(3))
+    backend.down = True
+    with caplog.at_level(logging.WARNING):
+        await guard.put(_checkpoint(6))
+        assert await guard.longest(DIGESTS) == _checkpoint(6)
+        assert await guard.acquire(DIGESTS[5]) is not None  # this process computes on its own
+        now[0] = 6
+        assert await guard.longest(DIGESTS) == _checkpoint(6)
+    assert caplog.text.count("state backend unavailable") == 1
+    assert _sample(registry, "compaction_proxy_state_outages_total") == 1
+    assert _sample(registry, "compaction_proxy_state_degraded") == 1
+    assert (
+        registry.get_sample_value(
+            "compaction_proxy_state_errors_total", {"backend": "flaky", "operation": "write"}
+        )
+        == 1
+    )
+
+    backend.down = False
+    now[0] = 12
+    assert await guard.longest(DIGESTS[:5]) == _checkpoint(3)
+    assert _sample(registry, "compaction_proxy_state_degraded") == 0
+    assert await backend.longest(DIGESTS) == _checkpoint(6)  # written back
+    assert await guard.acquire(DIGESTS[5]) is None  # the backend's answer again
+
+
+async def test_a_slow_backend_is_answered_from_the_cache_within_the_timeout() -> None:
+    now = [0.0]
+    backend = Flaky()
+    guard, registry = _guarded(backend, now)
+    await guard.put(_checkpoint(4))
+    backend.delay_s = 5.0
+    found = await asyncio.wait_for(guard.longest(DIGESTS), 1.0)
+    assert found == _checkpoint(4)
+    assert _sample(registry, "compaction_proxy_state_degraded") == 1

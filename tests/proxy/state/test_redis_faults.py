@@ -1,0 +1,74 @@
+"""A Redis that is full or stalls: requests still go through, compaction still happens, and the
+trouble shows in /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from tests import factories as f
+from tests.fakes.script import Script
+from tests.proxy.compacting.conftest import WINDOW, conversation_of, post
+from tests.proxy.state.conftest import RedisServer, SpawnProxy, free_port, redis_binary
+
+
+@pytest.fixture
+async def full_redis() -> AsyncIterator[RedisServer]:
+    """A Redis at its memory limit that refuses every write."""
+    server = RedisServer(
+        redis_binary(), free_port(), "--maxmemory", "2mb", "--maxmemory-policy", "noeviction"
+    )
+    await server.start()
+    client = aioredis.from_url(server.url)
+    with contextlib.suppress(aioredis.ResponseError):  # OOM: full
+        for i in range(10_000):
+            await client.set(f"filler:{i}", b"x" * 4096)
+    await client.aclose()
+    yield server
+    await server.stop()
+
+
+async def test_a_full_redis_fails_no_request(
+    spawn: SpawnProxy, full_redis: RedisServer, script: Script, client: Any
+) -> None:
+    proxy = await spawn(state={"backend": "redis", "redis_url": full_redis.url})
+    messages = conversation_of(int(WINDOW * 1.1))
+    first = await post(client, proxy, messages)
+    assert first.status == 200
+    assert first.headers["x-compaction-status"] == "applied"
+    again = await post(client, proxy, [*messages, f.assistant("ok"), f.user("go on")])
+    assert again.headers["x-compaction-status"] == "reused"
+    assert await proxy.metric(client, "compaction_proxy_state_errors_total") >= 1
+    assert len(script.calls("summary")) == 1
+
+
+async def test_a_stalled_redis_costs_a_request_at_most_the_state_timeout(
+    spawn: SpawnProxy, script: Script, client: Any
+) -> None:
+    server = RedisServer(redis_binary(), free_port(), "--enable-debug-command", "local")
+    await server.start()
+    try:
+        state = {"backend": "redis", "redis_url": server.url, "timeout_s": 0.2}
+        proxy = await spawn(state=state)
+        messages = conversation_of(int(WINDOW * 1.1))
+        assert (await post(client, proxy, messages)).headers["x-compaction-status"] == "applied"
+        stall = aioredis.from_url(server.url)
+        stalled = asyncio.ensure_future(stall.execute_command("DEBUG", "SLEEP", "3"))
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        again = await post(client, proxy, [*messages, f.assistant("ok"), f.user("go on")])
+        elapsed = time.monotonic() - started
+        assert again.status == 200
+        assert again.headers["x-compaction-status"] == "reused"  # from the in-process cache
+        assert elapsed < 1.5  # one state timeout (0.2 s), not the 3 s stall
+        assert await proxy.metric(client, "compaction_proxy_state_degraded") == 1
+        await stalled
+        await stall.aclose()
+    finally:
+        await server.stop()

@@ -1,0 +1,275 @@
+"""The backends on their own: a SQLite file across reopenings (expiry, size bound, unreadable
+rows, batched writes, cooldowns) and a real Redis shared by two stores (first writer wins,
+expiry, cooldowns, leases with fencing, waiters woken by a notice)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from compaction.checkpoints import Checkpoint, conversation_seed, prefix_digests
+from compaction.marker import SUMMARY_MARKER
+from proxy.compacting.stores.redis import RedisStore
+from proxy.compacting.stores.sqlite import SqliteStore
+from tests import factories as f
+from tests.proxy.state.conftest import RedisServer
+
+SEED = conversation_seed("Bearer sk-client", "agent-1")
+DIGESTS = prefix_digests([f.system(), *(f.user(f"question {i}") for i in range(12))], SEED)
+
+
+def _checkpoint(cut: int, text: str = "summary", digests: Sequence[bytes] = DIGESTS) -> Checkpoint:
+    summary = {"role": "user", "content": f"{SUMMARY_MARKER}\n{text} up to {cut}"}
+    return Checkpoint(digests[cut - 1], cut, 1, (), summary, f"c{cut}", "llm")
+
+
+def _sqlite(path: Path, now: list[float], **options: Any) -> SqliteStore:
+    settings = {
+        "max_entries": 100,
+        "ttl_s": 60.0,
+        "failure_threshold": 3,
+        "failure_cooldown_s": 30.0,
+    }
+    return SqliteStore(path, clock=lambda: now[0], **{**settings, **options})
+
+
+def _rows(path: Path) -> int:
+    with sqlite3.connect(path) as connection:
+        return int(connection.execute("SELECT count(*) FROM checkpoints").fetchone()[0])
+
+
+async def test_sqlite_checkpoints_are_found_again_after_reopening(tmp_path: Path) -> None:
+    now = [1000.0]
+    store = _sqlite(tmp_path / "state.sqlite3", now)
+    await store.open()
+    await store.put(_checkpoint(3))
+    await store.put(_checkpoint(7))
+    await store.close()
+    again = _sqlite(tmp_path / "state.sqlite3", now)
+    await again.open()
+    found = await again.longest(DIGESTS)
+    assert found == _checkpoint(7)
+    assert await again.longest(DIGESTS[:6]) == _checkpoint(3)
+    assert await again.longest(prefix_digests([f.system()], conversation_seed("other"))) is None
+    await again.close()
+    with sqlite3.connect(tmp_path / "state.sqlite3") as connection:
+        assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert (tmp_path / "state.sqlite3").stat().st_mode & 0o777 == 0o600
+
+
+async def test_sqlite_rows_expire_and_are_pruned_from_the_file(tmp_path: Path) -> None:
+    now = [1000.0]
+    path = tmp_path / "state.sqlite3"
+    store = _sqlite(path, now, ttl_s=5.0)
+    await store.open()
+    await store.put(_checkpoint(3))
+    now[0] += 6
+    assert await store.longest(DIGESTS) is None
+    await store.close()
+    reopened = _sqlite(path, now, ttl_s=5.0)
+    await reopened.open()
+    assert _rows(path) == 0
+    await reopened.close()
+
+
+async def test_the_sqlite_file_keeps_at_most_max_entries_newest_first(tmp_path: Path) -> None:
+    now = [1000.0]
+    path = tmp_path / "state.sqlite3"
+    store = _sqlite(path, now, max_entries=3)
+    await store.open()
+    for cut in range(1, 8):
+        now[0] += 1
+        await store.put(_checkpoint(cut))
+    assert _rows(path) == 3
+    assert await store.longest(DIGESTS[:4]) is None  # evicted
+    assert await store.longest(DIGESTS) == _checkpoint(7)
+    await store.close()
+
+
+async def test_concurrent_sqlite_writes_all_land(tmp_path: Path) -> None:
+    now = [1000.0]
+    path = tmp_path / "state.sqlite3"
+    store = _sqlite(path, now)
+    await store.open()
+    digests = [
+        prefix_digests([f.system(), f.user("q")], conversation_seed(str(i))) for i in range(50)
+    ]
+    await asyncio.gather(*(store.put(_checkpoint(2, digests=d)) for d in digests))
+    await store.close()
+    assert _rows(path) == 50
+
+
+async def test_a_sqlite_row_of_another_version_is_a_miss(tmp_path: Path) -> None:
+    now = [1000.0]
+    path = tmp_path / "state.sqlite3"
+    store = _sqlite(path, now)
+    await store.open()
+    await store.put(_checkpoint(3))
+    await store.close()
+    with sqlite3.connect(path) as connection:
+        connection.execute(
+            "UPDATE checkpoints SET body = replace(body, '\"version\":1', '\"version\":9')"
+        )
+    reopened = _sqlite(path, now)
+    await reopened.open()
+    assert await reopened.longest(DIGESTS) is None
+    await reopened.close()
+
+
+async def test_a_sqlite_cooldown_outlives_the_process(tmp_path: Path) -> None:
+    now = [1000.0]
+    path = tmp_path / "state.sqlite3"
+    store = _sqlite(path, now)
+    await store.open()
+    for _ in range(3):
+        await store.record_outcome("model\x00tenant", ok=False)
+    assert await store.is_cooling("model\x00tenant")
+    await store.close()
+    reopened = _sqlite(path, now)
+    await reopened.open()
+    assert await reopened.is_cooling("model\x00tenant")
+    assert not await reopened.is_cooling("model\x00other")
+    now[0] += 31
+    assert not await reopened.is_cooling("model\x00tenant")
+    await reopened.close()
+
+
+# -- redis ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def stores(redis_server: RedisServer) -> AsyncIterator[tuple[RedisStore, RedisStore]]:
+    pair = tuple(_redis(redis_server.url) for _ in range(2))
+    for store in pair:
+        await store.open()
+    yield pair  # type: ignore[misc]
+    for store in pair:
+        await store.close()
+
+
+def _redis(url: str, ttl_s: float = 60.0, lease_ttl_s: float = 5.0) -> RedisStore:
+    return RedisStore(
+        url,
+        ttl_s=ttl_s,
+        failure_threshold=3,
+        failure_cooldown_s=30,
+        lease_ttl_s=lease_ttl_s,
+        timeout_s=2.0,
+    )
+
+
+async def test_on_redis_the_first_writer_of_a_checkpoint_wins(
+    stores: tuple[RedisStore, RedisStore],
+) -> None:
+    a, b = stores
+    await a.put(_checkpoint(5, "from a"))
+    await b.put(_checkpoint(5, "from b"))
+    assert await b.longest(DIGESTS) == _checkpoint(5, "from a")
+    await b.put(_checkpoint(9, "from b"))
+    assert await a.longest(DIGESTS) == _checkpoint(9, "from b")
+    assert await a.longest(DIGESTS[:8]) == _checkpoint(5, "from a")
+    assert await a.longest([]) is None
+
+
+async def test_redis_checkpoints_expire(redis_server: RedisServer) -> None:
+    store = _redis(redis_server.url, ttl_s=0.2)
+    await store.open()
+    try:
+        await store.put(_checkpoint(4))
+        await asyncio.sleep(0.4)
+        other = _redis(redis_server.url)
+        await other.open()
+        assert await other.longest(DIGESTS) is None
+        await other.close()
+    finally:
+        await store.close()
+
+
+async def test_a_redis_checkpoint_of_another_version_is_a_miss(
+    stores: tuple[RedisStore, RedisStore], redis_server: RedisServer
+) -> None:
+    a, _ = stores
+    await a.put(_checkpoint(6))
+    client = aioredis.from_url(redis_server.url)
+    key = b"compaction-proxy:cp:" + DIGESTS[5]
+    body = await client.hget(key, "body")
+    await client.hset(key, "body", body.replace(b'"version":1', b'"version":9'))
+    await client.aclose()
+    fresh = _redis(redis_server.url)
+    await fresh.open()
+    assert await fresh.longest(DIGESTS) is None
+    await fresh.close()
+
+
+async def test_a_cooldown_on_one_replica_holds_on_the_other(
+    stores: tuple[RedisStore, RedisStore],
+) -> None:
+    a, b = stores
+    for _ in range(2):
+        await a.record_outcome("m\x00t", ok=False)
+    assert not await b.is_cooling("m\x00t")
+    await b.record_outcome("m\x00t", ok=False)
+    assert await a.is_cooling("m\x00t") and await b.is_cooling("m\x00t")
+    assert not await a.is_cooling("m\x00other-tenant")
+    await a.record_outcome("m\x00t", ok=True)
+    assert not await b.is_cooling("m\x00t")
+
+
+async def test_a_lease_is_held_once_and_a_stale_holder_cannot_release_its_successor(
+    redis_server: RedisServer,
+) -> None:
+    a, b = _redis(redis_server.url, lease_ttl_s=0.3), _redis(redis_server.url, lease_ttl_s=5)
+    await a.open()
+    await b.open()
+    try:
+        key = DIGESTS[4]
+        stale = await a.acquire(key)
+        assert stale is not None
+        assert await b.acquire(key) is None
+        await asyncio.sleep(0.5)  # a's holder died: its lease expired
+        successor = await b.acquire(key)
+        assert successor is not None
+        assert not await stale.renew()
+        await stale.release()
+        assert await a.acquire(key) is None  # the successor still holds it
+        await successor.release()
+        assert await a.acquire(key) is not None
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_waiting_replica_is_woken_by_the_release_notice(
+    stores: tuple[RedisStore, RedisStore],
+) -> None:
+    a, b = stores
+    key = DIGESTS[4]
+    lease = await a.acquire(key)
+    assert lease is not None
+
+    async def finish() -> None:
+        await asyncio.sleep(0.2)
+        await a.put(_checkpoint(5))
+        await lease.release()
+
+    started = time.monotonic()
+    await asyncio.gather(b.wait(key, 5.0), finish())
+    # Woken by the notice, not by the once-a-second re-check (nor the lease's 5 s expiry).
+    assert time.monotonic() - started < 0.9
+    assert await b.longest(DIGESTS) == _checkpoint(5)
+
+
+async def test_a_checkpoint_stored_under_another_cut_is_a_miss(
+    stores: tuple[RedisStore, RedisStore],
+) -> None:
+    a, _ = stores
+    await a.put(replace(_checkpoint(5), key=DIGESTS[2]))
+    assert await a.longest(DIGESTS) is None
