@@ -127,11 +127,13 @@ class Compactor:
 
     def _plan_job(self, messages: Sequence[Any], window: int, *rest: Any) -> PlanJob:
         tools, max_output_tokens, estimator, target_ratio = rest
+        estimator = estimator or self.estimator
         return PlanJob(
             messages=Packed.of(messages, crossing=self.crossing),
             tools=tools,
-            estimator=estimator or self.estimator,
-            shape=self.shape,
+            estimator=estimator,
+            # A request's own HeuristicEstimator also says how its messages read (its shape).
+            shape=getattr(estimator, "shape", self.shape),
             window=window,
             target_ratio=target_ratio or self.settings.target_ratio,
             keep_recent_rounds=self.settings.keep_recent_rounds,
@@ -184,7 +186,8 @@ class _Run:
         self.compactor = compactor
         self.settings = compactor.settings
         self.messages = messages
-        self.shape = compactor.shape
+        # A request's HeuristicEstimator reads in its own shape (see Compactor.plan).
+        self.shape: Shape = getattr(estimator, "shape", compactor.shape)
         self.plan = plan
         self.tools = tools
         self.estimator = estimator

@@ -14,9 +14,8 @@ from collections.abc import Awaitable
 
 from compaction import CompactionResult, Plan
 from compaction.checkpoints import View
-from compaction.messages import Shape
 from compaction.stages import drop_folded
-from proxy.compacting.chat import ChatRequest
+from proxy.compacting.request import ParsedRequest
 
 GRACE_S = 5.0
 """How long a request that stopped waiting for a summary waits for the one built by code."""
@@ -26,8 +25,7 @@ async def fallback(
     built_by_code: Awaitable[CompactionResult],
     view: View,
     plan: Plan,
-    chat: ChatRequest,
-    shape: Shape,
+    req: ParsedRequest,
 ) -> CompactionResult:
     """`built_by_code` (the compaction of `view` by `plan` without the model) if it is ready
     within GRACE_S, else the folded part dropped."""
@@ -37,8 +35,8 @@ async def fallback(
         return drop_folded(
             view.messages,
             plan,
-            shape=shape,
-            tools=chat.tools,
-            estimator=chat.estimator,
+            shape=req.estimator.shape,
+            tools=req.extras,
+            estimator=req.estimator,
             compaction_id=uuid.uuid4().hex,
         )

@@ -2,8 +2,9 @@
 
 Bodies that cannot reach the lowest ratio are not parsed; below the trigger the original bytes go
 upstream untouched. At the trigger the conversations (proxy.compacting.conversations) give the
-view to forward: a remembered checkpoint, or a new compaction. A parsed chat request becomes a
-CompactedExchange (proxy.compacting.exchange), which owns the retry and the calibration.
+view to forward: a remembered checkpoint, or a new compaction. Each hooked route has its dialect
+(proxy.compacting.dialects); a parsed request becomes a CompactedExchange
+(proxy.compacting.exchange), which owns the retry and the calibration.
 Anything that fails here forwards the original request; it never fails the agent's request.
 """
 
@@ -16,16 +17,8 @@ from compaction import Compactor, HeuristicEstimator, MemoryWriter
 from compaction.checkpoints import CheckpointStore, conversation_seed
 from compaction.offload import Offload
 from proxy.compacting.calibration import Calibration
-from proxy.compacting.chat import (
-    ChatRequest,
-    Decision,
-    NotAChat,
-    fingerprint,
-    max_output_of,
-    may_need_parsing,
-    model_of,
-)
 from proxy.compacting.conversations import Conversations
+from proxy.compacting.dialects import Dialect, NotCompactable, for_route
 from proxy.compacting.exchange import (
     SESSION,
     STATUS,
@@ -38,6 +31,13 @@ from proxy.compacting.llm_client import LLMFactory, UpstreamLLMFactory
 from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.precompute import Precompute
 from proxy.compacting.recall import Recall, estimate_known
+from proxy.compacting.request import (
+    Decision,
+    ParsedRequest,
+    fingerprint,
+    may_need_parsing,
+    model_of,
+)
 from proxy.compacting.stores.backend import StateBackend
 from proxy.compacting.stores.memory import MemoryStore
 from proxy.hook import Exchange, Passthrough, RequestContext
@@ -92,43 +92,45 @@ class CompactingHook:
         untouched = Passthrough(
             body=body, headers={STATUS: "none"}, session_id=ctx.explicit_session
         )
-        # Chat completions is the one API shape known until dialects/ holds one module per shape.
-        if ctx.route != "chat" or not self._options.enabled:
+        dialect = for_route(ctx.route)
+        if dialect is None or not self._options.enabled:
             return untouched
         if not self._may_reach(body):
             # Not parsed; but should the upstream refuse it as too long, the window we assumed
             # is wrong: parse it then, compact and retry (see _retry_unparsed).
             return UnparsedExchange(
-                untouched, lambda status, error: self._retry_unparsed(ctx, body, status, error)
+                untouched,
+                lambda status, error: self._retry_unparsed(ctx, dialect, body, status, error),
             )
-        key = self._recall.key(ctx, body)
+        # Long conversations are remembered; for now in the chat dialect only.
+        key = self._recall.key(ctx, body) if dialect.name == "chat" else None
         known = None
         if key is not None:
             recalled, known = await self._recall.recall(
                 key,
                 body,
-                lambda fields, opening, fp: self._chat_of(
-                    ctx, body, fields, [], opening_messages=opening, opening=fp
+                lambda fields, opening, fp: self._request_of(
+                    ctx, dialect, body, fields, [], opening, fp
                 ),
-                lambda: self._parse(ctx, body),
+                lambda: self._parse(ctx, dialect, body),
             )
             if recalled is not None:
                 return recalled
         try:
-            chat = self._parse(ctx, body)
-        except NotAChat:
+            request = self._parse(ctx, dialect, body)
+        except NotCompactable:
             return untouched
         if key is not None and known is None:
-            known = await self._recall.learn(key, body, chat)
+            known = await self._recall.learn(key, body, request)
         try:
-            return await self._prepare_chat(body, chat, known)
+            return await self._prepare(body, request, known)
         except Exception:  # fail open: the agent's request always goes through
             log.exception("compaction failed; forwarding the original request")
             self._metrics.errors.inc()
             return Passthrough(
                 body=body,
-                headers={STATUS: "failed", SESSION: chat.session_id},
-                session_id=chat.session_id,
+                headers={STATUS: "failed", SESSION: request.session_id},
+                session_id=request.session_id,
             )
 
     # -- deciding ----------------------------------------------------------------------------
@@ -140,53 +142,58 @@ class CompactingHook:
         return may_need_parsing(body, smallest_window=smallest, lowest_ratio=ratio, factor=factor)
 
     async def _retry_unparsed(
-        self, ctx: RequestContext, body: bytes, status: int, error: bytes
+        self, ctx: RequestContext, dialect: Dialect, body: bytes, status: int, error: bytes
     ) -> CompactedExchange | None:
         """An exchange that retried the unparsed request `body` after the upstream's
-        context-length `error`, or None (not an overflow, not a chat, nothing to retry with)."""
+        context-length `error`, or None (not an overflow, nothing to compact, nothing to retry
+        with)."""
         if parse_overflow(status, error) is None:
             return None
         try:
-            chat = self._parse(ctx, body)
-        except NotAChat:
+            request = self._parse(ctx, dialect, body)
+        except NotCompactable:
             return None
-        tokens = self._conversations.estimate(chat, chat.messages)
-        exchange = self._exchange(body, chat, Decision(chat.messages, "none", tokens, tokens, None))
+        tokens = self._conversations.estimate(request, request.messages)
+        unchanged = Decision(request.messages, "none", tokens, tokens, None)
+        exchange = self._exchange(body, request, unchanged)
         return exchange if await exchange.retry_after_error(status, error) else None
 
-    def _parse(self, ctx: RequestContext, body: bytes) -> ChatRequest:
-        payload, messages = ChatRequest.parse(body)
-        return self._chat_of(ctx, body, payload, messages, opening_messages=messages)
+    def _parse(self, ctx: RequestContext, dialect: Dialect, body: bytes) -> ParsedRequest:
+        payload, messages = dialect.parse(body)
+        return self._request_of(ctx, dialect, body, payload, messages, messages, None)
 
-    def _chat_of(
+    def _request_of(
         self,
         ctx: RequestContext,
+        dialect: Dialect,
         body: bytes,
         payload: dict[str, Any],
         messages: list[Any],
-        *,
         opening_messages: list[Any],
-        opening: str | None = None,
-    ) -> ChatRequest:
+        opening: str | None,
+    ) -> ParsedRequest:
         """The request from its payload; `opening_messages` holds at least its messages up to
         the first user message (all a fingerprint reads); `opening`, their fingerprint if known."""
         model = model_of(payload)
         auth = {name: ctx.headers[name] for name in _AUTH_HEADERS if name in ctx.headers}
         tenant = conversation_seed(ctx.credential or "", *auth.values())
+        # Headers the summary call needs but that do not name the caller (anthropic-version).
+        auth.update(
+            {name: ctx.headers[name] for name in dialect.call_headers if name in ctx.headers}
+        )
         if opening is None:  # hashing the opening costs as much as the first user message is long
-            opening = fingerprint(
-                {"tools": payload.get("tools"), "messages": opening_messages}, tenant
-            )
+            opening = fingerprint(dialect.opening(payload, opening_messages), tenant)
         session_id = ctx.explicit_session or opening
         factor = self.calibration.factor(model)
-        return ChatRequest(
+        return ParsedRequest(
+            dialect=dialect,
             body=body,
             payload=payload,
             messages=messages,
-            tools=payload.get("tools"),
+            extras=dialect.extras(payload),
             model=model,
             window=self.learned.window(model, self._settings.models.context_window_for(model)),
-            max_output_tokens=max_output_of(payload),
+            max_output_tokens=dialect.max_output(payload),
             session_id=session_id,
             opening=opening,
             credential=ctx.credential,
@@ -194,37 +201,37 @@ class CompactingHook:
             tenant=tenant,
             seed=conversation_seed(tenant.hex(), session_id),
             factor=factor,
-            estimator=HeuristicEstimator(factor),
+            estimator=HeuristicEstimator(factor, shape=dialect.shape),
         )
 
-    async def _prepare_chat(self, body: bytes, chat: ChatRequest, known: Known | None) -> Exchange:
+    async def _prepare(self, body: bytes, request: ParsedRequest, known: Known | None) -> Exchange:
         if known is not None:  # counted off the loop already
-            tokens = estimate_known(chat, known)
+            tokens = estimate_known(request, known)
         else:
-            tokens = self._conversations.estimate(chat, chat.messages)
-        if self._conversations.needs(chat, tokens):
+            tokens = self._conversations.estimate(request, request.messages)
+        if self._conversations.needs(request, tokens):
             digests = known.request_digests() if known is not None else None
-            decision = await self._conversations.compact(chat, tokens, digests)
+            decision = await self._conversations.compact(request, tokens, digests)
         else:
-            decision = Decision(chat.messages, "none", tokens, tokens, None)
-        self._metrics.decisions.labels(status=decision.status).inc()
-        self._precompute.after_forwarding(chat, decision.tokens_after, tokens)
-        return self._exchange(body, chat, decision, known)
+            decision = Decision(request.messages, "none", tokens, tokens, None)
+        self._metrics.decisions.labels(status=decision.status, dialect=request.dialect.name).inc()
+        self._precompute.after_forwarding(request, decision.tokens_after, tokens)
+        return self._exchange(body, request, decision, known)
 
     def _exchange(
-        self, body: bytes, chat: ChatRequest, decision: Decision, known: Known | None = None
+        self, body: bytes, request: ParsedRequest, decision: Decision, known: Known | None = None
     ) -> CompactedExchange:
-        if decision.messages is chat.messages:
+        if decision.messages is request.messages:
             forwarded = body
         elif known is not None:
-            forwarded = known.splice(view_parts(chat.messages, decision.messages))
+            forwarded = known.splice(view_parts(request.messages, decision.messages))
         else:
-            forwarded = chat.serialize(decision.messages)
+            forwarded = request.serialize(decision.messages)
         return CompactedExchange(
-            chat,
+            request,
             body=forwarded,
             tokens=decision.tokens_after,
-            headers=describe(chat, decision),
+            headers=describe(request, decision),
             conversations=self._conversations,
             calibration=self.calibration,
             learned=self.learned,
@@ -241,9 +248,9 @@ def build_hook(
     records: SessionRecords,
     metrics: CompactionMetrics,
     tasks: BackgroundTasks,
-    offload: Offload | None = None,
     compactor: Compactor | None = None,
     state: StateBackend | None = None,
+    offload: Offload | None = None,
 ) -> CompactingHook:
     """The compacting hook, configured from `settings` (see app.create_app). `llm_for` defaults
     to summarizers over `upstream`, `compactor` to the library's, configured from `settings`

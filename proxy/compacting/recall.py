@@ -20,12 +20,12 @@ from compaction import HeuristicEstimator
 from compaction.checkpoints import Checkpoint
 from compaction.tokens import REPLY_PRIMING_TOKENS
 from proxy.compacting.calibration import Calibration
-from proxy.compacting.chat import ChatRequest, Decision, opening_of
 from proxy.compacting.conversations import Conversations
 from proxy.compacting.exchange import CompactedExchange, describe
 from proxy.compacting.known import Known, KnownRequests, Part
 from proxy.compacting.overflow import LearnedWindows
 from proxy.compacting.precompute import Precompute
+from proxy.compacting.request import Decision, ParsedRequest
 from proxy.hook import RequestContext
 from proxy.metrics import CompactionMetrics
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 # Headers that scope a conversation besides Authorization (as proxy.compacting.hook sends them).
 _SCOPE_HEADERS = ("api-key", "x-api-key", "OpenAI-Organization", "OpenAI-Project")
-ChatOf = Callable[[dict[str, Any], list[Any], str | None], ChatRequest]
+ChatOf = Callable[[dict[str, Any], list[Any], str | None], ParsedRequest]
 """The hook's request from (fields without the messages, opening messages, known fingerprint)."""
 
 # The remembered counts are per item at calibration 1 and scaled as a sum, the full path rounds
@@ -78,7 +78,7 @@ class Recall:
         return self._known.conversation_key(scope, body)
 
     async def recall(
-        self, key: bytes, body: bytes, chat_of: ChatOf, parse: Callable[[], ChatRequest]
+        self, key: bytes, body: bytes, chat_of: ChatOf, parse: Callable[[], ParsedRequest]
     ) -> tuple[CompactedExchange | None, Known | None]:
         """The exchange decided from what is known (None: the full path decides) and what is
         known of `body` (None: not recognized)."""
@@ -99,7 +99,7 @@ class Recall:
             return None, known
         if recalled is None:
             return None, known
-        self._metrics.decisions.labels(status=recalled.status).inc()
+        self._metrics.decisions.labels(status=recalled.status, dialect=chat.dialect.name).inc()
         compaction_id = recalled.checkpoint.compaction_id if recalled.checkpoint else None
         decision = Decision(
             [], recalled.status, recalled.tokens_before, recalled.tokens_after, compaction_id
@@ -117,7 +117,7 @@ class Recall:
         )
         return exchange, known
 
-    async def learn(self, key: bytes, body: bytes, chat: ChatRequest) -> Known | None:
+    async def learn(self, key: bytes, body: bytes, chat: ParsedRequest) -> Known | None:
         """Remember a parsed request (the next of its conversation is then recognized)."""
         try:
             return await self._known.learn(
@@ -126,7 +126,7 @@ class Recall:
                 len(chat.messages),
                 seed=chat.seed,
                 opening=opening_of(chat.messages),
-                fingerprint=(chat.tools, chat.opening),
+                fingerprint=(chat.payload.get("tools"), chat.opening),
             )
         except Exception:  # only the next request's speed depends on it
             log.exception("remembering a long request failed")
@@ -134,9 +134,9 @@ class Recall:
 
 
 async def decide(
-    chat: ChatRequest, known: Known, conversations: Conversations, precompute: Precompute
+    chat: ParsedRequest, known: Known, conversations: Conversations, precompute: Precompute
 ) -> Recalled | None:
-    fixed = chat.estimator.count_tools(chat.tools) + REPLY_PRIMING_TOKENS
+    fixed = chat.estimator.count_tools(chat.extras) + REPLY_PRIMING_TOKENS
     before = estimate_known(chat, known)
     checkpoint = await conversations.latest(known.digests, known.count)
     if checkpoint is not None and checkpoint.precomputed:
@@ -167,16 +167,16 @@ async def decide(
 
 
 def _after(
-    chat: ChatRequest, known: Known, checkpoint: Checkpoint | None, before: int, fixed: int
+    chat: ParsedRequest, known: Known, checkpoint: Checkpoint | None, before: int, fixed: int
 ) -> int:
     if checkpoint is None:
         return before
     return round(_view_tokens(known, checkpoint) * chat.factor) + fixed
 
 
-def estimate_known(chat: ChatRequest, known: Known) -> int:
+def estimate_known(chat: ParsedRequest, known: Known) -> int:
     """The request's estimate from the remembered counts (the full path's, up to rounding)."""
-    fixed = chat.estimator.count_tools(chat.tools) + REPLY_PRIMING_TOKENS
+    fixed = chat.estimator.count_tools(chat.extras) + REPLY_PRIMING_TOKENS
     return round(known.tokens[known.count] * chat.factor) + fixed
 
 
@@ -196,3 +196,11 @@ def _view_parts(known: Known, checkpoint: Checkpoint) -> list[Part]:
         *checkpoint.pinned,
         *range(checkpoint.cut, known.count),
     ]
+
+
+def opening_of(messages: list[Any]) -> list[Any]:
+    """The messages a fingerprint reads: up to and including the first user message."""
+    for i, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return messages[: i + 1]
+    return messages
