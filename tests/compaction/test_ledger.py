@@ -130,3 +130,10 @@ def test_responses_call_items_each_keep_their_outcome() -> None:
         "search_flights(origin=SFO) → ids: HAT123",
         "get_user(user_id=u1) → ids: mia_li_3668",
     )
+
+
+def test_values_with_commas_in_their_context_read_back_whole() -> None:
+    ledger = _ledger([user("We paid, roughly 12345 dollars, for order 99812 last week.")])
+    assert ledger.values
+    rendered = render_sections(ledger, (), estimator=ESTIMATOR, max_tokens=500)
+    assert read_body(f"lead\n\n{rendered.text}").ledger.values == ledger.values
