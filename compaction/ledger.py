@@ -1,9 +1,9 @@
 """Ledgers: what the folded messages did, collected by code rather than by the model.
 
 The user's requests, a tool trail (every call: its name, clipped arguments and outcome: exit
-status, first error line, ids found in the result; shell commands shown as `$ command`), the
-files touched, and the numbers and identifiers the user and assistant mentioned (scan.py finds
-them in each text). Nothing is capped away here: the summary renders what fits its budget and the
+status, the final exception or first error line, a failed command's last printed line, ids found
+in the result; shell commands shown as `$ command`), the files touched, and the numbers and
+identifiers the user and assistant mentioned (scan.py finds them in each text). Nothing is capped away here: the summary renders what fits its budget and the
 rest goes to the memory file (see composition.py), so nothing collected is silently lost.
 """
 
