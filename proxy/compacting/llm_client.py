@@ -67,7 +67,8 @@ class ModelParameters:
 @dataclass(frozen=True)
 class LLMRequest:
     """What a summarizer for one request is built from: the model to ask and the caller's own
-    credentials (Authorization, Azure-style keys, organisation); never logged."""
+    credentials (`credential`: the Authorization the client sent, not one the proxy injected;
+    Azure-style keys, organisation); never logged."""
 
     model: str
     credential: str | None
@@ -111,8 +112,13 @@ class UpstreamLLM:
         self._timeout_s = timeout_s
         self._parameters = parameters
         self._headers = {"Content-Type": "application/json", **request.auth_headers}
-        if request.credential:
-            self._headers["Authorization"] = request.credential
+        # The client's own Authorization, else the configured key of the upstream this call
+        # goes to (none for Anthropic): never the key injected for the agent's request, which
+        # may have gone to another upstream.
+        api_key = upstream.api_key_for(request.dialect.summary_path)
+        credential = request.credential or (f"Bearer {api_key}" if api_key else None)
+        if credential:
+            self._headers["Authorization"] = credential
 
     async def complete(self, messages: list[Message], *, purpose: Purpose, max_tokens: int) -> str:
         headers = {**self._headers, "X-Compaction-Purpose": purpose}

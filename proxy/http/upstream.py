@@ -218,8 +218,12 @@ def _translate(exc: BaseException, *, reading_body: bool) -> tuple[str, Exceptio
 
 
 def is_anthropic_tail(raw_tail: str) -> bool:
-    """True for the path tails of Anthropic's Messages API: `messages` and all under it."""
-    return raw_tail == "messages" or raw_tail.startswith(("messages/", "messages?"))
+    """True for the path tails of Anthropic's Messages API: `messages` and all under it, also
+    when percent-encoded (`%6Dessages`): the server routes by the decoded path, so the upstream
+    and its credential must be chosen by it too, or an Anthropic request would go to `base_url`
+    and be handed `upstream.api_key`."""
+    tail = unquote(raw_tail) if "%" in raw_tail else raw_tail
+    return tail == "messages" or tail.startswith(("messages/", "messages?"))
 
 
 @functools.lru_cache(maxsize=1024)  # the same few paths come again and again

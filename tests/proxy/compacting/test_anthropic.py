@@ -11,6 +11,7 @@ import orjson
 import pytest
 from aiohttp import web
 from anthropic import AsyncAnthropic
+from yarl import URL
 
 from bench.dialects import signature_of, to_anthropic
 from compaction import SUMMARY_MARKER
@@ -48,7 +49,7 @@ async def proxy(start: Any, upstream: FakeUpstream) -> Any:
     return await start(upstream={"anthropic_base_url": upstream.base_url})
 
 
-async def send(client: Any, url: str, body: dict[str, Any] | bytes, **headers: str) -> Any:
+async def send(client: Any, url: str | URL, body: dict[str, Any] | bytes, **headers: str) -> Any:
     data = body if isinstance(body, bytes) else orjson.dumps(body)
     async with client.post(
         url, data=data, headers={"Content-Type": "application/json", **HEADERS, **headers}
@@ -154,6 +155,30 @@ async def test_messages_go_to_the_anthropic_upstream_and_the_rest_to_base_url(
             assert response.status == 200
         assert [r.path for r in upstream.requests] == ["/v1/models"]
         assert upstream.requests[0].headers["Authorization"] == "Bearer sk-openai-only"
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/%6Dessages", "/s/enc/v1/%6dessages"])
+async def test_the_openai_key_never_reaches_anthropic_on_agent_or_summary_calls(
+    start: Any, upstream: FakeUpstream, client: aiohttp.ClientSession, path: str
+) -> None:
+    # aiohttp routes the decoded path: a percent-encoded `messages` is the messages route, so
+    # it must also go to Anthropic, and its summary calls must not borrow the OpenAI key.
+    async with FakeUpstream() as anthropic:
+        Script(anthropic)
+        proxy = await start(
+            upstream={"anthropic_base_url": anthropic.base_url, "api_key": "sk-openai-only"}
+        )
+        body = anthropic_body(int(WINDOW * 1.3))
+        url = URL(f"{proxy.url}{path}", encoded=True)
+        response, _ = await send(client, url, body, **{"X-Session-Id": "key"})
+        assert response.status == 200
+        assert response.headers["x-compaction-status"] == "applied"
+        assert upstream.requests == []
+        purposes = [r.headers.get("X-Compaction-Purpose") for r in anthropic.requests]
+        assert "summary" in purposes and None in purposes
+        for seen in anthropic.requests:
+            assert "sk-openai-only" not in str(list(seen.headers.items()))
+            assert seen.headers["x-api-key"] == "sk-ant-client"
 
 
 async def test_the_proxys_own_errors_take_anthropics_shape(start: Any, client: Any) -> None:
