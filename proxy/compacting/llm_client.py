@@ -115,7 +115,7 @@ class UpstreamLLM:
         # The client's own Authorization, else the configured key of the upstream this call
         # goes to (none for Anthropic): never the key injected for the agent's request, which
         # may have gone to another upstream.
-        api_key = upstream.api_key_for(request.dialect.summary_path)
+        api_key = upstream.api_key_for(request.dialect.summary_path, request.auth_headers)
         credential = request.credential or (f"Bearer {api_key}" if api_key else None)
         if credential:
             self._headers["Authorization"] = credential

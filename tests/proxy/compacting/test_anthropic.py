@@ -181,6 +181,26 @@ async def test_the_openai_key_never_reaches_anthropic_on_agent_or_summary_calls(
             assert seen.headers["x-api-key"] == "sk-ant-client"
 
 
+async def test_an_anthropic_client_outside_messages_is_not_given_the_openai_key(
+    start: Any, upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    # Anthropic's other endpoints (/v1/models, /v1/files) go to base_url like any path, but a
+    # request that speaks Anthropic (x-api-key, anthropic-version) is not an OpenAI client's.
+    upstream.reply(json_reply({"data": [], "has_more": False, "first_id": None, "last_id": None}))
+    proxy = await start(upstream={"api_key": "sk-openai-only"})
+    sdk = AsyncAnthropic(base_url=proxy.url, api_key="sk-ant-sdk", max_retries=0)
+    async with sdk:
+        await sdk.models.list()
+    for headers in ({"x-api-key": "sk-ant-raw"}, {"anthropic-version": "2023-06-01"}):
+        async with client.get(f"{proxy.url}/v1/models", headers=headers) as response:
+            assert response.status == 200
+    assert [r.path for r in upstream.requests] == ["/v1/models"] * 3
+    sdk_call, keyed, versioned = upstream.requests
+    assert sdk_call.headers.getall("Authorization") == ["Bearer sk-ant-sdk"]  # its own, kept
+    assert keyed.headers["x-api-key"] == "sk-ant-raw"
+    assert "Authorization" not in keyed.headers and "Authorization" not in versioned.headers
+
+
 async def test_the_proxys_own_errors_take_anthropics_shape(start: Any, client: Any) -> None:
     proxy = await start(upstream={"anthropic_base_url": "http://127.0.0.1:9/v1"})
     response, raw = await send(client, f"{proxy.url}/s/.bad/v1/messages", b"{}")
