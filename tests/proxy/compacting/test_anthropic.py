@@ -109,19 +109,22 @@ async def test_a_cut_inside_one_long_task_keeps_the_turns_alternating(
     assert [t["role"] for t in turns[:2]] == ["user", "assistant"]
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        "prompt is too long: 4100 tokens > 4000 maximum",
+        # Anthropic's wording when the prompt fits but prompt + max_tokens does not.
+        "input length and `max_tokens` exceed context limit: 3990 + 64 > 4000, decrease input"
+        " length or `max_tokens` and try again",
+    ],
+)
 async def test_prompt_is_too_long_is_retried_once_compacted(
-    start: Any, upstream: FakeUpstream, script: Script, client: Any
+    start: Any, upstream: FakeUpstream, script: Script, client: Any, message: str
 ) -> None:
     proxy = await start(
         upstream={"anthropic_base_url": upstream.base_url}, compaction={"trigger_ratio": 0.99}
     )
-    refusal = {
-        "type": "error",
-        "error": {
-            "type": "invalid_request_error",
-            "message": "prompt is too long: 4100 tokens > 4000 maximum",
-        },
-    }
+    refusal = {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
     upstream.reply_once(json_reply(refusal, status=400))
     body = anthropic_body(int(WINDOW * 0.9), max_tokens=64)
     response, _ = await send(client, f"{proxy.url}/v1/messages", body, **{"X-Session-Id": "a3"})
