@@ -19,8 +19,8 @@ from proxy.compacting.dialects import Dialect
 from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
 from proxy.http.upstream import Upstream
 
-_ADAPTABLE = ("max_tokens", "temperature")
-_REFUSAL = re.compile(r"Unsupported (?:parameter|value): '(\w+)'")
+_ADAPTABLE = ("max_tokens", "temperature", "reasoning.effort")
+_REFUSAL = re.compile(r"Unsupported (?:parameter|value): '([\w.]+)'")
 
 
 class SummarizerError(Exception):
@@ -31,8 +31,9 @@ class ModelParameters:
     """What each summary model accepts, learned from the upstream's own 400 answers.
 
     Reasoning models (OpenAI's o-series and later) refuse `max_tokens` in favour of
-    `max_completion_tokens`, and any `temperature` but the default; they say so with the
-    offending `param` in the error. One refusal per model is enough: later calls ask right away.
+    `max_completion_tokens`, and any `temperature` but the default; other models refuse
+    `reasoning.effort`. They say so with the offending `param` in the error. One refusal per
+    model is enough: later calls ask right away.
     """
 
     def __init__(self) -> None:
@@ -122,7 +123,7 @@ class UpstreamLLM:
 
     async def complete(self, messages: list[Message], *, purpose: Purpose, max_tokens: int) -> str:
         headers = {**self._headers, "X-Compaction-Purpose": purpose}
-        for _ in range(3):  # at most two parameters to learn
+        for _ in range(len(_ADAPTABLE) + 1):  # each parameter learned once
             refused = self._parameters.refused(self._model)
             body = self._dialect.summary_body(self._model, messages, max_tokens, refused)
             status, answer = await self._upstream.post_json(
