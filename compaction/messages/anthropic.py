@@ -27,6 +27,7 @@ from compaction.messages.item import (
     Item,
     Shape,
     ToolCall,
+    file_data_tokens,
     is_observation_text,
     json_text,
     measure_value,
@@ -191,5 +192,21 @@ def _measure_block(block: Any, text_cost: Callable[[str], float]) -> float:
     if kind == "image":
         return IMAGE_TOKENS
     if kind == "document":
-        return FILE_PART_TOKENS
+        return _measure_document(block.get("source"), text_cost)
     return text_cost(json_text(block))
+
+
+def _measure_document(source: Any, text_cost: Callable[[str], float]) -> float:
+    """A text document by its text, a content document by its blocks, a base64 one (a PDF) by
+    its length; one sent by reference (URL, file id) at a flat cost."""
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "text":
+        return measure_value(source.get("data"), text_cost)
+    if kind == "content":
+        content = source.get("content")
+        if isinstance(content, list):
+            return sum(_measure_block(b, text_cost) for b in content)
+        return measure_value(content, text_cost)
+    if kind == "base64":
+        return file_data_tokens(source.get("data"))
+    return FILE_PART_TOKENS

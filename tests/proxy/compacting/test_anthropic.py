@@ -204,6 +204,32 @@ async def test_an_anthropic_client_outside_messages_is_not_given_the_openai_key(
     assert "Authorization" not in keyed.headers and "Authorization" not in versioned.headers
 
 
+@pytest.mark.parametrize(
+    ("source", "at_least"),
+    [
+        ({"type": "text", "media_type": "text/plain", "data": "word " * 8000}, 6000),
+        ({"type": "content", "content": [{"type": "text", "text": "word " * 8000}]}, 6000),
+        ({"type": "base64", "media_type": "application/pdf", "data": "QUJD" * 10000}, 4000),
+    ],
+)
+async def test_a_documents_tokens_are_counted_by_its_size(
+    proxy: Any, client: Any, source: dict[str, Any], at_least: int
+) -> None:
+    body = {
+        "model": "claude",
+        "max_tokens": 64,
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "document", "source": source}, {"type": "text", "text": "?"}],
+            }
+        ],
+    }
+    response, _ = await send(client, f"{proxy.url}/v1/messages", body, **{"X-Session-Id": "doc"})
+    assert response.status == 200
+    assert int(response.headers["x-compaction-tokens-before"]) >= at_least
+
+
 async def test_the_proxys_own_errors_take_anthropics_shape(start: Any, client: Any) -> None:
     proxy = await start(upstream={"anthropic_base_url": "http://127.0.0.1:9/v1"})
     response, raw = await send(client, f"{proxy.url}/s/.bad/v1/messages", b"{}")

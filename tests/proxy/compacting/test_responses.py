@@ -142,6 +142,17 @@ SDK_TOOLS: Any = [
 ]
 
 
+async def test_a_files_tokens_are_counted_by_its_size(start: Any, client: Any) -> None:
+    proxy = await start()
+    data = "data:application/pdf;base64," + "QUJD" * 10000
+    file = {"type": "input_file", "filename": "spec.pdf", "file_data": data}
+    question = {"type": "input_text", "text": "What does it say?"}
+    body = {"model": "m", "input": [{"role": "user", "content": [file, question]}]}
+    response = await send(client, f"{proxy.url}/v1/responses", body, **{"X-Session-Id": "doc"})
+    assert response.status == 200
+    assert int(response.headers["x-compaction-tokens-before"]) >= 4000
+
+
 def refusal(param: str) -> web.Response:
     message = f"Unsupported parameter: '{param}' is not supported with this model."
     error = {"message": message, "type": "invalid_request_error", "param": param, "code": None}
