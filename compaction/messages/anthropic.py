@@ -99,14 +99,21 @@ class AnthropicShape:
         return isinstance(content, str) and is_summary_text(content)
 
     def measure(self, raw: Any, text_cost: Callable[[str], float]) -> float:
-        """Every block, thinking included (in a tool loop the upstream counts it), with the
-        message's overhead."""
+        """Every block with the message's overhead; thinking only in a turn that calls tools.
+
+        Anthropic strips thinking from turns before the last user turn, except in the current
+        tool loop. A turn without tool_use ended its task (a user turn follows), so its thinking
+        is never counted. A message is measured on its own, so a tool-calling turn of an earlier
+        task still counts its thinking: erring high."""
         if not isinstance(raw, dict):
             return MESSAGE_OVERHEAD_TOKENS + text_cost(json_text(raw))
         content = raw.get("content")
         if not isinstance(content, list):
             return MESSAGE_OVERHEAD_TOKENS + measure_value(content, text_cost)
-        return MESSAGE_OVERHEAD_TOKENS + sum(_measure_block(b, text_cost) for b in content)
+        blocks: list[Any] = content
+        if not any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content):
+            blocks = [b for b in content if not _is_thinking(b)]
+        return MESSAGE_OVERHEAD_TOKENS + sum(_measure_block(b, text_cost) for b in blocks)
 
 
 ANTHROPIC: Shape = AnthropicShape()
@@ -152,6 +159,10 @@ def check_turns(messages: Sequence[Any]) -> list[str]:
 
 def _is_user(message: Any) -> bool:
     return isinstance(message, dict) and message.get("role") == "user"
+
+
+def _is_thinking(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") in ("thinking", "redacted_thinking")
 
 
 def _is_result(block: Any) -> bool:

@@ -230,6 +230,28 @@ async def test_a_documents_tokens_are_counted_by_its_size(
     assert int(response.headers["x-compaction-tokens-before"]) >= at_least
 
 
+async def test_thinking_of_a_finished_turn_is_not_counted(proxy: Any, client: Any) -> None:
+    # Anthropic strips thinking from turns before the last user turn; an answer without
+    # tool_use ended its turn, so its thinking is never counted again.
+    thought = "step " * 4000
+    turn = [
+        {"type": "thinking", "thinking": thought, "signature": signature_of(thought)},
+        {"type": "text", "text": "Done."},
+    ]
+    body = {
+        "model": "claude",
+        "max_tokens": 64,
+        "messages": [
+            {"role": "user", "content": "Fix it."},
+            {"role": "assistant", "content": turn},
+            {"role": "user", "content": "Thanks, now the docs."},
+        ],
+    }
+    response, _ = await send(client, f"{proxy.url}/v1/messages", body, **{"X-Session-Id": "th"})
+    assert response.status == 200
+    assert int(response.headers["x-compaction-tokens-before"]) < 200
+
+
 async def test_the_proxys_own_errors_take_anthropics_shape(start: Any, client: Any) -> None:
     proxy = await start(upstream={"anthropic_base_url": "http://127.0.0.1:9/v1"})
     response, raw = await send(client, f"{proxy.url}/s/.bad/v1/messages", b"{}")
