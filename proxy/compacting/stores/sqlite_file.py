@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import sqlite3
 import threading
@@ -169,10 +170,10 @@ class StateFile:
                 self._prune(connection, self._clock())
         except BaseException as exc:
             for _, done in batch:
-                done.set_exception(exc)
+                _settle(done, exc)
             return
         for _, done in batch:
-            done.set_result(None)
+            _settle(done, None)
         # Hand pages freed by pruning back to the file system, a few at a time.
         connection.execute("PRAGMA incremental_vacuum(64)")
 
@@ -195,3 +196,13 @@ class StateFile:
         if self._connection is None:
             raise sqlite3.OperationalError("the state file is not open")
         return self._connection
+
+
+def _settle(done: concurrent.futures.Future[None], error: BaseException | None) -> None:
+    """Report a row's outcome to its writer, unless the writer gave up (the guard's timeout
+    cancelled the future): the other rows of the batch still get theirs."""
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)

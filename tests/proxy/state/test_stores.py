@@ -19,6 +19,7 @@ from compaction.checkpoints import Checkpoint, conversation_seed, prefix_digests
 from compaction.marker import SUMMARY_MARKER
 from proxy.compacting.stores.redis import RedisStore
 from proxy.compacting.stores.sqlite import SqliteStore
+from proxy.compacting.stores.sqlite_file import StateFile
 from tests import factories as f
 from tests.proxy.state.conftest import RedisServer
 
@@ -273,3 +274,32 @@ async def test_a_checkpoint_stored_under_another_cut_is_a_miss(
     a, _ = stores
     await a.put(replace(_checkpoint(5), key=DIGESTS[2]))
     assert await a.longest(DIGESTS) is None
+
+
+async def test_a_sqlite_write_given_up_leaves_the_rest_of_its_batch_to_finish(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.sqlite3"
+    state = StateFile(path, max_entries=100, clock=time.time)
+    await state.open()
+    insert = "INSERT OR REPLACE INTO forwarded (id, expires_at) VALUES (?, ?)"
+    expires_at = time.time() + 60
+    # Another connection holds the write lock (within busy_timeout), so the writer thread waits
+    # on the first row while the next two queue up as one batch.
+    locker = sqlite3.connect(path, isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    first = asyncio.ensure_future(state.write(insert, ("first", expires_at)))
+    await asyncio.sleep(0.05)
+    given_up = asyncio.ensure_future(state.write(insert, ("given-up", expires_at)))
+    batched = asyncio.ensure_future(state.write(insert, ("batched", expires_at)))
+    await asyncio.sleep(0.05)
+    given_up.cancel()  # what the guard's timeout does to a slow write
+    await asyncio.sleep(0.05)
+    locker.execute("ROLLBACK")
+    locker.close()
+    await asyncio.wait_for(first, 5)
+    await asyncio.wait_for(batched, 5)
+    await state.close()
+    with sqlite3.connect(path) as connection:
+        ids = {row[0] for row in connection.execute("SELECT id FROM forwarded")}
+    assert {"first", "batched"} <= ids
