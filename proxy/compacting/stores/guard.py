@@ -64,8 +64,11 @@ class Guarded:
 
     async def longest(self, digests: Sequence[bytes]) -> Checkpoint | None:
         found = await self._call("read", lambda: self.backend.longest(digests), lambda: None)
-        if found is None:
-            return await self._local.longest(digests)
+        # The process may know a longer one: written while the backend was down, and not yet
+        # written back to it.
+        local = await self._local.longest(digests)
+        if found is None or (local is not None and local.cut > found.cut):
+            return local
         self._local.remember(found)
         return found
 

@@ -105,3 +105,15 @@ async def test_a_slow_backend_is_answered_from_the_cache_within_the_timeout() ->
     found = await asyncio.wait_for(guard.longest(DIGESTS), 1.0)
     assert found == _checkpoint(4)
     assert _sample(registry, "compaction_proxy_state_degraded") == 1
+
+
+async def test_the_first_read_after_an_outage_returns_the_checkpoint_written_during_it() -> None:
+    now = [0.0]
+    backend = Flaky()
+    guard, _ = _guarded(backend, now)
+    await guard.put(_checkpoint(3))
+    backend.down = True
+    await guard.put(_checkpoint(6))  # only in the process while the backend is down
+    backend.down = False
+    now[0] = 12
+    assert await guard.longest(DIGESTS) == _checkpoint(6)
