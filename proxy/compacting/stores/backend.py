@@ -61,11 +61,11 @@ class StateBackend(Protocol):
         `timeout_s`, whichever is first; woken by a notice, never by tight polling."""
         ...
 
-    async def is_forwarded(self, compaction_id: str) -> bool:
-        """True once some request went out with this compaction (proxy.compacting.forwarded)."""
+    async def mark_forwarded(self, compaction_id: str) -> bool:
+        """Record that a request went out with this compaction (proxy.compacting.forwarded):
+        True only for the first to record it, atomically, whichever replica it runs in (a
+        backend only this process uses: always True, the process's own table decides)."""
         ...
-
-    async def mark_forwarded(self, compaction_id: str) -> None: ...
 
     async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
         """Memory items de-duplicated across processes (compaction.memory.ItemClaims): the keys

@@ -94,11 +94,11 @@ class Guarded:
     async def holder(self, digests: Sequence[bytes]) -> bytes | None:
         return await self._call("lease", lambda: self.backend.holder(digests), lambda: None)
 
-    async def is_forwarded(self, compaction_id: str) -> bool:
-        return await self._call("read", lambda: self.backend.is_forwarded(compaction_id), _false)
-
-    async def mark_forwarded(self, compaction_id: str) -> None:
-        await self._call("write", lambda: self.backend.mark_forwarded(compaction_id), lambda: None)
+    async def mark_forwarded(self, compaction_id: str) -> bool:
+        # Down: new here; the process's own table (proxy.compacting.forwarded) still holds.
+        return await self._call(
+            "write", lambda: self.backend.mark_forwarded(compaction_id), lambda: True
+        )
 
     async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
         # Down: every key is new here; the writer's own de-duplication still holds.

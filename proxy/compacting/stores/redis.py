@@ -169,11 +169,9 @@ class RedisStore:
                 pipe.delete(failures_key)
                 await pipe.execute()
 
-    async def is_forwarded(self, compaction_id: str) -> bool:
-        return bool(await self._require().exists(self._forwarded_key(compaction_id)))
-
-    async def mark_forwarded(self, compaction_id: str) -> None:
-        await self._require().set(self._forwarded_key(compaction_id), 1, px=self._ttl_ms)
+    async def mark_forwarded(self, compaction_id: str) -> bool:
+        key = self._forwarded_key(compaction_id)
+        return bool(await self._require().set(key, 1, px=self._ttl_ms, nx=True))
 
     # -- memory items --------------------------------------------------------------------------
 

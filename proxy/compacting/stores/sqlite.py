@@ -146,14 +146,13 @@ class SqliteStore:
         else:
             await self._file.write("DELETE FROM cooldowns WHERE key = ?", (key,))
 
-    async def is_forwarded(self, compaction_id: str) -> bool:
+    async def mark_forwarded(self, compaction_id: str) -> bool:
         await self._ensure_open()
-        expires_at = self._forwarded.get(compaction_id)
-        return expires_at is not None and expires_at > self._clock()
-
-    async def mark_forwarded(self, compaction_id: str) -> None:
-        await self._ensure_open()
-        expires_at = self._clock() + self._ttl_s
+        now = self._clock()
+        known = self._forwarded.get(compaction_id)
+        if known is not None and known > now:
+            return False  # forwarded by this process before a restart
+        expires_at = now + self._ttl_s
         self._forwarded[compaction_id] = expires_at
         while len(self._forwarded) > self._max_entries:
             del self._forwarded[next(iter(self._forwarded))]
@@ -161,6 +160,7 @@ class SqliteStore:
             "INSERT OR REPLACE INTO forwarded (id, expires_at) VALUES (?, ?)",
             (compaction_id, expires_at),
         )
+        return True
 
     # Leases and claims are the process's own (one process per file); each still opens the file
     # first, so that a call that succeeds tells the guard the file works.

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 
 from compaction.checkpoints import Checkpoint, conversation_seed, prefix_digests
 from compaction.marker import SUMMARY_MARKER
+from proxy.compacting.forwarded import Forwarded
 from proxy.compacting.stores.redis import RedisStore
 from proxy.compacting.stores.sqlite import SqliteStore
 from proxy.compacting.stores.sqlite_file import StateFile
@@ -303,3 +304,15 @@ async def test_a_sqlite_write_given_up_leaves_the_rest_of_its_batch_to_finish(
     with sqlite3.connect(path) as connection:
         ids = {row[0] for row in connection.execute("SELECT id FROM forwarded")}
     assert {"first", "batched"} <= ids
+
+
+async def test_a_compaction_is_new_to_exactly_one_request_across_replicas(
+    stores: tuple[RedisStore, RedisStore],
+) -> None:
+    a, b = stores
+    here, there = Forwarded(a, 100), Forwarded(b, 100)
+    firsts = await asyncio.gather(
+        *(forwarded.is_new("c7") for forwarded in (here, there, here, there, here, there))
+    )
+    assert sum(firsts) == 1
+    assert not await Forwarded(a, 100).is_new("c7")  # a restarted process knows it too
