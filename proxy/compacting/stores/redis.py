@@ -1,7 +1,8 @@
 """State in Redis (6+, or Valkey), shared by every replica of the proxy.
 
 - Checkpoints: a hash (`cut`, `body`) per key, kept `ttl_s`, written once (the first replica to
-  write a key wins, so every replica forwards the same prefix). `longest(digests)` is one script
+  write a key wins, so every replica forwards the same prefix). Keys carry the checkpoint
+  format's version, so one written by another version never blocks this one's. `longest(digests)` is one script
   call walking the digests from the newest down, so a reused request walks only what is newer
   than its checkpoint; checkpoints read are kept decoded in a bounded cache (they never change).
 - Single-flight: a lease per checkpoint key (`SET NX PX` holding a fencing id from `INCR`),
@@ -26,7 +27,7 @@ from cachetools import LRUCache
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from compaction.checkpoints import Checkpoint
+from compaction.checkpoints import CHECKPOINT_VERSION, Checkpoint
 from proxy.compacting.stores import redis_scripts as scripts
 from proxy.compacting.stores.backend import Lease
 from proxy.compacting.stores.redis_notices import RECHECK_S, Notices
@@ -111,7 +112,8 @@ class RedisStore:
         if not digests:
             return None
         packed = b"".join(digests)
-        cut = int(await self.script(scripts.LONGEST, [], [self._prefix + b"cp:", packed]))
+        prefix = self._checkpoint_key(b"")
+        cut = int(await self.script(scripts.LONGEST, [], [prefix, packed]))
         while cut > 0:
             key = digests[cut - 1]
             found = self._cache.get(key)
@@ -120,11 +122,7 @@ class RedisStore:
             if found is not None:
                 return found
             # Expired or unreadable since the script ran: look below it.
-            cut = int(
-                await self.script(
-                    scripts.LONGEST, [], [self._prefix + b"cp:", packed[: (cut - 1) * 16]]
-                )
-            )
+            cut = int(await self.script(scripts.LONGEST, [], [prefix, packed[: (cut - 1) * 16]]))
         return None
 
     async def _read(self, key: bytes, cut: int) -> Checkpoint | None:
@@ -214,13 +212,12 @@ class RedisStore:
         with self._require_notices().waiting(key) as woken:
             while True:
                 # Registered before checking, so a notice between the check and the wait counts.
+                # Only the lease decides: a stored checkpoint this process cannot use would
+                # otherwise send its caller straight back to a lease still held (a busy loop).
                 woken.clear()
-                async with client.pipeline(transaction=False) as pipe:
-                    pipe.exists(self._checkpoint_key(key))
-                    pipe.pttl(self.lock_key(key))
-                    stored, lock_ms = await pipe.execute()
+                lock_ms = await client.pttl(self.lock_key(key))
                 remaining = deadline - time.monotonic()
-                if stored or lock_ms < 0 or remaining <= 0:
+                if lock_ms < 0 or remaining <= 0:
                     return
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
@@ -239,7 +236,7 @@ class RedisStore:
         return self._prefix + b"lock:" + key
 
     def _checkpoint_key(self, key: bytes) -> bytes:
-        return self._prefix + b"cp:" + key
+        return self._prefix + b"cp:v%d:" % CHECKPOINT_VERSION + key
 
     def _forwarded_key(self, compaction_id: str) -> str:
         return f"{self._prefix.decode()}forwarded:{compaction_id}"

@@ -12,12 +12,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import redis.asyncio as aioredis
 
 from compaction.checkpoints import Checkpoint, conversation_seed, prefix_digests
 from compaction.marker import SUMMARY_MARKER
+from proxy.compacting.flight import run_once_everywhere
 from proxy.compacting.forwarded import Forwarded
+from proxy.compacting.stores.backend import stored_under
 from proxy.compacting.stores.redis import RedisStore
 from proxy.compacting.stores.sqlite import SqliteStore
 from proxy.compacting.stores.sqlite_file import StateFile
@@ -201,7 +204,7 @@ async def test_a_redis_checkpoint_of_another_version_is_a_miss(
     a, _ = stores
     await a.put(_checkpoint(6))
     client = aioredis.from_url(redis_server.url)
-    key = b"compaction-proxy:cp:" + DIGESTS[5]
+    key = b"compaction-proxy:cp:v1:" + DIGESTS[5]
     body = await client.hget(key, "body")
     await client.hset(key, "body", body.replace(b'"version":1', b'"version":9'))
     await client.aclose()
@@ -316,3 +319,47 @@ async def test_a_compaction_is_new_to_exactly_one_request_across_replicas(
     )
     assert sum(firsts) == 1
     assert not await Forwarded(a, 100).is_new("c7")  # a restarted process knows it too
+
+
+async def test_a_redis_checkpoint_left_by_an_older_version_does_not_block_this_ones(
+    stores: tuple[RedisStore, RedisStore], redis_server: RedisServer
+) -> None:
+    a, b = stores
+    client = aioredis.from_url(redis_server.url)
+    older = orjson.dumps({**_checkpoint(6, "older").to_json(), "version": 0})
+    # Where the version before this one kept it (its keys carried no version).
+    await client.hset(b"compaction-proxy:cp:" + DIGESTS[5], mapping={"cut": 6, "body": older})
+    await client.aclose()
+    await a.put(_checkpoint(6, "this version"))
+    assert await b.longest(DIGESTS) == _checkpoint(6, "this version")
+
+
+async def test_a_replica_waits_for_a_held_lease_without_spinning_over_an_unusable_checkpoint(
+    stores: tuple[RedisStore, RedisStore], redis_server: RedisServer
+) -> None:
+    a, b = stores
+    key = DIGESTS[5]
+    # Stored, but not usable here (cut elsewhere): only the lease tells the wait.
+    await a.put(replace(_checkpoint(5), key=key))
+    client = aioredis.from_url(redis_server.url)
+    lease = await a.acquire(key)
+    assert lease is not None
+
+    async def release_later() -> None:
+        await asyncio.sleep(0.5)
+        await lease.release()
+
+    async def work() -> str:
+        return "computed by b"
+
+    async def stored() -> Checkpoint | None:
+        return await stored_under(b, DIGESTS, key)
+
+    before = int((await client.info("stats"))["total_commands_processed"])
+    result, _ = await asyncio.gather(
+        run_once_everywhere(b, key, work, stored, budget_s=10), release_later()
+    )
+    commands = int((await client.info("stats"))["total_commands_processed"]) - before
+    await client.aclose()
+    assert result == "computed by b"
+    assert commands < 100  # woken by the release notice, not a busy loop of thousands
