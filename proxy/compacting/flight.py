@@ -28,7 +28,7 @@ S = TypeVar("S")
 
 class SingleFlight(Generic[K, V]):
     def __init__(self, tasks: BackgroundTasks) -> None:
-        self._tasks = tasks
+        self.tasks = tasks
         self._running: dict[K, asyncio.Task[V]] = {}
 
     def start(self, key: K, work: Callable[[], Awaitable[V]], *, name: str) -> asyncio.Task[V]:
@@ -43,7 +43,7 @@ class SingleFlight(Generic[K, V]):
             finally:
                 self._running.pop(key, None)
 
-        task = self._tasks.spawn(run(), name=name)
+        task = self.tasks.spawn(run(), name=name)
         self._running[key] = task
         return task
 
@@ -95,11 +95,13 @@ async def run_once_everywhere(
     work: Callable[[], Awaitable[V]],
     stored: Callable[[], Awaitable[S | None]],
     budget_s: float,
+    tasks: BackgroundTasks,
 ) -> V | S:
     """`work()` under `state`'s lease for `key`, unless a result is stored meanwhile; while
     another process holds the lease, wait for it (at most `budget_s` in all) and return what it
     stored. A holder that let go without storing anything (it failed, or died and its lease
-    expired) leaves the work to this process. Raises TimeoutError past the budget."""
+    expired) leaves the work to this process. Raises TimeoutError past the budget. The lease's
+    renewal runs in `tasks` while the work runs."""
     deadline = time.monotonic() + budget_s
     while True:
         lease = await state.acquire(key)
@@ -108,7 +110,7 @@ async def run_once_everywhere(
                 found = await stored()  # finished elsewhere just before we got the lease
                 if found is not None:
                     return found
-                return await _holding(lease, work)
+                return await _holding(lease, work, tasks)
             finally:
                 with contextlib.suppress(Exception):  # an expired lease frees itself
                     await lease.release()
@@ -121,16 +123,16 @@ async def run_once_everywhere(
             return found
 
 
-async def _holding(lease: Lease, work: Callable[[], Awaitable[V]]) -> V:
-    """`work()` while renewing the lease, so it expires only if this process dies."""
+async def _holding(lease: Lease, work: Callable[[], Awaitable[V]], tasks: BackgroundTasks) -> V:
+    """`work()` while renewing the lease, so it expires only if this process dies. The work's
+    own exceptions reach the caller as raised (a TaskGroup would wrap them in a group)."""
     if lease.renew_every_s is None:
         return await work()
-    async with asyncio.TaskGroup() as group:
-        keeper = group.create_task(_keep(lease, lease.renew_every_s))
-        try:
-            return await work()
-        finally:
-            keeper.cancel()
+    keeper = tasks.spawn(_keep(lease, lease.renew_every_s), name="lease-renewal")
+    try:
+        return await work()
+    finally:
+        keeper.cancel()
 
 
 async def _keep(lease: Lease, every_s: float) -> None:

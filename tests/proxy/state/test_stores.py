@@ -24,6 +24,7 @@ from proxy.compacting.stores.backend import stored_under
 from proxy.compacting.stores.redis import RedisStore
 from proxy.compacting.stores.sqlite import SqliteStore
 from proxy.compacting.stores.sqlite_file import StateFile
+from proxy.tasks import BackgroundTasks
 from tests import factories as f
 from tests.proxy.state.conftest import RedisServer
 
@@ -357,9 +358,28 @@ async def test_a_replica_waits_for_a_held_lease_without_spinning_over_an_unusabl
 
     before = int((await client.info("stats"))["total_commands_processed"])
     result, _ = await asyncio.gather(
-        run_once_everywhere(b, key, work, stored, budget_s=10), release_later()
+        run_once_everywhere(b, key, work, stored, budget_s=10, tasks=BackgroundTasks()),
+        release_later(),
     )
     commands = int((await client.info("stats"))["total_commands_processed"]) - before
     await client.aclose()
     assert result == "computed by b"
     assert commands < 100  # woken by the release notice, not a busy loop of thousands
+
+
+async def test_work_under_a_redis_lease_fails_with_its_own_exception(
+    stores: tuple[RedisStore, RedisStore],
+) -> None:
+    a, _ = stores
+    tasks = BackgroundTasks()
+
+    async def work() -> str:
+        raise TimeoutError("the summarizer took too long")
+
+    async def stored() -> Checkpoint | None:
+        return None
+
+    with pytest.raises(TimeoutError, match="the summarizer took too long"):
+        await run_once_everywhere(a, DIGESTS[5], work, stored, budget_s=10, tasks=tasks)
+    await tasks.close()
+    assert await a.acquire(DIGESTS[5]) is not None  # and the lease was released
