@@ -49,7 +49,9 @@ def create_app(
     app[keys.UPSTREAM] = Upstream(settings.upstream, app[keys.METRICS])
     state: StateBackend | None = None
     if hook is None:
-        state = build_backend(settings.state, settings.compaction, app[keys.METRICS].state)
+        state = build_backend(
+            settings.state, settings.compaction, app[keys.METRICS].state, app[keys.TASKS]
+        )
         hook = build_hook(
             settings,
             upstream=app[keys.UPSTREAM],

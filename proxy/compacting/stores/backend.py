@@ -14,6 +14,7 @@ from typing import Protocol
 from compaction.checkpoints import Checkpoint, CheckpointStore
 from proxy.metrics import StateMetrics
 from proxy.settings import CompactionSection, StateSettings
+from proxy.tasks import BackgroundTasks
 
 
 class Lease(Protocol):
@@ -109,9 +110,10 @@ LEASE_TTL_S = 10.0
 
 
 def build_backend(
-    state: StateSettings, options: CompactionSection, metrics: StateMetrics
+    state: StateSettings, options: CompactionSection, metrics: StateMetrics, tasks: BackgroundTasks
 ) -> StateBackend:
-    """The backend `state.backend` names, guarded unless it lives in the process."""
+    """The backend `state.backend` names, guarded unless it lives in the process; its background
+    work (writing back after an outage) runs in `tasks`."""
     from proxy.compacting.stores.guard import Guarded
     from proxy.compacting.stores.memory import MemoryStore
 
@@ -146,4 +148,4 @@ def build_backend(
             lease_ttl_s=min(options.summary_timeout_s, LEASE_TTL_S),
             timeout_s=state.timeout_s,
         )
-    return Guarded(remote, local, metrics, timeout_s=state.timeout_s, retry_s=state.retry_s)
+    return Guarded(remote, local, metrics, tasks, timeout_s=state.timeout_s, retry_s=state.retry_s)
