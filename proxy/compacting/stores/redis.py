@@ -31,6 +31,7 @@ from compaction.checkpoints import CHECKPOINT_VERSION, Checkpoint
 from proxy.compacting.stores import redis_scripts as scripts
 from proxy.compacting.stores.backend import Lease
 from proxy.compacting.stores.redis_notices import RECHECK_S, Notices
+from proxy.tasks import BackgroundTasks
 
 PREFIX = "compaction-proxy:"
 _CACHED_CHECKPOINTS = 1024
@@ -68,7 +69,9 @@ class RedisStore:
         failure_cooldown_s: float,
         lease_ttl_s: float,
         timeout_s: float,
+        tasks: BackgroundTasks,
         prefix: str = PREFIX,
+        recheck_s: float = RECHECK_S,
     ) -> None:
         self._url = url
         self._ttl_ms = max(1, int(ttl_s * 1000))
@@ -82,6 +85,8 @@ class RedisStore:
         self._scripts: dict[str, Any] = {}
         self._cache: LRUCache[bytes, Checkpoint] = LRUCache(_CACHED_CHECKPOINTS)
         self._notices: Notices | None = None
+        self._tasks = tasks
+        self._recheck_s = recheck_s
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -95,8 +100,8 @@ class RedisStore:
             # anything longer is the guard's business, which leaves a failing Redis alone.
             retry=Retry(NoBackoff(), 1),
         )
-        self._notices = Notices(self._client, self.channel)
-        self._notices.start()
+        self._notices = Notices(self._client, self.channel, self._tasks, recheck_s=self._recheck_s)
+        await self._notices.start()
 
     async def close(self) -> None:
         if self._notices is not None:
@@ -221,7 +226,7 @@ class RedisStore:
                     return
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
-                        woken.wait(), min(remaining, RECHECK_S, lock_ms / 1000 + 0.01)
+                        woken.wait(), min(remaining, self._recheck_s, lock_ms / 1000 + 0.01)
                     )
 
     # -- keys and calls ------------------------------------------------------------------------

@@ -169,6 +169,9 @@ def _redis(url: str, ttl_s: float = 60.0, lease_ttl_s: float = 5.0) -> RedisStor
         failure_cooldown_s=30,
         lease_ttl_s=lease_ttl_s,
         timeout_s=2.0,
+        tasks=BackgroundTasks(),
+        # Waiters re-check rarely here, so a lost notice shows as a long wait, never hides.
+        recheck_s=30.0,
     )
 
 
@@ -267,9 +270,9 @@ async def test_a_waiting_replica_is_woken_by_the_release_notice(
         await lease.release()
 
     started = time.monotonic()
-    await asyncio.gather(b.wait(key, 5.0), finish())
-    # Woken by the notice, not by the once-a-second re-check (nor the lease's 5 s expiry).
-    assert time.monotonic() - started < 0.9
+    await asyncio.gather(b.wait(key, 20.0), finish())
+    # Woken by the notice, not by the lease's 5 s expiry (nor a re-check, every 30 s here).
+    assert time.monotonic() - started < 3.0
     assert await b.longest(DIGESTS) == _checkpoint(5)
 
 
@@ -383,3 +386,17 @@ async def test_work_under_a_redis_lease_fails_with_its_own_exception(
         await run_once_everywhere(a, DIGESTS[5], work, stored, budget_s=10, tasks=tasks)
     await tasks.close()
     assert await a.acquire(DIGESTS[5]) is not None  # and the lease was released
+
+
+async def test_a_redis_store_hears_notices_as_soon_as_it_is_open(
+    redis_server: RedisServer,
+) -> None:
+    store = _redis(redis_server.url)
+    await store.open()
+    client = aioredis.from_url(redis_server.url)
+    try:
+        subscribers = dict(await client.pubsub_numsub(store.channel))
+        assert subscribers[store.channel.encode()] == 1
+    finally:
+        await client.aclose()
+        await store.close()
