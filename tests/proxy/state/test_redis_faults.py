@@ -58,17 +58,31 @@ async def test_a_stalled_redis_costs_a_request_at_most_the_state_timeout(
         proxy = await spawn(state=state)
         messages = conversation_of(int(WINDOW * 1.1))
         assert (await post(client, proxy, messages)).headers["x-compaction-status"] == "applied"
-        stall = aioredis.from_url(server.url)
-        stalled = asyncio.ensure_future(stall.execute_command("DEBUG", "SLEEP", "3"))
-        await asyncio.sleep(0.1)
+        stall = aioredis.from_url(server.url, socket_timeout=30)
+        stalled = asyncio.ensure_future(stall.execute_command("DEBUG", "SLEEP", "5"))
+        await _until_stalled(server)
         started = time.monotonic()
         again = await post(client, proxy, [*messages, f.assistant("ok"), f.user("go on")])
         elapsed = time.monotonic() - started
         assert again.status == 200
         assert again.headers["x-compaction-status"] == "reused"  # from the in-process cache
-        assert elapsed < 1.5  # one state timeout (0.2 s), not the 3 s stall
+        assert elapsed < 2.5  # one state timeout (0.2 s), not the 5 s stall
         assert await proxy.metric(client, "compaction_proxy_state_degraded") == 1
         await stalled
         await stall.aclose()
     finally:
         await server.stop()
+
+
+async def _until_stalled(server: RedisServer) -> None:
+    """Return once Redis stopped answering (the DEBUG SLEEP is in effect), not just sent."""
+    for _ in range(100):
+        probe = aioredis.from_url(server.url, socket_timeout=0.05)
+        try:
+            await probe.ping()
+        except aioredis.TimeoutError:
+            return
+        finally:
+            await probe.aclose()
+        await asyncio.sleep(0.01)
+    raise AssertionError("redis never stalled")
