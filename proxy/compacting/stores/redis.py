@@ -28,6 +28,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from compaction.checkpoints import CHECKPOINT_VERSION, Checkpoint
+from proxy.compacting.cooldown import FORGET_FAILURES_AFTER_S
 from proxy.compacting.stores import redis_scripts as scripts
 from proxy.compacting.stores.backend import Lease
 from proxy.compacting.stores.redis_notices import RECHECK_S, Notices
@@ -35,7 +36,6 @@ from proxy.tasks import BackgroundTasks
 
 PREFIX = "compaction-proxy:"
 _CACHED_CHECKPOINTS = 1024
-_FAILURES_TTL_S = 86400
 
 
 class RedisLease:
@@ -164,7 +164,7 @@ class RedisStore:
             return
         async with client.pipeline(transaction=True) as pipe:
             pipe.incr(failures_key)
-            pipe.expire(failures_key, _FAILURES_TTL_S)
+            pipe.expire(failures_key, int(FORGET_FAILURES_AFTER_S))
             failures, _ = await pipe.execute()
         if int(failures) >= self._threshold and self._cooldown_ms > 0:
             async with client.pipeline(transaction=True) as pipe:

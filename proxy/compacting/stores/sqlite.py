@@ -17,7 +17,7 @@ import orjson
 from cachetools import LRUCache
 
 from compaction.checkpoints import Checkpoint
-from proxy.compacting.cooldown import Cooldown
+from proxy.compacting.cooldown import Cooldown, CooldownState
 from proxy.compacting.stores.backend import Lease, LocalLease
 from proxy.compacting.stores.sqlite_file import StateFile
 
@@ -70,8 +70,8 @@ class SqliteStore:
             self._forwarded.setdefault(compaction_id, expires_at)
         for key, entry in index.items():
             self._index.setdefault(key, entry)
-        for name, failures, until in cooldowns:
-            self._cooldown.restore(name, failures, until)
+        for name, failures, failed_at, until in cooldowns:
+            self._cooldown.restore(name, CooldownState(failures, failed_at, until))
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -137,11 +137,12 @@ class SqliteStore:
     async def record_outcome(self, key: str, *, ok: bool) -> None:
         await self._ensure_open()
         self._cooldown.record(key, ok=ok)
-        failures, until = self._cooldown.state_of(key)
-        if failures or until is not None:
+        state = self._cooldown.state_of(key)
+        if state is not None:
             await self._file.write(
-                "INSERT OR REPLACE INTO cooldowns (key, failures, until) VALUES (?, ?, ?)",
-                (key, failures, until),
+                "INSERT OR REPLACE INTO cooldowns (key, failures, failed_at, until)"
+                " VALUES (?, ?, ?, ?)",
+                (key, *state),
             )
         else:
             await self._file.write("DELETE FROM cooldowns WHERE key = ?", (key,))

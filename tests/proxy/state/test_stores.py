@@ -148,6 +148,24 @@ async def test_a_sqlite_cooldown_outlives_the_process(tmp_path: Path) -> None:
     await reopened.close()
 
 
+async def test_sqlite_failures_a_day_old_are_pruned_and_no_longer_count(tmp_path: Path) -> None:
+    now = [1000.0]
+    path = tmp_path / "state.sqlite3"
+    store = _sqlite(path, now)
+    await store.open()
+    await store.record_outcome("model\x00tenant", ok=False)  # below the threshold of 3
+    await store.close()
+    now[0] += 2 * 86400
+    reopened = _sqlite(path, now)
+    await reopened.open()
+    with sqlite3.connect(path) as connection:
+        assert connection.execute("SELECT count(*) FROM cooldowns").fetchone()[0] == 0
+    await reopened.record_outcome("model\x00tenant", ok=False)
+    await reopened.record_outcome("model\x00tenant", ok=False)
+    assert not await reopened.is_cooling("model\x00tenant")
+    await reopened.close()
+
+
 # -- redis ---------------------------------------------------------------------------------------
 
 
