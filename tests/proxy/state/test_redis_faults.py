@@ -11,11 +11,19 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+import yaml
 
 from tests import factories as f
 from tests.fakes.script import Script
 from tests.proxy.compacting.conftest import WINDOW, conversation_of, post
-from tests.proxy.state.conftest import RedisServer, SpawnProxy, free_port, redis_binary
+from tests.proxy.state.conftest import (
+    REPO,
+    RedisServer,
+    SpawnProxy,
+    free_port,
+    redis_binary,
+)
+from tests.proxy.state.test_stores import DIGESTS, _redis
 
 
 @pytest.fixture
@@ -86,3 +94,37 @@ async def _until_stalled(server: RedisServer) -> None:
             await probe.aclose()
         await asyncio.sleep(0.01)
     raise AssertionError("redis never stalled")
+
+
+def _compose_redis_policy() -> str:
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    command: list[str] = compose["services"]["redis"]["command"]
+    return command[command.index("--maxmemory-policy") + 1]
+
+
+async def test_the_compose_redis_evicts_idle_checkpoints_before_a_held_lease() -> None:
+    server = RedisServer(
+        redis_binary(), free_port(), "--maxmemory", "2mb",
+        "--maxmemory-policy", _compose_redis_policy(),
+    )  # fmt: skip
+    await server.start()
+    store = _redis(server.url, lease_ttl_s=10)
+    await store.open()
+    client = aioredis.from_url(server.url)
+    try:
+        # Checkpoints (long TTL) up to the memory limit, then idle for a while: Redis tracks
+        # idle time by the second.
+        for i in range(10_000):
+            await client.set(f"compaction-proxy:cp:v1:{i}", b"x" * 4096, px=3_600_000)
+            if int((await client.info("stats"))["evicted_keys"]) > 0:
+                break
+        await asyncio.sleep(1.1)
+        lease = await store.acquire(DIGESTS[5])
+        assert lease is not None
+        for i in range(100):  # a replica keeps writing while the lease is held
+            await client.set(f"compaction-proxy:cp:v1:new{i}", b"x" * 4096, px=3_600_000)
+        assert await lease.renew()  # still held: not evicted for having the shortest TTL
+    finally:
+        await client.aclose()
+        await store.close()
+        await server.stop()
