@@ -8,14 +8,20 @@ still has (the forwarded request or the memory file):
 - paths: `path`-like tool arguments that look like paths, and path tokens of shell commands;
 - commands: the first line of each shell command (a fenced bash block of mini-swe-agent, or a
   shell tool's `command`), first 60 characters;
-- errors: the first error line of each tool result or shell observation, first 60 characters;
-- ids: string values of `*id` / `*_number` keys in tool results and tool arguments;
-- requests: the first 60 characters of each message the user wrote (tool observations sent as
-  user messages, and mini-swe-agent's format reminders, are not requests).
+- errors: what a failed tool said, judged by its outcome rather than by the look of a line:
+  the exception line that closes a Python traceback; else, for a shell command with a non-zero
+  exit status, the last line it printed; else the message of a result labelled `Error:`;
+  first 60 characters;
+- ids: id-like string values (letters and digits, no spaces) anywhere in a tool result or tool
+  arguments that parse as JSON, whatever their key;
+- requests: the first 60 characters of each message the user wrote. Not requests: a user
+  message that opens with an exit status in markup (a shell observation sent back as a user
+  message), and one that shows the agent an empty reply template (a format reminder).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -27,13 +33,13 @@ KEY_CHARS = 60
 _BASH_BLOCK = re.compile(r"```(?:bash|sh)\s*\n(.*?)```", re.DOTALL)
 _WORD_SPLIT = re.compile(r"[\s'\"`;|&<>(){}\[\],=]+")
 _EXTENSION = re.compile(r"\.(?:py|pyi|js|ts|json|ya?ml|toml|md|txt|cfg|ini|sh|c|h|cpp|rs|go|rst)$")
-_ERROR = re.compile(
-    r"^\s*(?:[A-Za-z_][\w.]*(?:Error|Exception)\b.*\S.*|(?:error|fatal|ERROR):\s*\S.*)$",
-    re.MULTILINE,
-)
-_ID_VALUE = re.compile(r'"(?:\w*_)?(?:id|number)"\s*:\s*"([^"\\]{3,60})"')
 _SPACES = re.compile(r"\s+")
-_OBSERVATION = ("<returncode>", "Please always provide EXACTLY ONE action")
+_OPENING_ELEMENT = re.compile(r"\s*<([A-Za-z_][\w-]*)>\s*(-?\d+)\s*</\1>")
+_EXIT_MARKER = re.compile(r"\[[^\[\]\n]*exit code (-?\d+)\]\s*$")
+_OUTPUT_ELEMENT = re.compile(r"<output>\n?(.*?)</output>", re.DOTALL)
+_PLACEHOLDER_FENCE = re.compile(r"```\w*\n\s*<[\w ]+>\s*\n```")
+_TRACEBACK = "Traceback (most recent call last):"
+_DECORATION = "=-_*# \t"
 _PATH_KEYS = frozenset({"path", "file", "filename", "file_path", "filepath", "dir", "directory"})
 
 
@@ -67,9 +73,20 @@ def _calls(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return found
 
 
+def _exit_status(text: str) -> int | None:
+    """The exit status a shell observation reports: an opening markup element holding only a
+    number (mini-swe-agent's `<returncode>`), or a closing `[... exit code N]` (OpenHands)."""
+    found = _OPENING_ELEMENT.match(text) or _EXIT_MARKER.search(text)
+    return int(found.group(2 if found.re is _OPENING_ELEMENT else 1)) if found else None
+
+
 def is_observation(message: dict[str, Any]) -> bool:
+    """A user message the harness wrote: a command's output (it opens with an exit status) or
+    a format reminder (it shows the agent an empty reply template to fill in)."""
     content = message.get("content")
-    return isinstance(content, str) and content.lstrip().startswith(_OBSERVATION)
+    if not isinstance(content, str):
+        return False
+    return bool(_OPENING_ELEMENT.match(content) or _PLACEHOLDER_FENCE.search(content))
 
 
 def is_request(message: Any) -> bool:
@@ -105,20 +122,91 @@ def facts_of(message: Any) -> Facts:
                     found["paths"].add(value.strip())
                 if key == "command" and "bash" in name:
                     commands.append(value)
-            found["ids"].update(_ID_VALUE.findall(json.dumps(arguments)))
+            found["ids"].update(_id_like_values(arguments))
         for command in commands:
             first = next((line for line in command.splitlines() if line.strip()), "")
             if first:
                 found["commands"].add(flat(first)[:KEY_CHARS])
             found["paths"].update(_command_paths(command))
     elif role == "tool" or (role == "user" and is_observation(message)):
-        error = _ERROR.search(content)
+        error = _failure(content)
         if error:
-            found["errors"].add(flat(error.group(0))[:KEY_CHARS])
-        found["ids"].update(_ID_VALUE.findall(content))
+            found["errors"].add(flat(error)[:KEY_CHARS])
+        # Prose or shell output does not parse: its ids are not told apart from other words.
+        with contextlib.suppress(ValueError):
+            found["ids"].update(_id_like_values(json.loads(content)))
     elif is_request(message) and (key := flat(content)[:KEY_CHARS]):
         found["requests"].add(key)
     return facts
+
+
+def _failure(text: str) -> str:
+    """What a failed tool said, "" when it did not fail: judged by the outcome (a traceback, a
+    non-zero exit status, a result labelled as an error), not by the look of any one line."""
+    if _TRACEBACK in text:
+        return _exception_line(text[text.rindex(_TRACEBACK) + len(_TRACEBACK) :])
+    status = _exit_status(text)
+    if status is not None:
+        return _last_line(_printed(text)) if status != 0 else ""
+    return _labelled_error(text)
+
+
+def _exception_line(frames: str) -> str:
+    """The exception that closes a traceback: the first unindented line after its frames shaped
+    as Python prints one, `package.Name: message` or a bare `Name` (no spaces before a colon)."""
+    for line in frames.splitlines():
+        head = line.partition(":")[0]
+        if line.strip() and not line[0].isspace() and head and " " not in head:
+            return line
+    return ""
+
+
+def _printed(text: str) -> str:
+    """What the command printed, without the harness's envelope around it."""
+    inside = _OUTPUT_ELEMENT.search(text)
+    if inside:
+        return inside.group(1)
+    return _EXIT_MARKER.sub("", text)
+
+
+def _last_line(text: str) -> str:
+    """The last line with words in it: not a lone markup tag (`</output_tail>`), not a shell
+    prompt (`root@host:/path`), without decoration (`=== 1 failed in 0.2s ===`)."""
+    for line in reversed(text.splitlines()):
+        line = line.strip(_DECORATION)
+        is_tag = line.startswith("<") and line.endswith(">") and " " not in line
+        is_prompt = "@" in line.partition(":")[0] and " " not in line
+        if line and not is_tag and not is_prompt:
+            return line
+    return ""
+
+
+def _labelled_error(text: str) -> str:
+    """The message of a result whose opening label lines (`Word:` or `Word: message`, as in
+    `OBSERVATION:` then `ERROR:` then the message, or `Error: flight not available`) include an
+    error label."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for index, line in enumerate(lines):
+        label, colon, rest = line.partition(":")
+        if not colon or not label.isalpha():
+            return ""
+        if label.lower() == "error":
+            return line if rest.strip() else next(iter(lines[index + 1 :]), "")
+    return ""
+
+
+def _id_like_values(value: object) -> set[str]:
+    """String values anywhere in parsed JSON that look like identifiers: letters and digits
+    together (`HAT123`, `mia_li_3668`), nothing but `_` and `-` besides, 3 to 60 characters."""
+    found: set[str] = set()
+    if isinstance(value, dict | list):
+        for inner in value.values() if isinstance(value, dict) else value:
+            found |= _id_like_values(inner)
+    elif isinstance(value, str) and 3 <= len(value) <= 60:
+        shape_ok = all(c.isalnum() or c in "_-" for c in value)
+        if shape_ok and any(c.isalpha() for c in value) and any(c.isdigit() for c in value):
+            found.add(value)
+    return found
 
 
 def task_words(message: dict[str, Any]) -> set[str]:

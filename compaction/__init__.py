@@ -1,5 +1,8 @@
 """compaction: decide what to fold in a chat history, summarize it, flush memory, verify.
 
+Chat completions messages by default; Responses items (`shape=RESPONSES`) and Anthropic messages
+(`shape=ANTHROPIC`, sent as `join_summary(result.messages)`) too.
+
 A pure library: no HTTP, no environment, no files except the memory writer. Whatever needs I/O
 (the summarizing LLM, the token counter) is a Protocol passed in.
 
@@ -20,12 +23,15 @@ from compaction.ledger import Ledger, build_ledger
 from compaction.marker import SUMMARY_MARKER
 from compaction.memory import InvalidSessionId, MemoryWriter
 from compaction.messages import (
+    ANTHROPIC,
     CHAT,
+    RESPONSES,
     Item,
     Kind,
     Shape,
     ToolCall,
     is_summary_message,
+    join_summary,
     message_text,
     read_items,
 )
@@ -48,7 +54,9 @@ from compaction.types import (
 from compaction.verify import check_preserved
 
 __all__ = [
+    "ANTHROPIC",
     "CHAT",
+    "RESPONSES",
     "SUMMARY_MARKER",
     "Block",
     "ChatLLM",
@@ -77,6 +85,7 @@ __all__ = [
     "extract_items_heuristically",
     "is_substantive",
     "is_summary_message",
+    "join_summary",
     "message_text",
     "parse_memory_reply",
     "read_items",

@@ -72,8 +72,6 @@ class Compactor:
         self.memory = memory
         self.clock = clock
 
-    # ------------------------------------------------------------ deciding
-
     def estimate(
         self, messages: Sequence[Any], tools: Any = None, *, estimator: TokenEstimator | None = None
     ) -> int:
@@ -104,9 +102,10 @@ class Compactor:
         estimator: TokenEstimator | None = None,
         target_ratio: float | None = None,
     ) -> Plan:
-        """Where to cut; `target_ratio` overrides the setting (a compaction prepared ahead of
-        the trigger aims lower by the growth still to come)."""
-        segments = split(messages, estimator or self.estimator, tools, shape=self.shape)
+        """Where to cut; `target_ratio` overrides the setting (an early compaction aims lower).
+        A request's own HeuristicEstimator also says how its messages read (its shape)."""
+        estimator = estimator or self.estimator
+        segments = split(messages, estimator, tools, shape=getattr(estimator, "shape", self.shape))
         return plan_compaction(
             segments,
             window=window,
@@ -116,8 +115,6 @@ class Compactor:
             max_output_tokens=max_output_tokens,
             strict_alternation=self.settings.strict_alternation,
         )
-
-    # ------------------------------------------------------------ running
 
     async def flush_memory(
         self, session_id: str | None, compaction_id: str, items: Sequence[MemoryItem]
@@ -161,8 +158,9 @@ class _Run:
         self.compactor = compactor
         self.settings = compactor.settings
         self.messages = messages
-        self.shape = compactor.shape
-        self.items = read_items(messages, compactor.shape)
+        # A request's HeuristicEstimator reads in its own shape (see Compactor.plan).
+        self.shape: Shape = getattr(estimator, "shape", compactor.shape)
+        self.items = read_items(messages, self.shape)
         self.plan = plan
         self.tools = tools
         self.estimator = estimator

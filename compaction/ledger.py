@@ -84,7 +84,10 @@ class _Collector:
             self._add_prose(item.text)
         elif item.kind == "assistant":
             self._add_prose(item.text)
-            self.pending = {}
+            if not item.joins:
+                # A new chat turn leaves earlier calls unanswered; a joining Responses call item
+                # does not, its siblings' outputs come after it.
+                self.pending = {}
             for command in fenced_commands(item.text):
                 self._call("shell", f"$ {command_key(command)}")
                 self.files.update(dict.fromkeys(find_paths(command)))

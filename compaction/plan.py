@@ -97,7 +97,7 @@ def plan_compaction(
     if first is None:
         first = _fill(segments, blocks, budget, window)
     if first is None:
-        return _giant_last_block(segments, blocks, budget, window)
+        return _giant_last_block(segments, blocks, budget, window, strict_alternation)
     if strict_alternation:
         first = _assistant_led(segments, blocks, first)
     pinned, quoted = _pins(segments, first, window, pin=not strict_alternation)
@@ -175,15 +175,24 @@ def _kept_rounds(user_rounds: Sequence[Round], keep: int, budget: _Budget) -> li
 
 
 def _giant_last_block(
-    segments: Segments, blocks: Sequence[Block], budget: _Budget, window: int
+    segments: Segments,
+    blocks: Sequence[Block],
+    budget: _Budget,
+    window: int,
+    strict_alternation: bool,
 ) -> Plan:
     """Not even the latest block fits: keep it alone (never edited), with the task and its
-    round's request pinned or quoted; the note says it does not fit."""
-    pinned, quoted = _pins(segments, blocks[-1].start, window, pin=True)
+    round's request pinned or quoted; the note says it does not fit. With `strict_alternation`
+    the same rules as a fitting cut apply: nothing pinned, kept part led by a non-user block,
+    even though that keeps a little more than the latest block."""
+    first = blocks[-1].start
+    if strict_alternation:
+        first = _assistant_led(segments, blocks, first)
+    pinned, quoted = _pins(segments, first, window, pin=not strict_alternation)
     return _plan(
         segments,
         budget,
-        blocks[-1].start,
+        first,
         pinned,
         note="the latest block alone exceeds the target",
         quoted=quoted,

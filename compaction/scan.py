@@ -224,7 +224,8 @@ def _in_context(prose: str, start: int, end: int) -> str:
     suffix = after.pop(0) if after and end < len(prose) and not prose[end].isspace() else ""
     token = prefix + prose[start:end] + suffix
     words = [*before[-2:], token] if before else [token, *after[:2]]
-    value = " ".join(words).rstrip(".:,;/-")
+    # ", " inside a value would split it when the ledger's inline list is read back.
+    value = " ".join(words).replace(", ", " ").rstrip(".:,;/-")
     return "" if value == prose[start:end] else value
 
 

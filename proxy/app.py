@@ -103,10 +103,15 @@ async def _tasks_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def _add_routes(router: web.UrlDispatcher) -> None:
-    # Routes named "chat" / "session_chat" are the hooked kind "chat" (see middlewares.route_of);
-    # a new API shape adds its two routes here with handlers.hooked and its kind there.
-    router.add_post("/v1/chat/completions", handlers.hooked, name="chat")
-    router.add_post("/s/{session}/v1/chat/completions", handlers.hooked, name="session_chat")
+    # Hooked routes, each the kind its name says (see middlewares.route_of); the compacting hook
+    # knows each kind's dialect (proxy.compacting.dialects).
+    for path, kind in (
+        ("chat/completions", "chat"),
+        ("responses", "responses"),
+        ("messages", "messages"),
+    ):
+        router.add_post(f"/v1/{path}", handlers.hooked, name=kind)
+        router.add_post(f"/s/{{session}}/v1/{path}", handlers.hooked, name=f"session_{kind}")
     router.add_route("*", "/v1/{tail:.*}", handlers.forward, name="forward")
     router.add_route("*", "/s/{session}/v1/{tail:.*}", handlers.forward, name="session_forward")
     router.add_get("/healthz", handlers.healthz, name="healthz")

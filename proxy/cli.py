@@ -89,6 +89,7 @@ def _serve(settings: Settings) -> int:
                 "host": settings.server.host,
                 "port": settings.server.port,
                 "upstream": settings.upstream.base_url,
+                "anthropic_upstream": settings.upstream.anthropic_base_url,
             },
         )
 

@@ -1,4 +1,5 @@
-"""The errors the proxy originates, and the OpenAI error shape they become.
+"""The errors the proxy originates, and the OpenAI error shape they become (Anthropic's shape,
+`{"type": "error", "error": {"type", "message"}}`, on Anthropic's paths).
 
     ProxyError                       every error we answer ourselves ({"error": {...}})
     ├── BadRequest            400    invalid_request_error
@@ -36,8 +37,8 @@ class ProxyError(Exception):
         super().__init__(message)
         self.message = message
 
-    def body(self) -> bytes:
-        return error_body(self.message, self.type, self.code)
+    def body(self, api: str = "openai") -> bytes:
+        return error_body(self.message, self.type, self.code, status=self.status, api=api)
 
 
 class BadRequest(ProxyError):
@@ -106,6 +107,22 @@ class UpstreamStreamCut(Exception):
         """The body bytes read before the failure, when the reader kept them."""
 
 
-def error_body(message: str, type_: str, code: str | None) -> bytes:
+# Anthropic's error types by status, for the proxy's own errors on Anthropic's paths.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "request_too_large",
+}
+
+
+def error_body(
+    message: str, type_: str, code: str | None, *, status: int = 400, api: str = "openai"
+) -> bytes:
+    """The error in the API's shape: OpenAI's `{"error": {message, type, code}}`, or for
+    api "anthropic" `{"type": "error", "error": {type, message}}`."""
+    if api == "anthropic":
+        kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else type_)
+        return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
     payload: dict[str, Any] = {"error": {"message": message, "type": type_, "code": code}}
     return orjson.dumps(payload)

@@ -1,8 +1,8 @@
 """The protocol between proxy.http (moving bytes) and what may change a request (proxy.compacting).
 
-For a route that admits a hook (today "chat"; "responses" and "messages" will reuse it with their
-dialect), the handler reads the whole body, builds a `RequestContext`, and asks the app's `Hook`
-for an `Exchange`: the one object that carries what this request needs from then on.
+For a route that admits a hook ("chat", "responses", "messages": one per API shape), the handler
+reads the whole body, builds a `RequestContext`, and asks the app's `Hook` for an `Exchange`: the
+one object that carries what this request needs from then on.
 
 1. `hook.prepare(ctx, body)` before anything goes upstream; `exchange.body` is what is sent,
    `exchange.headers` are added to the client's response, `exchange.session_id` is the session
@@ -31,7 +31,7 @@ from multidict import CIMultiDictProxy
 class RequestContext:
     """What a hook may know about one request besides its body.
 
-    `route` is the kind of route ("chat"), which tells a hook the request's API shape.
+    `route` is the kind of route ("chat", "responses", "messages"): the request's API shape.
     `explicit_session` is the session the client named (header or path), None if it named none.
     `credential` is the Authorization value sent upstream (the client's, or the injected
     `upstream.api_key`); key caches by a hash of it and never log it."""

@@ -117,15 +117,16 @@ class CompactionMetrics:
         r = registry
         self.decisions = Counter(
             "compaction_proxy_chat_decisions",
-            "Parsed chat requests by outcome: none, applied, reused, failed.",
-            ("status",),
+            "Parsed requests by outcome (none, applied, reused, failed) and dialect (chat, "
+            "responses, anthropic).",
+            ("status", "dialect"),
             registry=r,
         )
         self.compactions = Counter(
             "compaction_proxy_compactions",
             "Compactions run, by reason (trigger, precompute, overflow) and path (llm, "
-            "extractive, dropped, unchanged).",
-            ("reason", "path"),
+            "extractive, dropped, unchanged) and dialect.",
+            ("reason", "path", "dialect"),
             registry=r,
         )
         self.checkpoint_hits = Counter(

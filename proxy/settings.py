@@ -50,11 +50,13 @@ class ServerSettings(_Section):
 
 class UpstreamSettings(_Section):
     base_url: str = "https://api.openai.com/v1"
+    anthropic_base_url: str = "https://api.anthropic.com/v1"
+    """Where /v1/messages and everything under it goes (Anthropic's Messages API)."""
     timeout_s: float = Field(default=600, gt=0)
     connect_timeout_s: float = Field(default=10, gt=0)
     api_key: str | None = None
 
-    @field_validator("base_url")
+    @field_validator("base_url", "anthropic_base_url")
     @classmethod
     def _check_base_url(cls, value: str) -> str:
         parts = urlsplit(value)

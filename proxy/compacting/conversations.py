@@ -26,7 +26,6 @@ from compaction.checkpoints import (
     prefix_digests,
 )
 from compaction.types import ChatLLM
-from proxy.compacting.chat import ChatRequest
 from proxy.compacting.flight import (
     SingleFlight,
     is_running,
@@ -35,8 +34,9 @@ from proxy.compacting.flight import (
     wait_shielded,
 )
 from proxy.compacting.forwarded import Forwarded
-from proxy.compacting.llm_client import LLMFactory, LLMRequest
+from proxy.compacting.llm_client import LLMFactory
 from proxy.compacting.records import record_compaction
+from proxy.compacting.request import ParsedRequest
 from proxy.compacting.stores.backend import StateBackend, stored_under
 from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
@@ -83,44 +83,44 @@ class Conversations:
         self._flushed: LRUCache[str, None] = LRUCache(options.checkpoint_max_entries)
         self._forwarded = Forwarded(state, options.checkpoint_max_entries)
 
-    def estimate(self, chat: ChatRequest, messages: list[Any]) -> int:
-        return self._compactor.estimate(messages, chat.tools, estimator=chat.estimator)
+    def estimate(self, req: ParsedRequest, messages: list[Any]) -> int:
+        return self._compactor.estimate(messages, req.extras, estimator=req.estimator)
 
-    def needs(self, chat: ChatRequest, tokens: int) -> bool:
-        return self._compactor.needs_compaction(tokens, chat.window, chat.max_output_tokens)
+    def needs(self, req: ParsedRequest, tokens: int) -> bool:
+        return self._compactor.needs_compaction(tokens, req.window, req.max_output_tokens)
 
-    async def compact(self, chat: ChatRequest, before: int) -> Decision:
+    async def compact(self, req: ParsedRequest, before: int) -> Decision:
         """At the trigger: reuse a checkpoint whose view fits, else wait for a compaction of this
         conversation already under way, else compact the view once more."""
         deadline = self._clock() + self._options.summary_timeout_s
-        digests = prefix_digests(chat.messages, chat.seed)
-        view, tokens, _ = await self.view(chat, digests)
-        if view.base is not None and not self.needs(chat, tokens):
+        digests = prefix_digests(req.messages, req.seed)
+        view, tokens, _ = await self.view(req, digests)
+        if view.base is not None and not self.needs(req, tokens):
             return await self._reused(view, before, tokens)
         remaining = max(0.0, deadline - self._clock())
         if await wait_for_running(self._flight, self._state, digests, remaining):
-            view, tokens, _ = await self.view(chat, digests)
-            if view.base is not None and not self.needs(chat, tokens):
+            view, tokens, _ = await self.view(req, digests)
+            if view.base is not None and not self.needs(req, tokens):
                 return await self._reused(view, before, tokens)
-        return await self._compact_view(chat, view, tokens, digests, before, deadline, "trigger")
+        return await self._compact_view(req, view, tokens, digests, before, deadline, "trigger")
 
-    async def compact_after_overflow(self, chat: ChatRequest, before: int) -> Decision:
-        """The upstream refused the forwarded view as too long (`chat` carries the corrected
+    async def compact_after_overflow(self, req: ParsedRequest, before: int) -> Decision:
+        """The upstream refused the forwarded view as too long (`req` carries the corrected
         budget): compact further now. A checkpoint held in reserve is the first step; nothing is
         reused or waited for on the strength of the estimate that just proved wrong."""
         deadline = self._clock() + self._options.summary_timeout_s
-        digests = prefix_digests(chat.messages, chat.seed)
-        view, tokens, reserve = await self.view(chat, digests)
+        digests = prefix_digests(req.messages, req.seed)
+        view, tokens, reserve = await self.view(req, digests)
         if reserve is not None:
-            view = View.of(chat.messages, reserve)
-            tokens = self.estimate(chat, view.messages)
-            await self._flush_reserve(chat, reserve)
-        return await self._compact_view(chat, view, tokens, digests, before, deadline, "overflow")
+            view = View.of(req.messages, reserve)
+            tokens = self.estimate(req, view.messages)
+            await self._flush_reserve(req, reserve)
+        return await self._compact_view(req, view, tokens, digests, before, deadline, "overflow")
 
     # -- shared with proxy.compacting.precompute ----------------------------------------------
 
     async def view(
-        self, chat: ChatRequest, digests: Sequence[bytes]
+        self, req: ParsedRequest, digests: Sequence[bytes]
     ) -> tuple[View, int, Checkpoint | None]:
         """The view to forward, its tokens, and a precomputed checkpoint still held in reserve.
 
@@ -130,24 +130,24 @@ class Conversations:
         """
         # The last message is never part of a checkpoint: it is the new turn.
         newest = await self._store.longest(digests[:-1])
-        view = View.of(chat.messages, newest)
+        view = View.of(req.messages, newest)
         if newest is None or not newest.precomputed:
-            return view, self.estimate(chat, view.messages), None
+            return view, self.estimate(req, view.messages), None
         parent = await self._stored(digests, newest.parent)
-        parent_view = View.of(chat.messages, parent)
-        parent_tokens = self.estimate(chat, parent_view.messages)
-        if self.needs(chat, parent_tokens):
-            await self._flush_reserve(chat, newest)
-            return view, self.estimate(chat, view.messages), None
+        parent_view = View.of(req.messages, parent)
+        parent_tokens = self.estimate(req, parent_view.messages)
+        if self.needs(req, parent_tokens):
+            await self._flush_reserve(req, newest)
+            return view, self.estimate(req, view.messages), None
         return parent_view, parent_tokens, newest
 
-    def plan(self, chat: ChatRequest, view: View, *, target_ratio: float | None = None) -> Plan:
+    def plan(self, req: ParsedRequest, view: View, *, target_ratio: float | None = None) -> Plan:
         return self._compactor.plan(
             view.messages,
-            window=chat.window,
-            tools=chat.tools,
-            max_output_tokens=chat.max_output_tokens,
-            estimator=chat.estimator,
+            window=req.window,
+            tools=req.extras,
+            max_output_tokens=req.max_output_tokens,
+            estimator=req.estimator,
             target_ratio=target_ratio,
         )
 
@@ -161,7 +161,7 @@ class Conversations:
         return key is not None and await self._stored(digests, key) is not None
 
     def start(
-        self, chat: ChatRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
+        self, req: ParsedRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
     ) -> asyncio.Task[CompactionResult | Checkpoint] | None:
         """The (single-flight) summarization carrying out `plan`, or the checkpoint another
         process stored for it; None if it folds nothing new."""
@@ -173,20 +173,20 @@ class Conversations:
             lambda: run_once_everywhere(
                 self._state,
                 key,
-                lambda: self._summarize(chat, view, plan, digests, reason),
+                lambda: self._summarize(req, view, plan, digests, reason),
                 lambda: self._stored(digests, key),
                 # As long as the summarizer call itself may take (see hook.build_hook).
                 budget_s=self._options.summary_timeout_s * 3,
                 tasks=self._flight.tasks,
             ),
-            name=f"{reason}:{chat.session_id}",
+            name=f"{reason}:{req.session_id}",
         )
 
     # -- compacting ----------------------------------------------------------------------------
 
     async def _compact_view(
         self,
-        chat: ChatRequest,
+        req: ParsedRequest,
         view: View,
         tokens: int,
         digests: Sequence[bytes],
@@ -194,8 +194,8 @@ class Conversations:
         deadline: float,
         reason: str,
     ) -> Decision:
-        plan = self.plan(chat, view)
-        task = self.start(chat, view, plan, digests, reason)
+        plan = self.plan(req, view)
+        task = self.start(req, view, plan, digests, reason)
         if task is None:
             return await self._as_is(view, before, tokens)
         try:
@@ -208,13 +208,13 @@ class Conversations:
             # writer skips items already there).
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
-            result = await self._run(chat, view, plan, llm=None)
+            result = await self._run(req, view, plan, llm=None)
         if not isinstance(result, Checkpoint) and result.path == "unchanged":
             return await self._as_is(view, before, tokens)
         await self._forwarded.add(result.compaction_id)
         if isinstance(result, Checkpoint):  # another process compacted it
-            done = View.of(chat.messages, result)
-            tokens = self.estimate(chat, done.messages)
+            done = View.of(req.messages, result)
+            tokens = self.estimate(req, done.messages)
             return Decision(done.messages, "applied", before, tokens, result.compaction_id)
         return Decision(
             result.messages, "applied", before, result.tokens_after, result.compaction_id
@@ -236,18 +236,18 @@ class Conversations:
         return Decision(view.messages, status, before, tokens, view.base.compaction_id)
 
     async def _summarize(
-        self, chat: ChatRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
+        self, req: ParsedRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
     ) -> CompactionResult:
-        summary_model = self._options.summary_model or chat.model
+        summary_model = self._options.summary_model or req.model
         # One tenant's failing key must not cool the summarizer down for everyone.
-        cooldown_key = f"{summary_model}\x00{chat.tenant.hex()}"
+        cooldown_key = f"{summary_model}\x00{req.tenant.hex()}"
         llm: ChatLLM | None = None
         if await self._state.is_cooling(cooldown_key):
             self._metrics.cooldown_skips.inc()
         else:
-            llm = self._llm_for(LLMRequest(summary_model, chat.credential, chat.auth_headers))
+            llm = self._llm_for(req.summarizer(summary_model))
         # A precomputed compaction may never be applied: its memory items wait in its checkpoint.
-        result = await self._run(chat, view, plan, llm=llm, flush=reason != "precompute")
+        result = await self._run(req, view, plan, llm=llm, flush=reason != "precompute")
         if llm is not None and result.path != "unchanged":
             # "unchanged" says nothing about the summarizer (nothing to fold, or no gain).
             ok = result.path == "llm"
@@ -259,30 +259,30 @@ class Conversations:
         if checkpoint is not None:
             await self._store.put(checkpoint)
         record_compaction(
-            self._records, self._metrics, chat, view, result, reason=reason, checkpoint=checkpoint
+            self._records, self._metrics, req, view, result, reason=reason, checkpoint=checkpoint
         )
         return result
 
     async def _run(
-        self, chat: ChatRequest, view: View, plan: Plan, *, llm: ChatLLM | None, flush: bool = True
+        self, req: ParsedRequest, view: View, plan: Plan, *, llm: ChatLLM | None, flush: bool = True
     ) -> CompactionResult:
         return await self._compactor.run(
             view.messages,
             plan,
             llm=llm,
-            session_id=chat.session_id,
-            tools=chat.tools,
-            estimator=chat.estimator,
+            session_id=req.session_id,
+            tools=req.extras,
+            estimator=req.estimator,
             flush_memory=flush,
         )
 
-    async def _flush_reserve(self, chat: ChatRequest, reserve: Checkpoint) -> None:
+    async def _flush_reserve(self, req: ParsedRequest, reserve: Checkpoint) -> None:
         """A precomputed checkpoint is being applied: its memory items are due now (once)."""
         if reserve.compaction_id in self._flushed or not reserve.memory_items:
             return
         self._flushed[reserve.compaction_id] = None
         await self._compactor.flush_memory(
-            chat.session_id, reserve.compaction_id, reserve.memory_items
+            req.session_id, reserve.compaction_id, reserve.memory_items
         )
 
     async def _stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:

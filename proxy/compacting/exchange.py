@@ -1,7 +1,7 @@
-"""One compacted chat request from the upstream's point of view: what went out last, the one
+"""One compacted request from the upstream's point of view: what went out last, the one
 retry after a context-length error, and calibration from the usage the upstream reports.
 
-A `CompactedExchange` is the proxy.hook.Exchange of a parsed chat request; it is mutable on
+A `CompactedExchange` is the proxy.hook.Exchange of a parsed request; it is mutable on
 purpose (like a flow): the retry replaces what was sent, and calibration reads what was sent last.
 """
 
@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.compacting.calibration import Calibration
-from proxy.compacting.chat import ChatRequest
 from proxy.compacting.conversations import Conversations, Decision
 from proxy.compacting.overflow import LearnedWindows, parse_overflow
+from proxy.compacting.request import ParsedRequest
 from proxy.metrics import CompactionMetrics
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class CompactedExchange:
 
     def __init__(
         self,
-        chat: ChatRequest,
+        request: ParsedRequest,
         *,
         body: bytes,
         tokens: int,
@@ -46,7 +46,7 @@ class CompactedExchange:
         learned: LearnedWindows,
         metrics: CompactionMetrics,
     ) -> None:
-        self._chat = chat
+        self._request = request
         self._body = body
         self._tokens = tokens
         self._headers = headers
@@ -66,7 +66,7 @@ class CompactedExchange:
 
     @property
     def session_id(self) -> str:
-        return self._chat.session_id
+        return self._request.session_id
 
     async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
         if self._retried:
@@ -74,22 +74,24 @@ class CompactedExchange:
         overflow = parse_overflow(status, body)
         if overflow is None:
             return None
-        chat = self._chat
-        raw_forwarded = self._tokens / chat.factor
+        request = self._request
+        raw_forwarded = self._tokens / request.factor
         if overflow.requested and raw_forwarded > 0:
             factor = self._calibration.raise_at_least(
-                chat.model, overflow.requested / raw_forwarded
+                request.model, overflow.requested / raw_forwarded
             )
         else:
-            factor = self._calibration.raise_at_least(chat.model, chat.factor * _OVERFLOW_BUMP)
+            factor = self._calibration.raise_at_least(
+                request.model, request.factor * _OVERFLOW_BUMP
+            )
         if overflow.limit:
             # The upstream's word on its own limit is believed, and remembered for the model.
-            self._learned.learn(chat.model, overflow.limit, chat.window)
-            window = min(chat.window, int(overflow.limit * _OVERFLOW_MARGIN))
+            self._learned.learn(request.model, overflow.limit, request.window)
+            window = min(request.window, int(overflow.limit * _OVERFLOW_MARGIN))
         else:
             # No number: the window is no larger than what was just refused.
-            window = min(chat.window, max(1, int(self._tokens * _OVERFLOW_MARGIN)))
-        harder = chat.with_budget(window=window, factor=factor)
+            window = min(request.window, max(1, int(self._tokens * _OVERFLOW_MARGIN)))
+        harder = request.with_budget(window=window, factor=factor)
         self._metrics.overflow_retries.inc()
         try:
             before = self._conversations.estimate(harder, harder.messages)
@@ -101,29 +103,31 @@ class CompactedExchange:
         retry = harder.serialize(decision.messages)
         if decision.status not in ("applied", "reused") or len(retry) >= len(self._body):
             return None  # nothing smaller to send: relay the upstream's error
-        self._chat, self._tokens, self._body = harder, decision.tokens_after, retry
+        self._request, self._tokens, self._body = harder, decision.tokens_after, retry
         self._headers = describe(harder, decision)  # the headers tell what went out last
         self._retried = True
         log.info(
             "upstream reported a context overflow; retrying once compacted",
-            extra={"session": chat.session_id, "tokens_after": decision.tokens_after},
+            extra={"session": request.session_id, "tokens_after": decision.tokens_after},
         )
         return retry
 
     def observe(self, status: int, usage: dict[str, Any] | None) -> None:
         if status != 200:
             return
-        prompt_tokens = (usage or {}).get("prompt_tokens")
-        if isinstance(prompt_tokens, int) and self._tokens > 0:
-            chat = self._chat
-            self._calibration.observe(chat.model, round(self._tokens / chat.factor), prompt_tokens)
+        request = self._request
+        prompt_tokens = request.dialect.prompt_tokens(usage or {})
+        if prompt_tokens is not None and self._tokens > 0:
+            self._calibration.observe(
+                request.model, round(self._tokens / request.factor), prompt_tokens
+            )
 
 
-def describe(chat: ChatRequest, decision: Decision) -> dict[str, str]:
-    """The informational response headers for `decision` on `chat`."""
+def describe(request: ParsedRequest, decision: Decision) -> dict[str, str]:
+    """The informational response headers for `decision` on `request`."""
     headers = {
         STATUS: decision.status,
-        SESSION: chat.session_id,
+        SESSION: request.session_id,
         TOKENS_BEFORE: str(decision.tokens_before),
         TOKENS_AFTER: str(decision.tokens_after),
     }

@@ -2,8 +2,9 @@
 
 Bodies that cannot reach the lowest ratio are not parsed; below the trigger the original bytes go
 upstream untouched. At the trigger the conversations (proxy.compacting.conversations) give the
-view to forward: a remembered checkpoint, or a new compaction. A parsed chat request becomes a
-CompactedExchange (proxy.compacting.exchange), which owns the retry and the calibration.
+view to forward: a remembered checkpoint, or a new compaction. Each hooked route has its dialect
+(proxy.compacting.dialects); a parsed request becomes a CompactedExchange
+(proxy.compacting.exchange), which owns the retry and the calibration.
 Anything that fails here forwards the original request; it never fails the agent's request.
 """
 
@@ -16,19 +17,13 @@ from typing import Any
 from compaction import Compactor, HeuristicEstimator, MemoryWriter
 from compaction.checkpoints import CheckpointStore, conversation_seed
 from proxy.compacting.calibration import Calibration
-from proxy.compacting.chat import (
-    ChatRequest,
-    NotAChat,
-    fingerprint,
-    max_output_of,
-    may_need_parsing,
-    model_of,
-)
 from proxy.compacting.conversations import Conversations, Decision
+from proxy.compacting.dialects import Dialect, NotCompactable, for_route
 from proxy.compacting.exchange import SESSION, STATUS, CompactedExchange, describe
 from proxy.compacting.llm_client import LLMFactory, UpstreamLLMFactory
 from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.precompute import Precompute
+from proxy.compacting.request import ParsedRequest, fingerprint, may_need_parsing, model_of
 from proxy.compacting.stores.backend import StateBackend
 from proxy.compacting.stores.memory import MemoryStore
 from proxy.hook import Exchange, Passthrough, RequestContext
@@ -72,28 +67,29 @@ class CompactingHook:
         untouched = Passthrough(
             body=body, headers={STATUS: "none"}, session_id=ctx.explicit_session
         )
-        # Chat completions is the one API shape known until dialects/ holds one module per shape.
-        if ctx.route != "chat" or not self._options.enabled:
+        dialect = for_route(ctx.route)
+        if dialect is None or not self._options.enabled:
             return untouched
         if not self._may_reach(body):
             # Not parsed; but should the upstream refuse it as too long, the window we assumed
             # is wrong: parse it then, compact and retry (see _retry_unparsed).
             return _Unparsed(
-                untouched, lambda status, error: self._retry_unparsed(ctx, body, status, error)
+                untouched,
+                lambda status, error: self._retry_unparsed(ctx, dialect, body, status, error),
             )
         try:
-            chat = self._parse(ctx, body)
-        except NotAChat:
+            request = self._parse(ctx, dialect, body)
+        except NotCompactable:
             return untouched
         try:
-            return await self._prepare_chat(body, chat)
+            return await self._prepare(body, request)
         except Exception:  # fail open: the agent's request always goes through
             log.exception("compaction failed; forwarding the original request")
             self._metrics.errors.inc()
             return Passthrough(
                 body=body,
-                headers={STATUS: "failed", SESSION: chat.session_id},
-                session_id=chat.session_id,
+                headers={STATUS: "failed", SESSION: request.session_id},
+                session_id=request.session_id,
             )
 
     # -- deciding ----------------------------------------------------------------------------
@@ -105,36 +101,43 @@ class CompactingHook:
         return may_need_parsing(body, smallest_window=smallest, lowest_ratio=ratio, factor=factor)
 
     async def _retry_unparsed(
-        self, ctx: RequestContext, body: bytes, status: int, error: bytes
+        self, ctx: RequestContext, dialect: Dialect, body: bytes, status: int, error: bytes
     ) -> CompactedExchange | None:
         """An exchange that retried the unparsed request `body` after the upstream's
-        context-length `error`, or None (not an overflow, not a chat, nothing to retry with)."""
+        context-length `error`, or None (not an overflow, nothing to compact, nothing to retry
+        with)."""
         if parse_overflow(status, error) is None:
             return None
         try:
-            chat = self._parse(ctx, body)
-        except NotAChat:
+            request = self._parse(ctx, dialect, body)
+        except NotCompactable:
             return None
-        tokens = self._conversations.estimate(chat, chat.messages)
-        exchange = self._exchange(body, chat, Decision(chat.messages, "none", tokens, tokens, None))
+        tokens = self._conversations.estimate(request, request.messages)
+        unchanged = Decision(request.messages, "none", tokens, tokens, None)
+        exchange = self._exchange(body, request, unchanged)
         return exchange if await exchange.retry_after_error(status, error) else None
 
-    def _parse(self, ctx: RequestContext, body: bytes) -> ChatRequest:
-        payload, messages = ChatRequest.parse(body)
+    def _parse(self, ctx: RequestContext, dialect: Dialect, body: bytes) -> ParsedRequest:
+        payload, messages = dialect.parse(body)
         model = model_of(payload)
         auth = {name: ctx.headers[name] for name in _AUTH_HEADERS if name in ctx.headers}
         tenant = conversation_seed(ctx.credential or "", *auth.values())
-        opening = fingerprint(payload, tenant)
+        # Headers the summary call needs but that do not name the caller (anthropic-version).
+        auth.update(
+            {name: ctx.headers[name] for name in dialect.call_headers if name in ctx.headers}
+        )
+        opening = fingerprint(dialect.opening(payload, messages), tenant)
         session_id = ctx.explicit_session or opening
         factor = self.calibration.factor(model)
-        return ChatRequest(
+        return ParsedRequest(
+            dialect=dialect,
             body=body,
             payload=payload,
             messages=messages,
-            tools=payload.get("tools"),
+            extras=dialect.extras(payload),
             model=model,
             window=self.learned.window(model, self._settings.models.context_window_for(model)),
-            max_output_tokens=max_output_of(payload),
+            max_output_tokens=dialect.max_output(payload),
             session_id=session_id,
             opening=opening,
             credential=ctx.credential,
@@ -142,28 +145,32 @@ class CompactingHook:
             tenant=tenant,
             seed=conversation_seed(tenant.hex(), session_id),
             factor=factor,
-            estimator=HeuristicEstimator(factor),
+            estimator=HeuristicEstimator(factor, shape=dialect.shape),
         )
 
-    async def _prepare_chat(self, body: bytes, chat: ChatRequest) -> Exchange:
-        tokens = self._conversations.estimate(chat, chat.messages)
-        if self._conversations.needs(chat, tokens):
-            decision = await self._conversations.compact(chat, tokens)
+    async def _prepare(self, body: bytes, request: ParsedRequest) -> Exchange:
+        tokens = self._conversations.estimate(request, request.messages)
+        if self._conversations.needs(request, tokens):
+            decision = await self._conversations.compact(request, tokens)
         else:
-            decision = Decision(chat.messages, "none", tokens, tokens, None)
-        self._metrics.decisions.labels(status=decision.status).inc()
-        self._precompute.after_forwarding(chat, decision.tokens_after, tokens)
-        return self._exchange(body, chat, decision)
+            decision = Decision(request.messages, "none", tokens, tokens, None)
+        self._metrics.decisions.labels(status=decision.status, dialect=request.dialect.name).inc()
+        self._precompute.after_forwarding(request, decision.tokens_after, tokens)
+        return self._exchange(body, request, decision)
 
-    def _exchange(self, body: bytes, chat: ChatRequest, decision: Decision) -> CompactedExchange:
+    def _exchange(
+        self, body: bytes, request: ParsedRequest, decision: Decision
+    ) -> CompactedExchange:
         forwarded = (
-            chat.serialize(decision.messages) if decision.messages is not chat.messages else body
+            request.serialize(decision.messages)
+            if decision.messages is not request.messages
+            else body
         )
         return CompactedExchange(
-            chat,
+            request,
             body=forwarded,
             tokens=decision.tokens_after,
-            headers=describe(chat, decision),
+            headers=describe(request, decision),
             conversations=self._conversations,
             calibration=self.calibration,
             learned=self.learned,
@@ -172,7 +179,7 @@ class CompactingHook:
 
 
 class _Unparsed:
-    """The exchange of a chat request forwarded unparsed: passes through, unless the upstream
+    """The exchange of a request forwarded unparsed: passes through, unless the upstream
     answers a context-length error; then `retry` parses and compacts it, and the exchange that
     made the retry speaks for the request from then on (headers, calibration)."""
 

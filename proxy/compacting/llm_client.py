@@ -1,9 +1,9 @@
-"""The library's ChatLLM implemented over the configured upstream.
+"""The library's ChatLLM implemented over the configured upstream, in the request's dialect.
 
-Summary and memory-extraction calls go to `{upstream.base_url}/chat/completions`, non-streaming,
-without tools, at a low temperature (where the model allows one), with the caller's own
-credential and an `X-Compaction-Purpose` header so operators can tell their cost apart. They
-never reach the client.
+Summary and memory-extraction calls go to the dialect's endpoint (`chat/completions`,
+`responses`, or Anthropic's `messages`), non-streaming, without tools, at a low temperature (where
+the model allows one), with the caller's own credentials and an `X-Compaction-Purpose` header so
+operators can tell their cost apart. They never reach the client.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from compaction import Message
-from compaction.summarize import message_text
 from compaction.types import ChatLLM, Purpose
+from proxy.compacting.dialects import Dialect
+from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
 from proxy.http.upstream import Upstream
 
 _ADAPTABLE = ("max_tokens", "temperature")
@@ -39,13 +38,9 @@ class ModelParameters:
     def __init__(self) -> None:
         self._by_model: dict[str, set[str]] = {}
 
-    def body(self, model: str, messages: list[Message], max_tokens: int) -> bytes:
-        learned = self._by_model.get(model, set())
-        payload: dict[str, Any] = {"model": model, "messages": messages, "stream": False}
-        if "temperature" not in learned:
-            payload["temperature"] = 0.2
-        payload["max_completion_tokens" if "max_tokens" in learned else "max_tokens"] = max_tokens
-        return orjson.dumps(payload)
+    def refused(self, model: str) -> set[str]:
+        """The parameters `model` refused so far (the dialect leaves them out)."""
+        return self._by_model.get(model, set())
 
     def learn(self, model: str, status: int, answer: Any) -> bool:
         """True when a 400 refused a parameter we can adapt (so the call is worth retrying)."""
@@ -77,6 +72,8 @@ class LLMRequest:
     model: str
     credential: str | None
     auth_headers: Mapping[str, str]
+    dialect: Dialect = CHAT_COMPLETIONS
+    """The API shape of the request: its summaries are asked in the same shape."""
 
 
 # The summarizer factory the compacting hook is given (`llm_for`): tests and other transports
@@ -108,7 +105,8 @@ class UpstreamLLM:
         parameters: ModelParameters,
     ) -> None:
         self._upstream = upstream
-        self._url = upstream.url_for("chat/completions")
+        self._dialect = request.dialect
+        self._url = upstream.url_for(request.dialect.summary_path)
         self._model = request.model
         self._timeout_s = timeout_s
         self._parameters = parameters
@@ -119,7 +117,8 @@ class UpstreamLLM:
     async def complete(self, messages: list[Message], *, purpose: Purpose, max_tokens: int) -> str:
         headers = {**self._headers, "X-Compaction-Purpose": purpose}
         for _ in range(3):  # at most two parameters to learn
-            body = self._parameters.body(self._model, messages, max_tokens)
+            refused = self._parameters.refused(self._model)
+            body = self._dialect.summary_body(self._model, messages, max_tokens, refused)
             status, answer = await self._upstream.post_json(
                 self._url, body, headers, self._timeout_s
             )
@@ -127,12 +126,7 @@ class UpstreamLLM:
                 break
         if status != 200:
             raise SummarizerError(f"summarizer answered HTTP {status}")
-        return _message_text(answer)
-
-
-def _message_text(payload: Any) -> str:
-    try:
-        message = payload["choices"][0]["message"]
-    except (KeyError, IndexError, TypeError) as exc:
-        raise SummarizerError("summarizer answer has no choices[0].message") from exc
-    return message_text(message)
+        text = self._dialect.summary_text(answer)
+        if text is None:
+            raise SummarizerError(f"the {self._dialect.name} summarizer answer holds no text")
+        return text

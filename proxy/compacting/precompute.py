@@ -11,8 +11,8 @@ from __future__ import annotations
 from cachetools import LRUCache
 
 from compaction.checkpoints import prefix_digests
-from proxy.compacting.chat import ChatRequest
 from proxy.compacting.conversations import Conversations
+from proxy.compacting.request import ParsedRequest
 from proxy.settings import CompactionSection
 from proxy.tasks import BackgroundTasks
 
@@ -31,53 +31,59 @@ class Precompute:
         # to find nothing to do (a shorter, edited or other conversation falls outside it).
         self._quiet: LRUCache[bytes, tuple[int, int]] = LRUCache(options.checkpoint_max_entries)
 
-    def after_forwarding(self, chat: ChatRequest, forwarded_tokens: int, raw_tokens: int) -> None:
+    def after_forwarding(
+        self, request: ParsedRequest, forwarded_tokens: int, raw_tokens: int
+    ) -> None:
         """Start preparing the next checkpoint if the forwarded view is past the ratio."""
-        if forwarded_tokens < self._threshold(chat) or self._is_quiet(chat, raw_tokens):
+        if forwarded_tokens < self._threshold(request) or self._is_quiet(request, raw_tokens):
             return
         if self._tasks.closed:  # shutting down: no new background work
             return
-        self._tasks.spawn(self._prepare(chat, raw_tokens), name=f"precompute:{chat.session_id}")
+        self._tasks.spawn(
+            self._prepare(request, raw_tokens), name=f"precompute:{request.session_id}"
+        )
 
-    async def _prepare(self, chat: ChatRequest, raw_tokens: int) -> None:
+    async def _prepare(self, request: ParsedRequest, raw_tokens: int) -> None:
         conversations = self._conversations
-        digests = prefix_digests(chat.messages, chat.seed)
+        digests = prefix_digests(request.messages, request.seed)
         if await conversations.is_running(digests):
             return
-        view, tokens, reserve = await conversations.view(chat, digests)
+        view, tokens, reserve = await conversations.view(request, digests)
         if reserve is not None:
             # The next checkpoint is ready; nothing to do until the view reaches the trigger.
-            self._quiet_for(chat, raw_tokens, self._options.trigger_ratio * chat.window - tokens)
+            self._quiet_for(
+                request, raw_tokens, self._options.trigger_ratio * request.window - tokens
+            )
             return
-        threshold = self._threshold(chat)
+        threshold = self._threshold(request)
         if tokens < threshold:
             # History only grows: nothing to do until the view grows past the threshold.
-            self._quiet_for(chat, raw_tokens, threshold - tokens)
+            self._quiet_for(request, raw_tokens, threshold - tokens)
             return
-        plan = conversations.plan(chat, view, target_ratio=self._target_ratio(chat, tokens))
+        plan = conversations.plan(request, view, target_ratio=self._target_ratio(request, tokens))
         if not await conversations.is_stored(digests, plan, view):
-            conversations.start(chat, view, plan, digests, "precompute")
+            conversations.start(request, view, plan, digests, "precompute")
 
-    def _target_ratio(self, chat: ChatRequest, tokens: int) -> float:
+    def _target_ratio(self, request: ParsedRequest, tokens: int) -> float:
         """The target minus the growth still to come before the trigger: applied then, the
         reserve leaves the request near the target rather than already near the trigger."""
         options = self._options
-        growth = max(0.0, options.trigger_ratio * chat.window - tokens) / chat.window
+        growth = max(0.0, options.trigger_ratio * request.window - tokens) / request.window
         return max(MIN_PRECOMPUTE_TARGET_RATIO, options.target_ratio - growth)
 
-    def _threshold(self, chat: ChatRequest) -> float:
+    def _threshold(self, request: ParsedRequest) -> float:
         ratio = self._options.precompute_ratio
-        return ratio * chat.window if ratio else float("inf")
+        return ratio * request.window if ratio else float("inf")
 
-    def _is_quiet(self, chat: ChatRequest, raw_tokens: int) -> bool:
+    def _is_quiet(self, request: ParsedRequest, raw_tokens: int) -> bool:
         """True while an earlier check of this conversation proved a precompute pointless."""
-        quiet = self._quiet.get(_conversation_key(chat))
+        quiet = self._quiet.get(_conversation_key(request))
         return quiet is not None and quiet[0] <= raw_tokens < quiet[1]
 
-    def _quiet_for(self, chat: ChatRequest, raw_tokens: int, growth: float) -> None:
-        self._quiet[_conversation_key(chat)] = (raw_tokens, raw_tokens + int(growth))
+    def _quiet_for(self, request: ParsedRequest, raw_tokens: int, growth: float) -> None:
+        self._quiet[_conversation_key(request)] = (raw_tokens, raw_tokens + int(growth))
 
 
-def _conversation_key(chat: ChatRequest) -> bytes:
+def _conversation_key(request: ParsedRequest) -> bytes:
     """One conversation of one caller: its seed and the fingerprint of its opening."""
-    return chat.seed + chat.opening.encode()
+    return request.seed + request.opening.encode()

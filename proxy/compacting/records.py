@@ -7,7 +7,7 @@ import logging
 
 from compaction import CompactionResult
 from compaction.checkpoints import Checkpoint, View
-from proxy.compacting.chat import ChatRequest
+from proxy.compacting.request import ParsedRequest
 from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
 
@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 def record_compaction(
     records: SessionRecords,
     metrics: CompactionMetrics,
-    chat: ChatRequest,
+    request: ParsedRequest,
     view: View,
     result: CompactionResult,
     *,
@@ -25,20 +25,21 @@ def record_compaction(
     checkpoint: Checkpoint | None,
 ) -> None:
     """Count one compaction, add its record to the session's /admin records, log one line."""
-    metrics.compactions.labels(reason=reason, path=result.path).inc()
+    metrics.compactions.labels(reason=reason, path=result.path, dialect=request.dialect.name).inc()
     if result.path != "unchanged":
         metrics.tokens_saved.inc(max(0, result.tokens_before - result.tokens_after))
     verification = result.verification
     records.add_record(
-        chat.session_id,
+        request.session_id,
         {
             "id": result.compaction_id,
             "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "reason": reason,
             "path": result.path,
             "detail": result.reason,
-            "model": chat.model,
-            "window": chat.window,
+            "dialect": request.dialect.name,
+            "model": request.model,
+            "window": request.window,
             "messages_before": len(view.messages),
             "messages_after": len(result.messages),
             "tokens_before": result.tokens_before,
@@ -64,7 +65,7 @@ def record_compaction(
         "compaction %s",
         result.path,
         extra={
-            "session": chat.session_id,
+            "session": request.session_id,
             "reason": reason,
             "tokens_before": result.tokens_before,
             "tokens_after": result.tokens_after,

@@ -1,11 +1,12 @@
 """The two ways a request goes upstream.
 
-- `forward_hooked`: routes a hook may change (chat completions). The body is read whole (bounded
-  by `server.max_body_mb`), handed to the app's `Hook`, and its `Exchange` says what is sent; an
-  upstream 400/413/422 is shown to the exchange, which may ask for one retry with a new body.
+- `forward_hooked`: routes a hook may change (chat completions, responses, Anthropic messages).
+  The body is read whole (bounded by `server.max_body_mb`), handed to the app's `Hook`, and its
+  `Exchange` says what is sent; an upstream 400/413/422 is shown to the exchange, which may ask
+  for one retry with a new body.
 - `forward_verbatim`: everything else under /v1/. The body streams to the upstream as it arrives.
 
-Both relay the response with `relay.relay`. Invalid JSON in a chat request is not our
+Both relay the response with `relay.relay`. Invalid JSON in a hooked request is not our
 business: the bytes go upstream unchanged and the upstream's own 400 comes back.
 """
 
@@ -55,11 +56,12 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
 
     explicit_session = resolve_session_id(request.headers, path_session)
     info.session = explicit_session
-    url = upstream.url_for(raw_tail(request, path_session), request.rel_url.raw_query_string)
+    tail = raw_tail(request, path_session)
+    url = upstream.url_for(tail, request.rel_url.raw_query_string)
     body = await _read_body(request, settings.server.max_body_bytes)
     metrics.labelled(metrics.request_bytes, info.route).inc(len(body))
     headers, credential = upstream_request_headers(
-        request.headers, settings.upstream.api_key, keep_length=False
+        request.headers, upstream.api_key_for(tail), keep_length=False
     )
     ctx = RequestContext(
         route=info.route,
@@ -131,12 +133,13 @@ async def forward_verbatim(request: web.Request, path_session: str | None) -> we
     info = request[keys.REQUEST_INFO]
 
     info.session = resolve_session_id(request.headers, path_session)
-    url = upstream.url_for(raw_tail(request, path_session), request.rel_url.raw_query_string)
+    tail = raw_tail(request, path_session)
+    url = upstream.url_for(tail, request.rel_url.raw_query_string)
     limit = settings.server.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(limit)
     headers, _ = upstream_request_headers(
-        request.headers, settings.upstream.api_key, keep_length=True
+        request.headers, upstream.api_key_for(tail), keep_length=True
     )
     body = (
         _LimitedBody(request, limit, app[keys.METRICS], info.route) if request.body_exists else None

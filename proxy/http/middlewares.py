@@ -2,7 +2,8 @@
 
 - `observe_middleware`: per-request bookkeeping (in-flight gauge, request counter, the one JSON
   access line), also for requests that fail or whose client goes away;
-- `error_middleware`: the one place our errors become the OpenAI error shape. aiohttp's own HTTP
+- `error_middleware`: the one place our errors become the OpenAI error shape (Anthropic's on
+  Anthropic's paths). aiohttp's own HTTP
   errors (404, 405, 413…) get the same shape; anything unexpected is logged once and answered
   with a generic 500, never a traceback.
 """
@@ -17,6 +18,7 @@ from aiohttp.typedefs import Handler
 
 from proxy import keys
 from proxy.errors import ProxyError, error_body
+from proxy.http.upstream import is_anthropic_tail
 from proxy.logs import RequestInfo, log_request
 
 log = logging.getLogger(__name__)
@@ -28,9 +30,20 @@ CLIENT_CLOSED = 499
 _ROUTES = {
     "chat": "chat",
     "session_chat": "chat",
+    "responses": "responses",
+    "session_responses": "responses",
+    "messages": "messages",
+    "session_messages": "messages",
     "forward": "forward",
     "session_forward": "forward",
 }
+
+
+def api_of(request: web.Request) -> str:
+    """ "anthropic" for Anthropic's paths (their errors take Anthropic's shape), else "openai"."""
+    if route_of(request) == "messages" or is_anthropic_tail(request.match_info.get("tail", "")):
+        return "anthropic"
+    return "openai"
 
 
 def route_of(request: web.Request) -> str:
@@ -66,21 +79,27 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except ProxyError as exc:
-        return error_response(exc.status, exc.body())
+        return error_response(exc.status, exc.body(api_of(request)))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         kind = "invalid_request_error" if exc.status < 500 else "server_error"
         code = "not_found" if exc.status == 404 else None
-        response = error_response(exc.status, error_body(exc.reason, kind, code))
+        body = error_body(exc.reason, kind, code, status=exc.status, api=api_of(request))
+        response = error_response(exc.status, body)
         if exc.status == 405 and "Allow" in exc.headers:
             response.headers["Allow"] = exc.headers["Allow"]
         return response
     except Exception:
         log.exception("unexpected error", extra={"method": request.method, "path": request.path})
-        return error_response(
-            500, error_body("internal error in compaction-proxy", "server_error", "internal_error")
+        body = error_body(
+            "internal error in compaction-proxy",
+            "server_error",
+            "internal_error",
+            status=500,
+            api=api_of(request),
         )
+        return error_response(500, body)
 
 
 def error_response(status: int, body: bytes) -> web.Response:

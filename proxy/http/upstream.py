@@ -3,8 +3,9 @@ caught (`upstream_errors`, used by every call: the agents' requests, the bodies 
 proxy's own summary calls): before the response headers they become `UpstreamUnreachable` (502)
 or `UpstreamTimeout` (504); while a body is read they become `UpstreamStreamCut`.
 
-URLs are built from `upstream.base_url` and a validated path tail only, so nothing a client
-sends can point the proxy at another host.
+URLs are built from a configured base and a validated path tail only, so nothing a client
+sends can point the proxy at another host: `/v1/messages` and everything under it (Anthropic's
+Messages API) go to `upstream.anthropic_base_url`, every other path to `upstream.base_url`.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class Upstream:
     def __init__(self, settings: UpstreamSettings, metrics: Metrics) -> None:
         self._settings = settings
         self._base_text = str(URL(settings.base_url.rstrip("/")))
+        self._anthropic_text = str(URL(settings.anthropic_base_url.rstrip("/")))
         self._metrics = metrics
         self._session: aiohttp.ClientSession | None = None
 
@@ -86,8 +88,14 @@ class Upstream:
         return self._session
 
     def url_for(self, raw_tail: str, raw_query: str = "") -> URL:
-        """`{base_url}/{raw_tail}?{raw_query}`, or InvalidPath if the tail tries to leave it."""
-        return _build_url(self._base_text, raw_tail, raw_query)
+        """`{base}/{raw_tail}?{raw_query}`, or InvalidPath if the tail tries to leave it; the
+        base is `anthropic_base_url` for Anthropic's paths, else `base_url`."""
+        base = self._anthropic_text if is_anthropic_tail(raw_tail) else self._base_text
+        return _build_url(base, raw_tail, raw_query)
+
+    def api_key_for(self, raw_tail: str) -> str | None:
+        """`upstream.api_key` is a key of `base_url`: never sent to Anthropic."""
+        return None if is_anthropic_tail(raw_tail) else self._settings.api_key
 
     async def send(
         self,
@@ -196,6 +204,11 @@ def _translate(exc: BaseException, *, reading_body: bool) -> tuple[str, Exceptio
     if isinstance(exc, TimeoutError):
         return "timeout", UpstreamTimeout("the upstream did not answer in time")
     return "connect", UpstreamUnreachable("the upstream failed before answering")
+
+
+def is_anthropic_tail(raw_tail: str) -> bool:
+    """True for the path tails of Anthropic's Messages API: `messages` and all under it."""
+    return raw_tail == "messages" or raw_tail.startswith(("messages/", "messages?"))
 
 
 @functools.lru_cache(maxsize=1024)  # the same few paths come again and again

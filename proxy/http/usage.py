@@ -1,9 +1,12 @@
-"""Find the `usage` object of a relayed chat response, cheaply and after the fact.
+"""Find the `usage` object of a relayed response, cheaply and after the fact.
 
 The probe sees each chunk as it is relayed (it never delays one): a JSON body is kept while it
-stays under 1 MiB; an SSE stream keeps only its last 64 KiB, where OpenAI puts the usage chunk
-(`stream_options.include_usage`). Parsing happens once, after the response is complete, and
-only when the bytes mention `"usage"`. Anything odd gives None.
+stays under 1 MiB; an SSE stream keeps only its first 16 KiB and its last 64 KiB, where the APIs
+put their usage: chat completions in the last chunk (`stream_options.include_usage`), the
+Responses API in `response.completed`'s `response`, Anthropic in `message_start`'s `message` and
+`message_delta`. Usage found in several events is merged, later fields winning. Parsing happens
+once, after the response is complete, and only when the bytes mention `"usage"`. Anything odd
+gives None.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from proxy.http.encodings import decode_body
 
 MAX_JSON_BYTES = 1024 * 1024
 _SSE_TAIL_BYTES = 64 * 1024
+_SSE_HEAD_BYTES = 16 * 1024
 _MAX_SSE_EVENTS = 8
 _USAGE = b'"usage"'
 
@@ -28,12 +32,15 @@ class UsageProbe:
         self._sse = media == "text/event-stream"
         self._json = media == "application/json" or media.endswith("+json")
         self._parts: deque[bytes] = deque()
+        self._head = b""
         self._size = 0
         self._gave_up = not (self._sse or self._json)
 
     def feed(self, chunk: bytes) -> None:
         if self._gave_up:
             return
+        if self._sse and not self._encoding and len(self._head) < _SSE_HEAD_BYTES:
+            self._head += chunk[: _SSE_HEAD_BYTES - len(self._head)]
         self._parts.append(chunk)
         self._size += len(chunk)
         if self._sse:
@@ -47,14 +54,26 @@ class UsageProbe:
         if self._gave_up or not self._parts:
             return None
         data = decode_body(b"".join(self._parts), self._encoding)
-        if data is None or _USAGE not in data:
+        if data is None or (_USAGE not in data and _USAGE not in self._head):
             return None
-        return _from_sse(data) if self._sse else _from_json(data)
+        if not self._sse:
+            return _from_json(data)
+        # Oldest first, later fields winning; in a short stream head and tail overlap, and an
+        # event seen twice merges to the same.
+        head = self._head.rsplit(b"\n\n", 1)[0].splitlines()
+        found = [*_from_sse(head), *_from_sse(data.splitlines()[::-1])[::-1]]
+        merged: dict[str, Any] = {}
+        for usage in found:
+            merged.update({key: value for key, value in usage.items() if value is not None})
+        return merged or None
 
 
 def _usage_of(document: Any) -> dict[str, Any] | None:
-    if isinstance(document, dict):
-        usage = document.get("usage")
+    """`usage` of a document, or of its `response` (Responses) or `message` (Anthropic)."""
+    if not isinstance(document, dict):
+        return None
+    for holder in (document, document.get("response"), document.get("message")):
+        usage = holder.get("usage") if isinstance(holder, dict) else None
         if isinstance(usage, dict):
             return usage
     return None
@@ -67,9 +86,11 @@ def _from_json(data: bytes) -> dict[str, Any] | None:
         return None
 
 
-def _from_sse(data: bytes) -> dict[str, Any] | None:
+def _from_sse(lines: list[bytes]) -> list[dict[str, Any]]:
+    """The usage objects of the first few events of `lines` that mention one, in that order."""
+    found: list[dict[str, Any]] = []
     tried = 0
-    for line in reversed(data.splitlines()):
+    for line in lines:
         if not line.startswith(b"data:") or _USAGE not in line:
             continue
         tried += 1
@@ -77,6 +98,8 @@ def _from_sse(data: bytes) -> dict[str, Any] | None:
             usage = _usage_of(orjson.loads(line[5:].strip()))
         except orjson.JSONDecodeError:
             usage = None
-        if usage is not None or tried >= _MAX_SSE_EVENTS:
-            return usage
-    return None
+        if usage is not None:
+            found.append(usage)
+        if tried >= _MAX_SSE_EVENTS:
+            break
+    return found

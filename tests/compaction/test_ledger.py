@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from compaction import HeuristicEstimator, MemoryItem, read_items
 from compaction.ledger import Ledger, build_ledger, is_overflow_item, overflow_items
+from compaction.messages import Item, ToolCall
 from compaction.sections import read_body, render_sections, render_task
 from tests.factories import assistant, assistant_calls, tool_call, tool_result, user
 
@@ -114,3 +115,25 @@ def test_overflow_becomes_bounded_fact_items() -> None:
     assert all(is_overflow_item(i.content) for i in items)
     text = "\n".join(i.content for i in items)
     assert "ask 1" in text and all(f"$ cmd {i} → ok" in text for i in range(100))
+
+
+def test_responses_call_items_each_keep_their_outcome() -> None:
+    # Responses sends one item per call, then the outputs: call A, call B, output A, output B.
+    items = [
+        Item("assistant", calls=(ToolCall("a", "search_flights", '{"origin":"SFO"}'),), joins=True),
+        Item("assistant", calls=(ToolCall("b", "get_user", '{"user_id":"u1"}'),), joins=True),
+        Item("tool", text='{"flight_number":"HAT123"}', answers=("a",)),
+        Item("tool", text='{"user_id":"mia_li_3668"}', answers=("b",)),
+    ]
+    trail = build_ledger(items, range(len(items))).trail
+    assert trail == (
+        "search_flights(origin=SFO) → ids: HAT123",
+        "get_user(user_id=u1) → ids: mia_li_3668",
+    )
+
+
+def test_values_with_commas_in_their_context_read_back_whole() -> None:
+    ledger = _ledger([user("We paid, roughly 12345 dollars, for order 99812 last week.")])
+    assert ledger.values
+    rendered = render_sections(ledger, (), estimator=ESTIMATOR, max_tokens=500)
+    assert read_body(f"lead\n\n{rendered.text}").ledger.values == ledger.values

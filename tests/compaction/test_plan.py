@@ -256,3 +256,15 @@ def test_strict_alternation_pins_nothing_and_keeps_from_an_assistant_turn() -> N
     assert plan.folded and plan.pinned == ()
     assert messages[plan.keep_from]["role"] == "assistant"
     assert segments.task in plan.quoted  # the task goes into the summary instead
+
+
+def test_strict_alternation_holds_when_the_latest_block_alone_exceeds_the_target() -> None:
+    messages = [f.system(), f.user("Please fix the parser bug."), f.assistant("ok " * 50)]
+    for i in range(6):
+        messages += [f.user(f"step {i} " + "w " * 40), f.assistant("done " * 40)]
+    messages.append(f.user("Here is the log:\n" + "line of log text here\n" * 1500))
+    _, plan = plan_for(messages, 8_000, strict_alternation=True)
+    assert not plan.fits and plan.note
+    assert plan.pinned == ()  # a pinned request after the summary would be two user turns
+    assert messages[plan.keep_from]["role"] == "assistant"
+    assert 1 in plan.quoted  # the task goes into the summary instead

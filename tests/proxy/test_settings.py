@@ -23,6 +23,7 @@ def test_defaults_match_the_design() -> None:
     settings = load_settings(None, {}, {})
     assert settings.server.host == "127.0.0.1" and settings.server.port == 8080
     assert settings.upstream.base_url == "https://api.openai.com/v1"
+    assert settings.upstream.anthropic_base_url == "https://api.anthropic.com/v1"
     assert settings.admin.token is None
     assert settings.compaction.trigger_ratio == 0.85
 
@@ -77,6 +78,11 @@ def test_context_window_exact_then_glob_then_default() -> None:
         ("serve:\n  port: 1\n", {}, "serve: unknown key"),
         ("server:\n  port: lots\n", {}, "server.port:"),
         ("upstream:\n  base_url: ftp://x\n", {}, "upstream.base_url: must be an http"),
+        (
+            "",
+            {"COMPACTION_PROXY__UPSTREAM__ANTHROPIC_BASE_URL": "api.anthropic.com"},
+            "upstream.anthropic_base_url: must be an http",
+        ),
         ("compaction:\n  target_ratio: 0.9\n", {}, "compaction.target_ratio: must be below"),
         ("compaction:\n  trigger_ratio: 1.5\n", {}, "compaction.trigger_ratio:"),
         ("compaction:\n  precompute_ratio: 0.9\n", {}, "compaction.precompute_ratio: must not"),

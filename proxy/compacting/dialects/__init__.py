@@ -1,4 +1,86 @@
-"""One module per API shape (chat completions, Responses, Anthropic Messages): how a request of
-that shape reads into the library's neutral view and serializes back. Empty until the dialects
-issue: the chat completions shape is still handled by proxy.compacting.chat.
+"""One module per API shape: chat completions, the Responses API, Anthropic Messages.
+
+A `Dialect` is everything the compacting layer needs to know about one API: how a request reads
+into (payload, list, what else it costs) and serializes back with only the list changed, how its
+summary request and answer look, which fields carry its usage. The rest of proxy.compacting
+works on any dialect; `for_route` maps the route kind (proxy.hook.RequestContext.route) to one.
 """
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from compaction.messages import Shape
+from proxy.compacting.dialects.anthropic import ANTHROPIC_MESSAGES
+from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
+from proxy.compacting.dialects.common import NotCompactable
+from proxy.compacting.dialects.responses import RESPONSES_API
+
+__all__ = ["Dialect", "NotCompactable", "for_route"]
+
+
+class Dialect(Protocol):
+    @property
+    def name(self) -> str:
+        """ "chat", "responses" or "anthropic": the `dialect` of records and metrics."""
+        ...
+
+    @property
+    def shape(self) -> Shape: ...
+
+    @property
+    def summary_path(self) -> str:
+        """Where this API's summaries are asked, under /v1/."""
+        ...
+
+    @property
+    def call_headers(self) -> tuple[str, ...]:
+        """Client headers a summary call of this API needs besides the credentials."""
+        ...
+
+    def parse(self, body: bytes) -> tuple[dict[str, Any], list[Any]]:
+        """The payload and its list of messages; NotCompactable when it has none to compact."""
+        ...
+
+    def extras(self, payload: dict[str, Any]) -> Any:
+        """What the request costs besides its list (tools, instructions, system), as one value
+        whose JSON text is measured."""
+        ...
+
+    def max_output(self, payload: dict[str, Any]) -> int | None: ...
+
+    def opening(self, payload: dict[str, Any], messages: list[Any]) -> dict[str, Any]:
+        """What names a conversation that names no session: head, tool names, first user turn."""
+        ...
+
+    def serialize(self, body: bytes, payload: dict[str, Any], messages: list[Any]) -> bytes:
+        """The request with its list replaced by `messages`; every other field as sent."""
+        ...
+
+    def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        """The prompt's tokens as the upstream counted them in a response's `usage`."""
+        ...
+
+    def summary_body(
+        self, model: str, messages: list[dict[str, Any]], max_tokens: int, refused: set[str]
+    ) -> bytes:
+        """A summary request from the library's chat-shaped `messages` (system + user), leaving
+        out the parameters in `refused` that the model turned down before."""
+        ...
+
+    def summary_text(self, answer: Any) -> str | None:
+        """The summarizer's text in `answer`, None when the answer has none."""
+        ...
+
+
+_BY_ROUTE: dict[str, Dialect] = {
+    "chat": CHAT_COMPLETIONS,
+    "responses": RESPONSES_API,
+    "messages": ANTHROPIC_MESSAGES,
+}
+
+
+def for_route(route: str) -> Dialect | None:
+    """The dialect of a hooked route kind; None for a route no dialect compacts."""
+    return _BY_ROUTE.get(route)

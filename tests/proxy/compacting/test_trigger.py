@@ -134,12 +134,15 @@ async def test_admin_records_and_metrics_describe_compactions(
         assert response.status == 200
         record = (await response.json())["records"][0]
     assert record["reason"] == "trigger" and record["path"] == "llm"
+    assert record["dialect"] == "chat"
     assert record["tokens_after"] < record["tokens_before"]
     assert record["folded_messages"] > 0 and record["quality"] in {"good", "acceptable", "poor"}
     assert "standard library" in record["summary_preview"]
     async with client.get(f"{proxy.url}/metrics") as response:
         text = (await response.read()).decode()
-    assert 'compaction_proxy_compactions_total{path="llm",reason="trigger"} 1.0' in text
+    assert (
+        'compaction_proxy_compactions_total{dialect="chat",path="llm",reason="trigger"} 1.0' in text
+    )
     saved = float(record["tokens_before"] - record["tokens_after"])
     assert f"compaction_proxy_tokens_saved_total {saved}" in text.splitlines()
 

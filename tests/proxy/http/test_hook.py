@@ -9,7 +9,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.compacting.chat import fingerprint
+from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
+from proxy.compacting.request import fingerprint as fingerprint_of
 from proxy.hook import Exchange, RequestContext
 from tests.fakes.upstream import (
     FakeUpstream,
@@ -29,6 +30,13 @@ OVERFLOW = {
         "code": "context_length_exceeded",
     }
 }
+
+
+def fingerprint(payload: dict[str, Any]) -> str:
+    """The session a chat request that names none gets."""
+    messages = payload.get("messages")
+    listed = messages if isinstance(messages, list) else []
+    return fingerprint_of(CHAT_COMPLETIONS.opening(payload, listed))
 
 
 class RecordingHook:

@@ -6,9 +6,17 @@ from typing import Any
 
 import pytest
 
-from proxy.compacting.chat import fingerprint
+from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
+from proxy.compacting.request import fingerprint as fingerprint_of
 from proxy.errors import SessionIdRefused
 from proxy.http.sessions import SessionRecords, is_valid_session_id, resolve_session_id
+
+
+def fingerprint(payload: dict[str, Any]) -> str:
+    """The session a chat request that names none gets."""
+    messages = payload.get("messages")
+    listed = messages if isinstance(messages, list) else []
+    return fingerprint_of(CHAT_COMPLETIONS.opening(payload, listed))
 
 
 def conversation(

@@ -1,0 +1,148 @@
+"""The neutral view of one raw message (`Item`), and the `Shape` protocol that produces it.
+
+Segmenting, pairing checks, transcripts, ledgers and extraction work from Items only; each API's
+message shape lives in its own sibling module (chat, responses, anthropic) and is the one place
+that looks inside its raw messages. Raw messages are never edited: an Item is derived, computed
+once per message, and the library keeps the raw list and a parallel list of Items side by side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import orjson
+
+Kind = Literal["head", "user", "assistant", "tool", "summary", "other"]
+"""head: system/developer instructions; user: a user turn (a tool observation included, see
+`Item.observation`); assistant: the model's turn; tool: a tool's result; summary: a summary this
+library inserted; other: anything else, malformed items included."""
+
+OBSERVATION_PREFIXES = ("<returncode>", "Please always provide EXACTLY ONE action")
+"""mini-swe-agent's shell output and its malformed-action reminder: user-role, not requests."""
+
+# Token costs the APIs add. Images: OpenAI's published costs (`detail: low` is flat,
+# high/auto typically a 2x2-tile image); audio and files: rough flat costs for media we do not
+# decode; a message's role and separators; a call's id, type and JSON framing.
+IMAGE_LOW_TOKENS = 85
+IMAGE_HIGH_TOKENS = 765
+AUDIO_PART_TOKENS = 200
+FILE_PART_TOKENS = 500
+MESSAGE_OVERHEAD_TOKENS = 4
+TOOL_CALL_OVERHEAD_TOKENS = 8
+ENCRYPTED_SHARE = 0.75
+"""Encrypted reasoning travels as base64, 4 characters for 3 bytes: counted at 3/4 of its text."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One call the model makes. `id` is None when the raw call has none; `name` is None when it
+    is not a well-formed function call (such a call still counts for pairing by its id)."""
+
+    id: str | None
+    name: str | None
+    arguments: str
+    """The raw JSON text the model produced (may be invalid JSON)."""
+
+    def parsed(self) -> dict[str, Any]:
+        """The arguments as a dict; {} when they are not a JSON object."""
+        try:
+            value = orjson.loads(self.arguments)
+        except orjson.JSONDecodeError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """The neutral view of one raw message."""
+
+    kind: Kind
+    text: str = ""
+    """Its prose text, for transcripts and ledgers (a malformed item: its repr)."""
+    calls: tuple[ToolCall, ...] = ()
+    answers: tuple[str, ...] = ()
+    """The call ids this item answers (a tool result without an id answers none)."""
+    observation: bool = False
+    """A user-role message that is really tool output."""
+    lead: bool = False
+    """Must stay glued to the item after it (a Responses `reasoning` item, or the model's message
+    before its calls); never for chat."""
+    joins: bool = False
+    """A call item that joins the call items just before it when their results have not started
+    yet (Responses sends one item per call); never for chat, where a new assistant message with
+    calls leaves the earlier calls unanswered."""
+    label: str = ""
+    """What a transcript calls it: the role or item type; "" for a malformed item."""
+
+    @property
+    def call_ids(self) -> tuple[str, ...]:
+        """The ids of its calls: what the following results must answer."""
+        return tuple(call.id for call in self.calls if call.id is not None)
+
+    @property
+    def functions(self) -> tuple[ToolCall, ...]:
+        """Its well-formed function calls (those with a name)."""
+        return tuple(call for call in self.calls if call.name is not None)
+
+    @property
+    def is_request(self) -> bool:
+        """Something the user wrote: not a summary, not a tool observation."""
+        return self.kind == "user" and not self.observation
+
+    @property
+    def is_prose(self) -> bool:
+        """What the user or the assistant wrote (no tool output)."""
+        return self.is_request or self.kind == "assistant"
+
+    @property
+    def is_malformed(self) -> bool:
+        return self.kind == "other" and not self.label
+
+
+class Shape(Protocol):
+    """What the library needs to know about one API's message shape."""
+
+    def read(self, raw: Any) -> Item:
+        """The neutral view of `raw`; never raises, whatever `raw` is."""
+        ...
+
+    def summary_message(self, text: str) -> Any:
+        """The raw message that carries a summary whose full text (marker included) is `text`."""
+        ...
+
+    def is_summary(self, raw: Any) -> bool:
+        """True for a message this library inserted as a summary (see marker.py)."""
+        ...
+
+    def measure(self, raw: Any, text_cost: Callable[[str], float]) -> float:
+        """Tokens of `raw`: `text_cost` for each string, flat costs for media and framing."""
+        ...
+
+
+def json_text(item: Any) -> str:
+    """Any item as the JSON text the upstream would see; never raises."""
+    try:
+        return orjson.dumps(item, default=str).decode()
+    except (TypeError, orjson.JSONEncodeError):
+        return repr(item)
+
+
+def is_observation_text(text: str) -> bool:
+    """True for a user message's text that is really tool output (see OBSERVATION_PREFIXES)."""
+    return text.lstrip().startswith(OBSERVATION_PREFIXES)
+
+
+def measure_value(value: Any, text_cost: Callable[[str], float]) -> float:
+    """A string's cost, None's nothing, anything else its JSON text's cost."""
+    if value is None:
+        return 0.0
+    if isinstance(value, str):
+        return text_cost(value)
+    return text_cost(json_text(value))
+
+
+def read_all(messages: Iterable[Any], shape: Shape) -> list[Item]:
+    """The neutral view of each message, in order (a list parallel to `messages`)."""
+    return [shape.read(message) for message in messages]

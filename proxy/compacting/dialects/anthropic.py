@@ -1,0 +1,83 @@
+"""Anthropic Messages (`POST /v1/messages`, to `upstream.anthropic_base_url`): `messages` turns,
+`system` and `tools` outside the list; usage `input_tokens` plus the cache's read and creation
+tokens; summaries asked of `messages` with the caller's `x-api-key` or `Authorization` and
+`anthropic-version`. On the wire a summary followed by a user turn joins it
+(compaction.messages.join_summary), so turns still alternate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from compaction.messages import ANTHROPIC, Shape, join_summary
+from compaction.messages.anthropic import blocks_text
+from proxy.compacting.dialects.common import (
+    int_field,
+    list_field,
+    load_object,
+    positive_int,
+    replace_field,
+    tool_names,
+)
+
+_CACHE_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens")
+
+
+class AnthropicMessages:
+    name = "anthropic"
+    shape: Shape = ANTHROPIC
+    summary_path = "messages"
+    call_headers: tuple[str, ...] = ("anthropic-version", "anthropic-beta")
+
+    def parse(self, body: bytes) -> tuple[dict[str, Any], list[Any]]:
+        payload = load_object(body)
+        return payload, list_field(payload, "messages")
+
+    def extras(self, payload: dict[str, Any]) -> Any:
+        parts = [payload.get(key) for key in ("system", "tools")]
+        return [part for part in parts if part is not None] or None
+
+    def max_output(self, payload: dict[str, Any]) -> int | None:
+        return positive_int(payload, "max_tokens")
+
+    def opening(self, payload: dict[str, Any], messages: list[Any]) -> dict[str, Any]:
+        first_user = next(
+            (m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"),
+            None,
+        )
+        return {"head": payload.get("system"), "tools": tool_names(payload), "user": first_user}
+
+    def serialize(self, body: bytes, payload: dict[str, Any], messages: list[Any]) -> bytes:
+        return replace_field(body, payload, "messages", join_summary(messages))
+
+    def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        # Anthropic's input_tokens leaves out what the prompt cache read or wrote.
+        counted = int_field(usage, "input_tokens")
+        if counted is None:
+            return None
+        return counted + sum(int_field(usage, key) or 0 for key in _CACHE_FIELDS)
+
+    def summary_body(
+        self, model: str, messages: list[dict[str, Any]], max_tokens: int, refused: set[str]
+    ) -> bytes:
+        payload: dict[str, Any] = {
+            "model": model,
+            "max_tokens": max_tokens,
+            "system": "\n\n".join(m["content"] for m in messages if m["role"] == "system"),
+            "messages": [m for m in messages if m["role"] != "system"],
+        }
+        if "temperature" not in refused:
+            payload["temperature"] = 0.2
+        return orjson.dumps(payload)
+
+    def summary_text(self, answer: Any) -> str | None:
+        content = answer.get("content") if isinstance(answer, dict) else None
+        if not isinstance(content, list):
+            return None
+        return blocks_text([b for b in content if isinstance(b, dict) and b.get("type") == "text"])
+
+
+ANTHROPIC_MESSAGES = AnthropicMessages()

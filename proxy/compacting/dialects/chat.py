@@ -1,0 +1,85 @@
+"""Chat Completions (`POST /v1/chat/completions`): `messages`, head system/developer messages,
+`tools`; usage `prompt_tokens`; summaries asked of `chat/completions`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from compaction.messages import CHAT, Shape, message_text
+from proxy.compacting.dialects.common import (
+    int_field,
+    list_field,
+    load_object,
+    positive_int,
+    replace_field,
+    tool_names,
+)
+
+_HEAD_ROLES = ("system", "developer")
+
+
+class ChatCompletions:
+    name = "chat"
+    shape: Shape = CHAT
+    summary_path = "chat/completions"
+    call_headers: tuple[str, ...] = ()
+
+    def parse(self, body: bytes) -> tuple[dict[str, Any], list[Any]]:
+        payload = load_object(body)
+        return payload, list_field(payload, "messages")
+
+    def extras(self, payload: dict[str, Any]) -> Any:
+        return payload.get("tools")
+
+    def max_output(self, payload: dict[str, Any]) -> int | None:
+        return positive_int(payload, "max_completion_tokens", "max_tokens")
+
+    def opening(self, payload: dict[str, Any], messages: list[Any]) -> dict[str, Any]:
+        first_user = next(
+            (
+                m.get("content")
+                for m in messages
+                if isinstance(m, Mapping) and m.get("role") == "user"
+            ),
+            None,
+        )
+        return {"head": _head_contents(messages), "tools": tool_names(payload), "user": first_user}
+
+    def serialize(self, body: bytes, payload: dict[str, Any], messages: list[Any]) -> bytes:
+        return replace_field(body, payload, "messages", messages)
+
+    def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        return int_field(usage, "prompt_tokens")
+
+    def summary_body(
+        self, model: str, messages: list[dict[str, Any]], max_tokens: int, refused: set[str]
+    ) -> bytes:
+        # Reasoning models refuse `max_tokens` (for `max_completion_tokens`) and any temperature.
+        payload: dict[str, Any] = {"model": model, "messages": messages, "stream": False}
+        if "temperature" not in refused:
+            payload["temperature"] = 0.2
+        payload["max_completion_tokens" if "max_tokens" in refused else "max_tokens"] = max_tokens
+        return orjson.dumps(payload)
+
+    def summary_text(self, answer: Any) -> str | None:
+        try:
+            message = answer["choices"][0]["message"]
+        except (KeyError, IndexError, TypeError):
+            return None
+        return message_text(message)
+
+
+CHAT_COMPLETIONS = ChatCompletions()
+
+
+def _head_contents(messages: list[Any]) -> list[Any]:
+    head = []
+    for message in messages:
+        if isinstance(message, Mapping) and message.get("role") in _HEAD_ROLES:
+            head.append(message.get("content"))
+        else:
+            break
+    return head

@@ -1,0 +1,69 @@
+"""What the dialects share: reading a JSON object, replacing one field, small field readers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from proxy.compacting.splice import load_json, locate_field
+
+
+class NotCompactable(ValueError):
+    """The body is not a request this dialect compacts: forward it untouched."""
+
+
+def load_object(body: bytes) -> dict[str, Any]:
+    try:
+        payload = load_json(body)
+    except ValueError as exc:
+        raise NotCompactable("body is not JSON") from exc
+    if not isinstance(payload, dict):
+        raise NotCompactable("body is not a JSON object")
+    return payload
+
+
+def list_field(payload: dict[str, Any], name: str) -> list[Any]:
+    value = payload.get(name)
+    if not isinstance(value, list):
+        raise NotCompactable(f"body has no {name} list")
+    return value
+
+
+def replace_field(body: bytes, payload: dict[str, Any], name: str, value: Any) -> bytes:
+    """`body` (which `payload` was parsed from) with field `name` replaced by `value`: every
+    other byte as sent (proxy.compacting.splice), or, for a body it cannot place the field in
+    with certainty, the payload re-serialized."""
+    span = locate_field(body, payload, name)
+    if span is not None:
+        return span.replace(body, orjson.dumps(value))
+    return orjson.dumps({**payload, name: value})
+
+
+def positive_int(payload: Mapping[str, Any], *keys: str) -> int | None:
+    """The first of `keys` holding a positive integer."""
+    for key in keys:
+        value = payload.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def int_field(usage: Mapping[str, Any], key: str) -> int | None:
+    value = usage.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def tool_names(payload: Mapping[str, Any]) -> list[str]:
+    """Sorted names of the request's tools: `name`, or `function.name` (chat completions)."""
+    tools = payload.get("tools")
+    names = []
+    for tool in tools if isinstance(tools, list) else []:
+        if not isinstance(tool, Mapping):
+            continue
+        function = tool.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else tool.get("name")
+        if isinstance(name, str):
+            names.append(name)
+    return sorted(names)

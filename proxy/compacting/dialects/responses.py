@@ -1,0 +1,96 @@
+"""The Responses API (`POST /v1/responses`): `input` items, `instructions` and `tools` outside the
+list; usage `input_tokens`; summaries asked of `responses`, never stored upstream.
+
+A request that continues a conversation kept upstream (`previous_response_id`, `conversation`)
+or whose `input` is a plain string has no history here to compact: it passes through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from compaction.messages import RESPONSES, Shape
+from compaction.messages.responses import content_text, is_message_item
+from proxy.compacting.dialects.common import (
+    NotCompactable,
+    int_field,
+    list_field,
+    load_object,
+    positive_int,
+    replace_field,
+    tool_names,
+)
+
+_HEAD_ROLES = ("system", "developer")
+_KEPT_UPSTREAM = ("previous_response_id", "conversation")
+
+
+class ResponsesAPI:
+    name = "responses"
+    shape: Shape = RESPONSES
+    summary_path = "responses"
+    call_headers: tuple[str, ...] = ()
+
+    def parse(self, body: bytes) -> tuple[dict[str, Any], list[Any]]:
+        payload = load_object(body)
+        if any(payload.get(key) is not None for key in _KEPT_UPSTREAM):
+            raise NotCompactable("the history lives upstream")
+        return payload, list_field(payload, "input")
+
+    def extras(self, payload: dict[str, Any]) -> Any:
+        parts = [payload.get(key) for key in ("instructions", "tools")]
+        return [part for part in parts if part is not None] or None
+
+    def max_output(self, payload: dict[str, Any]) -> int | None:
+        return positive_int(payload, "max_output_tokens")
+
+    def opening(self, payload: dict[str, Any], messages: list[Any]) -> dict[str, Any]:
+        head: list[Any] = [payload.get("instructions")]
+        for item in messages:
+            if not is_message_item(item) or item.get("role") not in _HEAD_ROLES:
+                break
+            head.append(item.get("content"))
+        first_user = next(
+            (m.get("content") for m in messages if is_message_item(m) and m["role"] == "user"),
+            None,
+        )
+        return {"head": head, "tools": tool_names(payload), "user": first_user}
+
+    def serialize(self, body: bytes, payload: dict[str, Any], messages: list[Any]) -> bytes:
+        return replace_field(body, payload, "input", messages)
+
+    def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        return int_field(usage, "input_tokens")
+
+    def summary_body(
+        self, model: str, messages: list[dict[str, Any]], max_tokens: int, refused: set[str]
+    ) -> bytes:
+        instructions = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+        payload: dict[str, Any] = {
+            "model": model,
+            "instructions": instructions,
+            "input": [m for m in messages if m["role"] != "system"],
+            "max_output_tokens": max_tokens,
+            "store": False,
+            "stream": False,
+        }
+        if "temperature" not in refused:
+            payload["temperature"] = 0.2
+        return orjson.dumps(payload)
+
+    def summary_text(self, answer: Any) -> str | None:
+        output = answer.get("output") if isinstance(answer, dict) else None
+        if not isinstance(output, list):
+            return None
+        texts = [
+            content_text(item.get("content"))
+            for item in output
+            if is_message_item(item) and item.get("role") == "assistant"
+        ]
+        return "\n".join(texts) if texts else None
+
+
+RESPONSES_API = ResponsesAPI()

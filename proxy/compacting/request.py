@@ -1,0 +1,106 @@
+"""A request as the compacting hook sees it: parsed once by its dialect, with its budget.
+
+Parsing is the expensive part of the decision, so `may_need_parsing` first bounds the prompt from
+the byte length alone (the estimate never exceeds one token per byte; images and audio are the
+exception and are looked for), and only bodies that could reach the lowest ratio are parsed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from compaction import HeuristicEstimator
+from proxy.compacting.dialects import Dialect
+from proxy.compacting.llm_client import LLMRequest
+
+_FIXED_COST_PARTS = (
+    b'"image_url"',
+    b'"input_audio"',
+    b'"file"',
+    b'"input_image"',
+    b'"input_file"',
+    b'"image"',
+    b'"document"',
+)
+_MAX_OUTPUT = re.compile(rb'"max(?:_completion|_output)?_tokens"\s*:\s*(\d{1,9})')
+
+
+def may_need_parsing(
+    body: bytes, *, smallest_window: int, lowest_ratio: float, factor: float
+) -> bool:
+    """False only when no estimate of `body` can reach `lowest_ratio` of the smallest window."""
+    bound = len(body) * max(1.0, factor)
+    if bound >= lowest_ratio * smallest_window:
+        return True
+    found = _MAX_OUTPUT.search(body)
+    if found and bound + int(found.group(1)) > smallest_window:
+        return True
+    return any(part in body for part in _FIXED_COST_PARTS)
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    dialect: Dialect
+    body: bytes
+    """The bytes as received: what a serializer splices into."""
+    payload: dict[str, Any]
+    messages: list[Any]
+    """The dialect's list: chat `messages`, Responses `input`, Anthropic `messages`."""
+    extras: Any
+    """What the request costs besides `messages` (tools, instructions, system)."""
+    model: str
+    window: int
+    max_output_tokens: int | None
+    session_id: str
+    opening: str
+    """Fingerprint of the conversation's opening (head, tool names, first user message)."""
+    credential: str | None
+    auth_headers: dict[str, str]
+    """The caller's credentials besides Authorization, and the headers the dialect's summary
+    call needs (anthropic-version); never logged."""
+    tenant: bytes
+    """Digest of the caller's credentials: scopes the summarizer's cooldown."""
+    seed: bytes
+    """Digest of tenant and session: scopes checkpoints, so conversations never share them."""
+    factor: float
+    estimator: HeuristicEstimator
+
+    def with_budget(self, *, window: int, factor: float) -> ParsedRequest:
+        estimator = HeuristicEstimator(factor, shape=self.dialect.shape)
+        return replace(self, window=window, factor=factor, estimator=estimator)
+
+    def summarizer(self, model: str) -> LLMRequest:
+        """What this request's summarizer is built from: `model`, the caller's credentials, the
+        dialect to ask in."""
+        return LLMRequest(model, self.credential, self.auth_headers, self.dialect)
+
+    def serialize(self, messages: list[Any]) -> bytes:
+        """The request with its list replaced; every other field as sent, in its place."""
+        return self.dialect.serialize(self.body, self.payload, messages)
+
+
+def model_of(payload: dict[str, Any]) -> str:
+    model = payload.get("model")
+    return model if isinstance(model, str) else ""
+
+
+def fingerprint(opening: Mapping[str, Any], tenant: bytes = b"") -> str:
+    """A stable session id for a request that names none: a digest of the conversation's
+    opening (see Dialect.opening: head, tool names, first user message) and of the caller's
+    credentials (`tenant`, a digest already).
+
+    The first user message is part of it because the system prompt alone is the same for every
+    conversation of one agent; the credentials, because two tenants whose conversations open
+    the same way must never share a session, its records or its memory file."""
+    named = {**opening, "tenant": tenant.hex()}
+    try:
+        canonical = orjson.dumps(named, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits from a lenient parser
+        canonical = repr(named).encode()
+    return f"fp-{hashlib.sha256(canonical).hexdigest()[:32]}"

@@ -1,0 +1,71 @@
+"""The retention benchmark's own fact extractors (bench/facts.py) on small hand-made messages."""
+
+from __future__ import annotations
+
+import json
+
+from bench.facts import facts_of, is_request
+
+TRACEBACK = """<returncode>1</returncode>
+<output>
+Traceback (most recent call last):
+  File "/testbed/app.py", line 3, in <module>
+    run()
+sqlite3.OperationalError: no such table: book
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "/testbed/app.py", line 5, in <module>
+    raise
+django.db.utils.OperationalError: no such table: book
+</output>"""
+
+
+def test_a_traceback_yields_the_exception_that_closes_it() -> None:
+    errors = facts_of({"role": "user", "content": TRACEBACK}).by_kind["errors"]
+    assert errors == {"django.db.utils.OperationalError: no such table: book"}
+
+
+def test_a_failed_command_yields_its_last_printed_line() -> None:
+    output = (
+        "<returncode>1</returncode>\n<output>\n/usr/bin/python3: No module named pytest\n</output>"
+    )
+    assert facts_of({"role": "tool", "content": output}).by_kind["errors"] == {
+        "/usr/bin/python3: No module named pytest"
+    }
+    openhands = "ls: cannot access 'tests': No such file\nroot@host:/work\n[Command finished with exit code 2]"
+    assert facts_of({"role": "tool", "content": openhands}).by_kind["errors"] == {
+        "ls: cannot access 'tests': No such file"
+    }
+
+
+def test_a_successful_command_yields_no_error_even_when_a_line_mentions_one() -> None:
+    output = "<returncode>0</returncode>\n<output>\nValueError: handled and printed\n</output>"
+    assert facts_of({"role": "user", "content": output}).by_kind["errors"] == set()
+
+
+def test_a_result_labelled_as_an_error_yields_its_message() -> None:
+    tau = {"role": "tool", "content": "Error: not enough seats on flight HAT290"}
+    editor = {"role": "tool", "content": "OBSERVATION:\nERROR:\nInvalid `view_range`: [0, 40]."}
+    assert facts_of(tau).by_kind["errors"] == {"Error: not enough seats on flight HAT290"}
+    assert facts_of(editor).by_kind["errors"] == {"Invalid `view_range`: [0, 40]."}
+
+
+def test_ids_are_id_like_values_of_parsed_json_whatever_their_key() -> None:
+    result = {"user_id": "mia_li_3668", "reservations": ["N6F783"], "date": "2024-05-15", "n": 7}
+    facts = facts_of({"role": "tool", "content": json.dumps(result)})
+    assert facts.by_kind["ids"] == {"mia_li_3668", "N6F783"}
+    assert facts_of({"role": "tool", "content": "user mia_li_3668 is here"}).by_kind["ids"] == set()
+
+
+def test_harness_messages_are_not_requests() -> None:
+    observation = {"role": "user", "content": "<returncode>0</returncode>\n<output>\n</output>"}
+    reminder = {
+        "role": "user",
+        "content": "Please reply with one action.\n\n<response_example>\n```bash\n<action>\n```\n"
+        "</response_example>",
+    }
+    task = {"role": "user", "content": "<pr_description>\nFix the parser.\n</pr_description>"}
+    assert not is_request(observation) and not is_request(reminder)
+    assert is_request(task)
