@@ -177,7 +177,6 @@ class Conversations:
                 lambda: self._stored(digests, key),
                 # As long as the summarizer call itself may take (see hook.build_hook).
                 budget_s=self._options.summary_timeout_s * 3,
-                tasks=self._flight.tasks,
             ),
             name=f"{reason}:{req.session_id}",
         )

@@ -18,15 +18,13 @@ from proxy.tasks import BackgroundTasks
 
 
 class Lease(Protocol):
-    """The right to compute one checkpoint, held by one process at a time.
+    """The right to compute one checkpoint, held by one process at a time until released. A
+    lease that expires renews itself in the background until then, so a holder that died frees
+    it within its TTL."""
 
-    `renew_every_s` is None when nothing expires (in-process); otherwise the holder renews that
-    often, so a holder that died frees the lease within its TTL.
-    """
-
-    renew_every_s: float | None
-
-    async def renew(self) -> bool: ...
+    async def renew(self) -> bool:
+        """Extend it now: False when it was lost (expired and taken by another)."""
+        ...
 
     async def release(self) -> None: ...
 
@@ -94,8 +92,6 @@ async def stored_under(
 class LocalLease:
     """The lease of a backend that only this process uses: always granted, nothing to renew
     (proxy.compacting.flight already makes concurrent callers of one process share a task)."""
-
-    renew_every_s: float | None = None
 
     async def renew(self) -> bool:
         return True

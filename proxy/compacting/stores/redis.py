@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -34,27 +35,44 @@ from proxy.compacting.stores.backend import Lease
 from proxy.compacting.stores.redis_notices import RECHECK_S, Notices
 from proxy.tasks import BackgroundTasks
 
+log = logging.getLogger(__name__)
+
 PREFIX = "compaction-proxy:"
 _CACHED_CHECKPOINTS = 1024
 
 
 class RedisLease:
-    def __init__(self, store: RedisStore, key: bytes, fence: int, ttl_s: float) -> None:
+    """Renewed at a third of its TTL by a background task (BackgroundTasks) until released."""
+
+    def __init__(
+        self, store: RedisStore, key: bytes, fence: int, ttl_s: float, tasks: BackgroundTasks
+    ) -> None:
         self._store = store
         self._key = key
         self.fence = fence
         self._ttl_ms = int(ttl_s * 1000)
-        self.renew_every_s: float | None = ttl_s / 3
+        self._keeper = tasks.spawn(self._keep(ttl_s / 3), name="state-redis-lease")
 
     async def renew(self) -> bool:
         lock = self._store.lock_key(self._key)
         return bool(await self._store.script(scripts.RENEW, [lock], [self.fence, self._ttl_ms]))
 
     async def release(self) -> None:
+        self._keeper.cancel()
         lock = self._store.lock_key(self._key)
         await self._store.script(
             scripts.RELEASE, [lock], [self.fence, self._store.channel, self._key]
         )
+
+    async def _keep(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                if not await self.renew():
+                    log.warning("a single-flight lease was lost before its work finished")
+                    return
+            except Exception as exc:  # Redis is down: the work goes on regardless
+                log.debug("lease renewal failed", extra={"error": repr(exc)})
 
 
 class RedisStore:
@@ -201,7 +219,7 @@ class RedisStore:
         )
         if fence is None:
             return None
-        return RedisLease(self, key, int(fence), self._lease_ttl_s)
+        return RedisLease(self, key, int(fence), self._lease_ttl_s, self._tasks)
 
     async def holder(self, digests: Sequence[bytes]) -> bytes | None:
         if not digests:

@@ -61,7 +61,7 @@ def _guarded(
         backend,
         MemoryStore(100, 60),
         StateMetrics(registry),
-        tasks or BackgroundTasks(),
+        BackgroundTasks() if tasks is None else tasks,
         timeout_s=timeout_s,
         retry_s=5,
         clock=lambda: now[0],

@@ -179,7 +179,9 @@ async def stores(redis_server: RedisServer) -> AsyncIterator[tuple[RedisStore, R
         await store.close()
 
 
-def _redis(url: str, ttl_s: float = 60.0, lease_ttl_s: float = 5.0) -> RedisStore:
+def _redis(
+    url: str, ttl_s: float = 60.0, lease_ttl_s: float = 5.0, tasks: BackgroundTasks | None = None
+) -> RedisStore:
     return RedisStore(
         url,
         ttl_s=ttl_s,
@@ -187,7 +189,7 @@ def _redis(url: str, ttl_s: float = 60.0, lease_ttl_s: float = 5.0) -> RedisStor
         failure_cooldown_s=30,
         lease_ttl_s=lease_ttl_s,
         timeout_s=2.0,
-        tasks=BackgroundTasks(),
+        tasks=BackgroundTasks() if tasks is None else tasks,
         # Waiters re-check rarely here, so a lost notice shows as a long wait, never hides.
         recheck_s=30.0,
     )
@@ -253,25 +255,28 @@ async def test_a_cooldown_on_one_replica_holds_on_the_other(
 async def test_a_lease_is_held_once_and_a_stale_holder_cannot_release_its_successor(
     redis_server: RedisServer,
 ) -> None:
-    a, b = _redis(redis_server.url, lease_ttl_s=0.3), _redis(redis_server.url, lease_ttl_s=5)
-    await a.open()
-    await b.open()
+    a_work = BackgroundTasks()
+    a = _redis(redis_server.url, lease_ttl_s=0.3, tasks=a_work)
+    b, c = _redis(redis_server.url, lease_ttl_s=5), _redis(redis_server.url, lease_ttl_s=5)
+    for store in (a, b, c):
+        await store.open()
     try:
         key = DIGESTS[4]
         stale = await a.acquire(key)
         assert stale is not None
         assert await b.acquire(key) is None
-        await asyncio.sleep(0.5)  # a's holder died: its lease expired
+        await a_work.close()  # a's holder died, renewal with it
+        await asyncio.sleep(0.5)  # and its lease expired
         successor = await b.acquire(key)
         assert successor is not None
         assert not await stale.renew()
         await stale.release()
-        assert await a.acquire(key) is None  # the successor still holds it
+        assert await c.acquire(key) is None  # the successor still holds it
         await successor.release()
-        assert await a.acquire(key) is not None
+        assert await c.acquire(key) is not None
     finally:
-        await a.close()
-        await b.close()
+        for store in (a, b, c):
+            await store.close()
 
 
 async def test_a_waiting_replica_is_woken_by_the_release_notice(
@@ -379,7 +384,7 @@ async def test_a_replica_waits_for_a_held_lease_without_spinning_over_an_unusabl
 
     before = int((await client.info("stats"))["total_commands_processed"])
     result, _ = await asyncio.gather(
-        run_once_everywhere(b, key, work, stored, budget_s=10, tasks=BackgroundTasks()),
+        run_once_everywhere(b, key, work, stored, budget_s=10),
         release_later(),
     )
     commands = int((await client.info("stats"))["total_commands_processed"]) - before
@@ -392,7 +397,6 @@ async def test_work_under_a_redis_lease_fails_with_its_own_exception(
     stores: tuple[RedisStore, RedisStore],
 ) -> None:
     a, _ = stores
-    tasks = BackgroundTasks()
 
     async def work() -> str:
         raise TimeoutError("the summarizer took too long")
@@ -401,8 +405,7 @@ async def test_work_under_a_redis_lease_fails_with_its_own_exception(
         return None
 
     with pytest.raises(TimeoutError, match="the summarizer took too long"):
-        await run_once_everywhere(a, DIGESTS[5], work, stored, budget_s=10, tasks=tasks)
-    await tasks.close()
+        await run_once_everywhere(a, DIGESTS[5], work, stored, budget_s=10)
     assert await a.acquire(DIGESTS[5]) is not None  # and the lease was released
 
 
@@ -418,3 +421,21 @@ async def test_a_redis_store_hears_notices_as_soon_as_it_is_open(
     finally:
         await client.aclose()
         await store.close()
+
+
+async def test_a_held_lease_renews_itself_past_its_ttl_until_released(
+    redis_server: RedisServer,
+) -> None:
+    holder, other = _redis(redis_server.url, lease_ttl_s=1.5), _redis(redis_server.url)
+    for store in (holder, other):
+        await store.open()
+    try:
+        lease = await holder.acquire(DIGESTS[4])
+        assert lease is not None
+        await asyncio.sleep(2.0)  # renewed every 0.5 s
+        assert await other.acquire(DIGESTS[4]) is None
+        await lease.release()
+        assert await other.acquire(DIGESTS[4]) is not None
+    finally:
+        for store in (holder, other):
+            await store.close()
