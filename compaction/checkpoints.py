@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import orjson
 from cachetools import TTLCache
 
-from compaction.types import CompactionResult, MemoryItem, Message, as_memory_type
+from compaction.types import CompactionResult, MemoryItem, Message, Plan, as_memory_type
 
 _DIGEST_SIZE = 16
 
@@ -162,12 +162,28 @@ class MemoryCheckpointStore:
         timer: Callable[[], float] = time.monotonic,
     ) -> None:
         self._cache: TTLCache[bytes, Checkpoint] = TTLCache(max_entries, ttl_s, timer=timer)
+        # Every key put, some since expired or evicted: a C-speed first filter for `longest`
+        # (a request holds thousands of digests; looking each up in the TTL cache costs more).
+        self._keys: set[bytes] = set()
 
     def get(self, key: bytes) -> Checkpoint | None:
         return self._cache.get(key)
 
     def put(self, checkpoint: Checkpoint) -> None:
         self._cache[checkpoint.key] = checkpoint
+        if len(self._keys) > 2 * len(self._cache) + 64:
+            self._keys = set(self._cache.keys())
+        self._keys.add(checkpoint.key)
+
+    def longest(self, digests: Sequence[bytes]) -> Checkpoint | None:
+        """`longest_of(self.get, digests)`, looking up only the digests ever put."""
+        best: Checkpoint | None = None
+        for key in self._keys.intersection(digests):  # a few: this conversation's checkpoints
+            cut = digests.index(key) + 1  # chained digests never repeat within a request
+            found = self._cache.get(key)
+            if found is not None and found.cut == cut and (best is None or cut > best.cut):
+                best = found
+        return best
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -262,3 +278,16 @@ def checkpoint_after(
         precomputed=precomputed,
         memory_items=result.memory_items if precomputed else (),
     )
+
+
+def plan_key(view: View, plan: Plan, digests: Sequence[bytes]) -> bytes | None:
+    """The key of the checkpoint carrying out `plan` on `view` would have (`digests`: those of
+    the original list); None when it folds nothing new."""
+    if plan.keep_from <= plan.head_end or not plan.folded:
+        return None
+    if view.base is not None and plan.keep_from < view.base.prefix_len:
+        return None
+    cut = view.original_index(plan.keep_from)
+    if cut is None or not 0 < cut <= len(digests):
+        return None
+    return digests[cut - 1]

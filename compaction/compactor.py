@@ -21,32 +21,29 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from compaction.composition import (
-    LLM_SHARE,
-    body_budget,
-    compose_summary,
-    is_too_little,
-    read_previous,
-)
-from compaction.extract import extract_memory_items
-from compaction.invariants import check_compacted
-from compaction.ledger import build_ledger
+from compaction.composition import LLM_SHARE
 from compaction.memory import MemoryWriter, write_items
-from compaction.messages import CHAT, Shape, read_items
-from compaction.plan import plan_compaction, should_compact
-from compaction.segment import split
+from compaction.messages import CHAT, Shape
+from compaction.offload import Inline, Offload
+from compaction.plan import should_compact
 from compaction.settings import CompactionSettings
+from compaction.stages import (
+    FinishJob,
+    FoldJob,
+    Packed,
+    PlanJob,
+    compacted_list,
+    finish,
+    fold,
+    make_plan,
+)
 from compaction.summarize import (
     ask_both,
     build_memory_request,
     build_summary_request,
-    summary_message,
 )
-from compaction.text import is_cjk_dominant
 from compaction.tokens import HeuristicEstimator, estimate_request
-from compaction.transcript import render_transcript
 from compaction.types import ChatLLM, CompactionResult, MemoryItem, Plan, TokenEstimator
-from compaction.verify import check_preserved
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +62,19 @@ class Compactor:
         memory: MemoryWriter | None = None,
         clock: Callable[[], float] = time.monotonic,
         shape: Shape = CHAT,
+        offload: Offload | None = None,
     ) -> None:
+        """`offload` runs the CPU stages of each compaction (default: inline; the proxy passes
+        a process pool so its event loop keeps answering meanwhile)."""
         self.settings = settings or CompactionSettings()
+        self.offload: Offload = offload or Inline()
+        self.crossing = not isinstance(self.offload, Inline)
         self.shape = shape
         self.estimator: TokenEstimator = estimator or HeuristicEstimator(shape=shape)
         self.memory = memory
         self.clock = clock
+
+    # ------------------------------------------------------------ deciding
 
     def estimate(
         self, messages: Sequence[Any], tools: Any = None, *, estimator: TokenEstimator | None = None
@@ -102,12 +106,34 @@ class Compactor:
         estimator: TokenEstimator | None = None,
         target_ratio: float | None = None,
     ) -> Plan:
-        """Where to cut; `target_ratio` overrides the setting (an early compaction aims lower).
-        A request's own HeuristicEstimator also says how its messages read (its shape)."""
+        """Where to cut; `target_ratio` overrides the setting (a compaction prepared ahead of
+        the trigger aims lower by the growth still to come)."""
+        job = self._plan_job(messages, window, tools, max_output_tokens, estimator, target_ratio)
+        return make_plan(job)
+
+    async def plan_async(
+        self,
+        messages: Sequence[Any],
+        *,
+        window: int,
+        tools: Any = None,
+        max_output_tokens: int | None = None,
+        estimator: TokenEstimator | None = None,
+        target_ratio: float | None = None,
+    ) -> Plan:
+        """`plan()`, run through the offload (its cost grows with the whole history)."""
+        job = self._plan_job(messages, window, tools, max_output_tokens, estimator, target_ratio)
+        return await self.offload.run(make_plan, job)
+
+    def _plan_job(self, messages: Sequence[Any], window: int, *rest: Any) -> PlanJob:
+        tools, max_output_tokens, estimator, target_ratio = rest
         estimator = estimator or self.estimator
-        segments = split(messages, estimator, tools, shape=getattr(estimator, "shape", self.shape))
-        return plan_compaction(
-            segments,
+        return PlanJob(
+            messages=Packed.of(messages, crossing=self.crossing),
+            tools=tools,
+            estimator=estimator,
+            # A request's own HeuristicEstimator also says how its messages read (its shape).
+            shape=getattr(estimator, "shape", self.shape),
             window=window,
             target_ratio=target_ratio or self.settings.target_ratio,
             keep_recent_rounds=self.settings.keep_recent_rounds,
@@ -115,6 +141,8 @@ class Compactor:
             max_output_tokens=max_output_tokens,
             strict_alternation=self.settings.strict_alternation,
         )
+
+    # ------------------------------------------------------------ running
 
     async def flush_memory(
         self, session_id: str | None, compaction_id: str, items: Sequence[MemoryItem]
@@ -160,7 +188,6 @@ class _Run:
         self.messages = messages
         # A request's HeuristicEstimator reads in its own shape (see Compactor.plan).
         self.shape: Shape = getattr(estimator, "shape", compactor.shape)
-        self.items = read_items(messages, self.shape)
         self.plan = plan
         self.tools = tools
         self.estimator = estimator
@@ -190,109 +217,84 @@ class _Run:
     async def execute(
         self, llm: ChatLLM | None, session_id: str | None, *, flush_memory: bool = True
     ) -> CompactionResult:
-        plan, messages, items, shape = self.plan, self.messages, self.items, self.shape
+        plan, messages, shape = self.plan, self.messages, self.shape
         folded = plan.folded
         if not folded:
             return self.unchanged(plan.note or "nothing to fold")
-        if self._too_little(folded):
-            # Decide before paying for two model calls whose result would be thrown away.
-            return self.unchanged("too little to fold: a summary would not be smaller")
-        previous_summary, previous = read_previous(messages, items, folded, shape)
-        fresh = [i for i in folded if items[i].kind != "summary"]
-
-        prose = [items[i].text for i in fresh if items[i].is_prose]
-        cjk = is_cjk_dominant([*prose, previous_summary])
-        transcript = render_transcript(
-            items,
-            fresh,
-            estimator=self.estimator,
-            max_tokens=self.settings.transcript_max_tokens,
-            tool_output_clip_chars=self.settings.tool_output_clip_chars,
+        offload, crossing = self.compactor.offload, self.compactor.crossing
+        prepared = await offload.run(
+            fold,
+            FoldJob(
+                folded=Packed.of([messages[i] for i in folded], crossing=crossing),
+                shape=shape,
+                estimator=self.estimator,
+                settings=self.settings,
+                summary_budget_tokens=plan.summary_budget_tokens,
+            ),
         )
-        ledger = build_ledger(items, fresh)
-        body_budget = self._body_budget(fresh)
-        summary_max_tokens = max(64, int(body_budget * LLM_SHARE))
+        if prepared.too_little:
+            # Decided before paying for two model calls whose result would be thrown away.
+            return self.unchanged("too little to fold: a summary would not be smaller")
+        summary_max_tokens = max(64, int(prepared.body_budget * LLM_SHARE))
         summary_reply, memory_reply = await ask_both(
             llm,
             build_summary_request(
-                transcript,
+                prepared.transcript,
                 # The model updates its own text; code carries the ledger and key items forward.
-                previous_summary=(previous.lead or None) if previous is not None else None,
+                previous_summary=(prepared.previous.lead or None) if prepared.previous else None,
                 max_tokens=summary_max_tokens,
-                cjk=cjk,
+                cjk=prepared.cjk,
             ),
             summary_max_tokens,
-            build_memory_request(transcript, cjk=cjk),
+            build_memory_request(prepared.transcript, cjk=prepared.cjk),
             self.settings.memory_max_tokens,
             timeout_s=self.settings.llm_timeout_s,
         )
-        found, memory_error = extract_memory_items(memory_reply.text, [items[i] for i in fresh])
-        self.errors += [
-            e for e in (summary_reply.error, memory_reply.error, memory_error) if e is not None
-        ]
-        summary = compose_summary(
-            summary_reply.text,
-            previous,
-            ledger,
-            found,
-            quoted=[items[i].text for i in plan.quoted],
-            budget=body_budget,
-            folded_count=len(folded),
-            estimator=self.estimator,
+        done = await offload.run(
+            finish,
+            FinishJob(
+                messages=Packed.of(messages, crossing=crossing),
+                plan=plan,
+                tools=self.tools,
+                shape=shape,
+                estimator=self.estimator,
+                fold=prepared,
+                summary_reply=summary_reply.text,
+                memory_reply=memory_reply.text,
+            ),
         )
-        memory_items = summary.memory_items(found)
-        # The key decisions and user requests; what has no room is in memory_items: moved.
-        keys = [i.content for i in found] + list(ledger.requests)
-        verification = check_preserved(keys, summary.body, moved_to_memory=True)
-
-        inserted = summary_message(summary.body, shape)
-        compacted = [
-            *messages[: plan.head_end],
-            inserted,
-            *(messages[i] for i in plan.pinned),
-            *messages[plan.keep_from :],
+        self.errors += [
+            e for e in (summary_reply.error, memory_reply.error, done.memory_error) if e is not None
         ]
-        problems = check_compacted(messages, compacted, plan, shape=shape)
-        if problems:
-            logger.warning("compacted list failed its check: %s", "; ".join(problems))
-            return self.unchanged("check failed: " + "; ".join(problems[:3]))
-        tokens_after = estimate_request(compacted, self.tools, self.estimator)
-        if tokens_after >= plan.tokens_before:
+        if done.problems:
+            logger.warning("compacted list failed its check: %s", "; ".join(done.problems))
+            return self.unchanged("check failed: " + "; ".join(done.problems[:3]))
+        if done.tokens_after >= plan.tokens_before:
             return self.unchanged("compaction would not make the request smaller")
 
+        # The list is rebuilt here from the caller's own objects (a job's result is a copy).
+        inserted = done.summary_message
+        compacted = compacted_list(messages, plan, inserted)
+        memory_items = done.memory_items
         if flush_memory and (
             error := await self.compactor.flush_memory(session_id, self.compaction_id, memory_items)
         ):
             self.errors.append(error)
         return CompactionResult(
             messages=compacted,
-            path=summary.path,
+            path=done.summary.path,
             reason=plan.note or f"folded {len(folded)} messages",
             keep_from=plan.keep_from,
             prefix_len=plan.head_end + 1 + len(plan.pinned),
-            summary_text=summary.body,
+            summary_text=done.summary.body,
             summary_message=inserted,
             memory_items=memory_items,
-            verification=verification,
+            verification=done.verification,
             tokens_before=plan.tokens_before,
-            tokens_after=tokens_after,
-            fits=plan.fits and tokens_after <= plan.target_tokens,
+            tokens_after=done.tokens_after,
+            fits=plan.fits and done.tokens_after <= plan.target_tokens,
             compaction_id=self.compaction_id,
             duration_s=self.compactor.clock() - self.started,
             folded_count=len(folded),
             errors=tuple(self.errors),
         )
-
-    def _too_little(self, folded: Sequence[int]) -> bool:
-        """True when the folded messages are no bigger than the smallest summary replacing them."""
-        return is_too_little(self._tokens_of(folded), self._framing_tokens())
-
-    def _body_budget(self, fresh: Sequence[int]) -> int:
-        framing, replaced = self._framing_tokens(), self._tokens_of(fresh)
-        return body_budget(self.plan.summary_budget_tokens, framing, replaced)
-
-    def _framing_tokens(self) -> int:
-        return self.estimator.count_message(summary_message("", self.shape))
-
-    def _tokens_of(self, indices: Sequence[int]) -> int:
-        return sum(self.estimator.count_message(self.messages[i]) for i in indices)

@@ -1,9 +1,9 @@
 """Ledgers: what the folded messages did, collected by code rather than by the model.
 
 The user's requests, a tool trail (every call: its name, clipped arguments and outcome: exit
-status, first error line, ids found in the result; shell commands shown as `$ command`), the
-files touched, and the numbers and identifiers the user and assistant mentioned (scan.py finds
-them in each text). Nothing is capped away here: the summary renders what fits its budget and the
+status, the final exception or first error line, a failed command's last printed line, ids found
+in the result; shell commands shown as `$ command`), the files touched, and the numbers and
+identifiers the user and assistant mentioned (scan.py finds them in each text). Nothing is capped away here: the summary renders what fits its budget and the
 rest goes to the memory file (see composition.py), so nothing collected is silently lost.
 """
 
@@ -18,10 +18,12 @@ from compaction.scan import (
     call_commands_and_paths,
     command_key,
     fenced_commands,
+    final_exception,
     find_paths,
     first_error_line,
     first_lines,
     is_shell_tool,
+    last_output_line,
     mentioned_values,
     strip_fences,
 )
@@ -143,14 +145,23 @@ def _short(value: object) -> str:
 
 
 def _outcome(result: str) -> str:
-    """Exit status, first error line and ids of a tool result; "ok" when it says nothing else."""
+    """Exit status, error and ids of a tool result; "ok" when it says nothing else.
+
+    The error is the exception that ended a Python traceback (of a chained one, the last raised),
+    else the first line that reads as an error. A failed command (non-zero exit) also shows the
+    last line it printed, which is where most tools say why (`pytest: command not found`)."""
     parts: list[str] = []
     status = _EXIT_STATUS.search(result)
-    if status:
-        parts.append(f"exit {status.group(1) or status.group(2)}")
-    error = first_error_line(result)
+    code = (status.group(1) or status.group(2)) if status else None
+    if code is not None:
+        parts.append(f"exit {code}")
+    error = final_exception(result) or first_error_line(result)
     if error:
         parts.append(error)
+    if code is not None and int(code) != 0:
+        last = last_output_line(result)
+        if last and not (error and last in error):
+            parts.append(last)
     ids = list(dict.fromkeys(value for _, value in _RESULT_ID.findall(result)))
     if ids:
         parts.append("ids: " + ", ".join(ids[:MAX_IDS_PER_RESULT]))

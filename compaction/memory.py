@@ -29,7 +29,6 @@ from typing import Protocol
 import orjson
 from cachetools import LRUCache
 
-from compaction.text import normalize
 from compaction.types import MemoryItem, as_memory_type
 
 FILE_NAME = "compaction_flush.jsonl"
@@ -53,8 +52,9 @@ def is_valid_session_id(value: str) -> bool:
 
 
 def item_identity(content: str) -> str:
-    """What two items must share to count as the same: case, spacing and end punctuation aside."""
-    return normalize(content).rstrip(".。!！")
+    """What two items must share to count as the same: case, spacing and end punctuation aside
+    (MemoryItem.identity, for a text read back from the file)."""
+    return MemoryItem(type="fact", content=content).identity
 
 
 class ItemClaims(Protocol):
@@ -126,10 +126,12 @@ class MemoryWriter:
                 self._seen[session_id] = seen
             timestamp = self._now().astimezone(UTC).isoformat()
             records: list[dict[str, str]] = []
+            claims: list[str] = []
             for item in items:
-                key = (item.type, item_identity(item.content))
+                key = (item.type, item.identity)  # computed where the item was made
                 if key in seen:
                     continue
+                claims.append(f"{item.type}\x00{item.identity}")
                 seen.add(key)
                 records.append(
                     {
@@ -141,7 +143,7 @@ class MemoryWriter:
                     }
                 )
             if records and self._claims is not None:
-                records = await self._claimed(session_id, records)
+                records = await self._claimed(session_id, records, claims)
             if records:
                 try:
                     await asyncio.to_thread(_append_lines, path, records, self._write)
@@ -155,12 +157,11 @@ class MemoryWriter:
             return records
 
     async def _claimed(
-        self, session_id: str, records: list[dict[str, str]]
+        self, session_id: str, records: list[dict[str, str]], keys: list[str]
     ) -> list[dict[str, str]]:
-        """The records no other writer has claimed; all of them when the claims cannot be asked
-        (this writer's own de-duplication still holds)."""
+        """The records no other writer has claimed (`keys`: their claim keys); all of them when
+        the claims cannot be asked (this writer's own de-duplication still holds)."""
         assert self._claims is not None
-        keys = [_claim_key(record) for record in records]
         try:
             fresh = await self._claims.claim(session_id, keys)
         except Exception:

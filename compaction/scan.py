@@ -113,6 +113,20 @@ _ERROR_LINE = re.compile(
     r"|(?:error|ERROR|fatal|panic):[ \t]*(?:\n[ \t]*)?\S[^\n]*)$",
     re.MULTILINE,
 )
+_TRACEBACK_HEADER = "Traceback (most recent call last):"
+# Frames are indented (`  File …`, the code, `^^^^` markers); the exception line is not.
+_TRACEBACK_END = re.compile(
+    re.escape(_TRACEBACK_HEADER) + r"[^\n]*\n(?:(?:[ \t\r][^\n]*)?\n)*(\S[^\n]*)"
+)
+_TAIL_CHARS = 4000
+_DECORATION = "=-*~"
+_NOT_OUTPUT = re.compile(
+    r"</?[\w-]+>$"  # a tag of the harness's own (`</output>`)
+    r"|\S+@\S+:.*[#$]$"  # a shell prompt (`root@host:/repo #`)
+    r"|\[?(?:Command finished with )?exit code[ :=]*-?\d+\]?$"
+    r"|<returncode>",
+    re.IGNORECASE,
+)
 # A number of three or more digits is shown with the words before it (or, opening a line, after
 # it): "order 12345", never a bare 12345. The digits are found over the whole text; each hit looks
 # only at a bounded slice around it, so no long run can make the scan quadratic.
@@ -196,6 +210,28 @@ def error_lines(text: str) -> list[str]:
 def first_error_line(text: str) -> str | None:
     found = _ERROR_LINE.search(text)
     return clip_end(collapse_spaces(found.group(0)), ERROR_CHARS) if found else None
+
+
+def final_exception(text: str) -> str | None:
+    """The exception that ended the last Python traceback of `text` (of a chained traceback, the
+    one raised last, not its cause): the first unindented line after the last frames."""
+    start = text.rfind(_TRACEBACK_HEADER)
+    found = _TRACEBACK_END.match(text, start) if start >= 0 else None
+    return clip_end(collapse_spaces(found.group(1)), ERROR_CHARS) if found else None
+
+
+def last_output_line(text: str) -> str | None:
+    """The last line a command printed that says something: blank lines, decoration (`=====`),
+    lone tags (`</output>`), shell prompts and the exit status line are passed over. Only the
+    tail is read, so a huge output costs no more than a short one."""
+    lines = text[-_TAIL_CHARS:].splitlines()
+    if len(text) > _TAIL_CHARS:
+        lines = lines[1:]  # the tail may open inside a line
+    for line in reversed(lines):
+        stripped = line.strip().strip(_DECORATION).strip()
+        if stripped and not _NOT_OUTPUT.match(stripped):
+            return clip_end(collapse_spaces(stripped), ERROR_CHARS)
+    return None
 
 
 def strip_fences(text: str) -> str:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal, Protocol
 
+from compaction.text import normalize
+
 Message = dict[str, Any]
 """One chat message as the caller sent it. Never copied, never edited in place."""
 
@@ -159,6 +161,13 @@ class Plan:
 class MemoryItem:
     type: MemoryType
     content: str
+
+    @cached_property
+    def identity(self) -> str:
+        """What two items must share to count as the same: case, spacing and end punctuation
+        aside. Cached: it is computed where the item is made (a worker process) and travels with
+        it, so the memory writer on the event loop does not normalize thousands of texts."""
+        return normalize(self.content).rstrip(".。!！")
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,13 @@ from proxy import keys
 from proxy.compacting.hook import build_hook
 from proxy.compacting.llm_client import LLMFactory
 from proxy.compacting.stores.backend import StateBackend, build_backend
+from proxy.compacting.workers import Workers
 from proxy.hook import Hook
 from proxy.http import admin, handlers
 from proxy.http.middlewares import error_middleware, observe_middleware
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
+from proxy.lag import watch_loop_lag
 from proxy.metrics import Metrics
 from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks
@@ -47,6 +49,7 @@ def create_app(
     )
     app[keys.TASKS] = BackgroundTasks()
     app[keys.UPSTREAM] = Upstream(settings.upstream, app[keys.METRICS])
+    app[keys.WORKERS] = Workers(settings.compaction.workers)
     state: StateBackend | None = None
     if hook is None:
         state = build_backend(
@@ -61,9 +64,11 @@ def create_app(
             records=app[keys.RECORDS],
             metrics=app[keys.METRICS].compaction,
             tasks=app[keys.TASKS],
+            offload=app[keys.WORKERS],
         )
     app[keys.HOOK] = hook
     app.cleanup_ctx.append(_upstream_ctx)
+    app.cleanup_ctx.append(_workers_ctx)
     if state is not None:
         app.cleanup_ctx.append(_state_ctx(state))
     # Cleanup runs in reverse order: background work stops before the ClientSession closes.
@@ -83,6 +88,15 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         await upstream.close()
 
 
+async def _workers_ctx(app: web.Application) -> AsyncIterator[None]:
+    workers = app[keys.WORKERS]
+    workers.open()
+    try:
+        yield
+    finally:
+        await workers.close()
+
+
 def _state_ctx(state: StateBackend) -> Callable[[web.Application], AsyncIterator[None]]:
     """Open the state backend at start (an unreachable one is reported, never fatal) and close
     it after the background work stopped, so pending writes land."""
@@ -98,6 +112,7 @@ def _state_ctx(state: StateBackend) -> Callable[[web.Application], AsyncIterator
 
 
 async def _tasks_ctx(app: web.Application) -> AsyncIterator[None]:
+    app[keys.TASKS].spawn(watch_loop_lag(app[keys.METRICS].loop_lag), name="loop-lag")
     yield
     await app[keys.TASKS].close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from proxy.compacting.workers import Workers
 from proxy.hook import Hook
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
@@ -19,5 +20,7 @@ HOOK: web.AppKey[Hook] = web.AppKey("hook")
 TASKS = web.AppKey("tasks", BackgroundTasks)
 # Its ClientSession opens while the app starts (it needs the running loop); see app.create_app.
 UPSTREAM = web.AppKey("upstream", Upstream)
+# The processes compactions' CPU work runs in (started on first use, stopped with the app).
+WORKERS = web.AppKey("workers", Workers)
 
 REQUEST_INFO = web.RequestKey("request_info", RequestInfo)

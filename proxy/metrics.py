@@ -23,6 +23,9 @@ from prometheus_client.metrics_core import Metric
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 )  # fmt: skip
+_LAG_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
 
 
 class Metrics:
@@ -71,6 +74,14 @@ class Metrics:
             "compaction_proxy_client_disconnects",
             "Clients that went away before their response was complete.",
             ("route",),
+            registry=r,
+        )
+
+        self.loop_lag = Histogram(
+            "compaction_proxy_event_loop_lag_seconds",
+            "How late the event loop woke a timer (sampled every 50 ms): how long any request "
+            "may have waited behind work on the loop.",
+            buckets=_LAG_BUCKETS,
             registry=r,
         )
 

@@ -107,6 +107,8 @@ class CompactionSection(_Section):
     failure_cooldown_s: float = Field(default=300, ge=0)
     checkpoint_max_entries: int = Field(default=10000, gt=0)
     checkpoint_ttl_s: float = Field(default=21600, gt=0)
+    known_requests_mb: float = Field(default=256, ge=0)
+    workers: int = Field(default=1, ge=0)
     strict_alternation: bool = library.STRICT_ALTERNATION
 
     @field_validator("target_ratio")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from cachetools import LRUCache
@@ -23,9 +22,11 @@ from compaction.checkpoints import (
     CheckpointStore,
     View,
     checkpoint_after,
+    plan_key,
     prefix_digests,
 )
 from compaction.types import ChatLLM
+from proxy.compacting.fallback import fallback
 from proxy.compacting.flight import (
     SingleFlight,
     is_running,
@@ -36,23 +37,12 @@ from proxy.compacting.flight import (
 from proxy.compacting.forwarded import Forwarded
 from proxy.compacting.llm_client import LLMFactory
 from proxy.compacting.records import record_compaction
-from proxy.compacting.request import ParsedRequest
+from proxy.compacting.request import Decision, ParsedRequest
 from proxy.compacting.stores.backend import StateBackend, stored_under
 from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
 from proxy.settings import CompactionSection
 from proxy.tasks import BackgroundTasks
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What to forward for one request, and what the response headers say about it."""
-
-    messages: list[Any]
-    status: str
-    tokens_before: int
-    tokens_after: int
-    compaction_id: str | None
 
 
 class Conversations:
@@ -89,12 +79,14 @@ class Conversations:
     def needs(self, req: ParsedRequest, tokens: int) -> bool:
         return self._compactor.needs_compaction(tokens, req.window, req.max_output_tokens)
 
-    async def compact(self, req: ParsedRequest, before: int) -> Decision:
+    async def compact(
+        self, req: ParsedRequest, before: int, digests: Sequence[bytes] | None = None
+    ) -> Decision:
         """At the trigger: reuse a checkpoint whose view fits, else wait for a compaction of this
-        conversation already under way, else compact the view once more."""
+        conversation already under way, else compact the view once more (`digests`: known)."""
         deadline = self._clock() + self._options.summary_timeout_s
-        digests = prefix_digests(req.messages, req.seed)
-        view, tokens, _ = await self.view(req, digests)
+        digests = digests or prefix_digests(req.messages, req.seed)
+        view, tokens, _ = await self.view(req, digests, before)
         if view.base is not None and not self.needs(req, tokens):
             return await self._reused(view, before, tokens)
         remaining = max(0.0, deadline - self._clock())
@@ -117,12 +109,17 @@ class Conversations:
             await self._flush_reserve(req, reserve)
         return await self._compact_view(req, view, tokens, digests, before, deadline, "overflow")
 
-    # -- shared with proxy.compacting.precompute ----------------------------------------------
+    # -- shared with proxy.compacting.precompute and recall -------------------------------------
+
+    async def latest(self, digests: Sequence[bytes], count: int) -> Checkpoint | None:
+        """The checkpoint of the longest remembered prefix of a request of `count` messages."""
+        return await self._store.longest(digests[: count - 1])  # the last is the new turn
 
     async def view(
-        self, req: ParsedRequest, digests: Sequence[bytes]
+        self, req: ParsedRequest, digests: Sequence[bytes], original_tokens: int | None = None
     ) -> tuple[View, int, Checkpoint | None]:
-        """The view to forward, its tokens, and a precomputed checkpoint still held in reserve.
+        """The view to forward, its tokens (`original_tokens`: the original's, when known), and
+        a precomputed checkpoint still held in reserve.
 
         A checkpoint prepared ahead of the trigger is used only once the view it extends (its
         parent's, or the original) reaches the trigger: applied earlier, it would move every
@@ -131,9 +128,11 @@ class Conversations:
         # The last message is never part of a checkpoint: it is the new turn.
         newest = await self._store.longest(digests[:-1])
         view = View.of(req.messages, newest)
+        if newest is None and original_tokens is not None:
+            return view, original_tokens, None
         if newest is None or not newest.precomputed:
             return view, self.estimate(req, view.messages), None
-        parent = await self._stored(digests, newest.parent)
+        parent = await self.stored(digests, newest.parent)
         parent_view = View.of(req.messages, parent)
         parent_tokens = self.estimate(req, parent_view.messages)
         if self.needs(req, parent_tokens):
@@ -141,8 +140,10 @@ class Conversations:
             return view, self.estimate(req, view.messages), None
         return parent_view, parent_tokens, newest
 
-    def plan(self, req: ParsedRequest, view: View, *, target_ratio: float | None = None) -> Plan:
-        return self._compactor.plan(
+    async def plan(
+        self, req: ParsedRequest, view: View, *, target_ratio: float | None = None
+    ) -> Plan:
+        return await self._compactor.plan_async(
             view.messages,
             window=req.window,
             tools=req.extras,
@@ -157,15 +158,15 @@ class Conversations:
 
     async def is_stored(self, digests: Sequence[bytes], plan: Plan, view: View) -> bool:
         """True when the checkpoint `plan` would produce is already in the store."""
-        key = _key(view, plan, digests)
-        return key is not None and await self._stored(digests, key) is not None
+        key = plan_key(view, plan, digests)
+        return key is not None and await self.stored(digests, key) is not None
 
     def start(
         self, req: ParsedRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
     ) -> asyncio.Task[CompactionResult | Checkpoint] | None:
         """The (single-flight) summarization carrying out `plan`, or the checkpoint another
         process stored for it; None if it folds nothing new."""
-        key = _key(view, plan, digests)
+        key = plan_key(view, plan, digests)
         if key is None:
             return None
         return self._flight.start(
@@ -174,7 +175,7 @@ class Conversations:
                 self._state,
                 key,
                 lambda: self._summarize(req, view, plan, digests, reason),
-                lambda: self._stored(digests, key),
+                lambda: self.stored(digests, key),
                 # As long as the summarizer call itself may take (see hook.build_hook).
                 budget_s=self._options.summary_timeout_s * 3,
             ),
@@ -193,7 +194,7 @@ class Conversations:
         deadline: float,
         reason: str,
     ) -> Decision:
-        plan = self.plan(req, view)
+        plan = await self.plan(req, view)
         task = self.start(req, view, plan, digests, reason)
         if task is None:
             return await self._as_is(view, before, tokens)
@@ -207,7 +208,7 @@ class Conversations:
             # writer skips items already there).
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
-            result = await self._run(req, view, plan, llm=None)
+            result = await fallback(self._run(req, view, plan, llm=None), view, plan, req)
         if not isinstance(result, Checkpoint) and result.path == "unchanged":
             return await self._as_is(view, before, tokens)
         await self._forwarded.add(result.compaction_id)
@@ -229,10 +230,14 @@ class Conversations:
 
     async def _reused(self, view: View, before: int, tokens: int) -> Decision:
         """`view` substitutes a checkpoint: "reused", or "applied" the first time it goes out."""
-        self._metrics.checkpoint_hits.inc()
         assert view.base is not None
-        status = "applied" if await self._forwarded.is_new(view.base.compaction_id) else "reused"
+        status = await self.substituted(view.base.compaction_id)
         return Decision(view.messages, status, before, tokens, view.base.compaction_id)
+
+    async def substituted(self, compaction_id: str) -> str:
+        """Count a checkpoint going out: "reused", or "applied" the first time it does."""
+        self._metrics.checkpoint_hits.inc()
+        return "applied" if await self._forwarded.is_new(compaction_id) else "reused"
 
     async def _summarize(
         self, req: ParsedRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
@@ -284,17 +289,5 @@ class Conversations:
             req.session_id, reserve.compaction_id, reserve.memory_items
         )
 
-    async def _stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:
+    async def stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:
         return await stored_under(self._store, digests, key)
-
-
-def _key(view: View, plan: Plan, digests: Sequence[bytes]) -> bytes | None:
-    """The checkpoint key the plan would produce; None when it folds nothing new."""
-    if plan.keep_from <= plan.head_end or not plan.folded:
-        return None
-    if view.base is not None and plan.keep_from < view.base.prefix_len:
-        return None
-    cut = view.original_index(plan.keep_from)
-    if cut is None or not 0 < cut <= len(digests):
-        return None
-    return digests[cut - 1]

@@ -8,13 +8,14 @@ purpose (like a flow): the retry replaces what was sent, and calibration reads w
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from proxy.compacting.calibration import Calibration
-from proxy.compacting.conversations import Conversations, Decision
+from proxy.compacting.conversations import Conversations
 from proxy.compacting.overflow import LearnedWindows, parse_overflow
-from proxy.compacting.request import ParsedRequest
+from proxy.compacting.request import Decision, ParsedRequest
+from proxy.hook import Exchange, Passthrough
 from proxy.metrics import CompactionMetrics
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,12 @@ class CompactedExchange:
         calibration: Calibration,
         learned: LearnedWindows,
         metrics: CompactionMetrics,
+        full: Callable[[], ParsedRequest] | None = None,
     ) -> None:
+        """`full` parses the whole request when `request` was built without its messages (a
+        recognized continuation, proxy.compacting.recall): only a retry needs them."""
         self._request = request
+        self._full = full
         self._body = body
         self._tokens = tokens
         self._headers = headers
@@ -74,6 +79,8 @@ class CompactedExchange:
         overflow = parse_overflow(status, body)
         if overflow is None:
             return None
+        if self._full is not None:
+            self._request, self._full = self._full(), None
         request = self._request
         raw_forwarded = self._tokens / request.factor
         if overflow.requested and raw_forwarded > 0:
@@ -134,3 +141,45 @@ def describe(request: ParsedRequest, decision: Decision) -> dict[str, str]:
     if decision.compaction_id:
         headers[COMPACTION_ID] = decision.compaction_id
     return headers
+
+
+class UnparsedExchange:
+    """The exchange of a request forwarded unparsed: passes through, unless the upstream
+    answers a context-length error; then `retry` parses and compacts it, and the exchange that
+    made the retry speaks for the request from then on (headers, calibration)."""
+
+    def __init__(
+        self,
+        untouched: Passthrough,
+        retry: Callable[[int, bytes], Awaitable[CompactedExchange | None]],
+    ) -> None:
+        self._current: Exchange = untouched
+        self._retry = retry
+
+    @property
+    def body(self) -> bytes:
+        return self._current.body
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._current.headers
+
+    @property
+    def session_id(self) -> str | None:
+        return self._current.session_id
+
+    @property
+    def wants_usage(self) -> bool:
+        return self._current.wants_usage
+
+    async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
+        if not isinstance(self._current, Passthrough):
+            return None  # one retry only
+        retried = await self._retry(status, body)
+        if retried is None:
+            return None
+        self._current = retried
+        return retried.body
+
+    def observe(self, status: int, usage: dict[str, Any] | None) -> None:
+        self._current.observe(status, usage)

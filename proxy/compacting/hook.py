@@ -11,19 +11,33 @@ Anything that fails here forwards the original request; it never fails the agent
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from compaction import Compactor, HeuristicEstimator, MemoryWriter
 from compaction.checkpoints import CheckpointStore, conversation_seed
+from compaction.offload import Offload
 from proxy.compacting.calibration import Calibration
-from proxy.compacting.conversations import Conversations, Decision
+from proxy.compacting.conversations import Conversations
 from proxy.compacting.dialects import Dialect, NotCompactable, for_route
-from proxy.compacting.exchange import SESSION, STATUS, CompactedExchange, describe
+from proxy.compacting.exchange import (
+    SESSION,
+    STATUS,
+    CompactedExchange,
+    UnparsedExchange,
+    describe,
+)
+from proxy.compacting.known import Known, KnownRequests, view_parts
 from proxy.compacting.llm_client import LLMFactory, UpstreamLLMFactory
 from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.precompute import Precompute
-from proxy.compacting.request import ParsedRequest, fingerprint, may_need_parsing, model_of
+from proxy.compacting.recall import Recall, estimate_known
+from proxy.compacting.request import (
+    Decision,
+    ParsedRequest,
+    fingerprint,
+    may_need_parsing,
+    model_of,
+)
 from proxy.compacting.stores.backend import StateBackend
 from proxy.compacting.stores.memory import MemoryStore
 from proxy.hook import Exchange, Passthrough, RequestContext
@@ -40,6 +54,8 @@ log = logging.getLogger(__name__)
 _AUTH_HEADERS = ("api-key", "x-api-key", "OpenAI-Organization", "OpenAI-Project")
 # How much longer than a waiting request the summarizer call itself may take.
 _BACKGROUND_TIMEOUT_FACTOR = 3
+# Below this a body is parsed whole in well under a millisecond: not worth remembering.
+_KNOWN_MIN_BODY_BYTES = 64 * 1024
 
 
 class CompactingHook:
@@ -50,6 +66,7 @@ class CompactingHook:
         conversations: Conversations,
         precompute: Precompute,
         metrics: CompactionMetrics,
+        known: KnownRequests | None = None,
     ) -> None:
         self._settings = settings
         self._options = settings.compaction
@@ -58,6 +75,14 @@ class CompactingHook:
         self._metrics = metrics
         self.calibration = Calibration()
         self.learned = LearnedWindows()
+        self._recall = Recall(
+            known or KnownRequests(max_bytes=0, min_body_bytes=0),
+            conversations=conversations,
+            precompute=precompute,
+            metrics=metrics,
+            calibration=self.calibration,
+            learned=self.learned,
+        )
         models = settings.models
         self._smallest_window = min(
             [models.default_context_window, *models.context_windows.values()]
@@ -73,16 +98,32 @@ class CompactingHook:
         if not self._may_reach(body):
             # Not parsed; but should the upstream refuse it as too long, the window we assumed
             # is wrong: parse it then, compact and retry (see _retry_unparsed).
-            return _Unparsed(
+            return UnparsedExchange(
                 untouched,
                 lambda status, error: self._retry_unparsed(ctx, dialect, body, status, error),
             )
+        # Long conversations are remembered; for now in the chat dialect only.
+        key = self._recall.key(ctx, body) if dialect.name == "chat" else None
+        known = None
+        if key is not None:
+            recalled, known = await self._recall.recall(
+                key,
+                body,
+                lambda fields, opening, fp: self._request_of(
+                    ctx, dialect, body, fields, [], opening, fp
+                ),
+                lambda: self._parse(ctx, dialect, body),
+            )
+            if recalled is not None:
+                return recalled
         try:
             request = self._parse(ctx, dialect, body)
         except NotCompactable:
             return untouched
+        if key is not None and known is None:
+            known = await self._recall.learn(key, body, request)
         try:
-            return await self._prepare(body, request)
+            return await self._prepare(body, request, known)
         except Exception:  # fail open: the agent's request always goes through
             log.exception("compaction failed; forwarding the original request")
             self._metrics.errors.inc()
@@ -119,6 +160,20 @@ class CompactingHook:
 
     def _parse(self, ctx: RequestContext, dialect: Dialect, body: bytes) -> ParsedRequest:
         payload, messages = dialect.parse(body)
+        return self._request_of(ctx, dialect, body, payload, messages, messages, None)
+
+    def _request_of(
+        self,
+        ctx: RequestContext,
+        dialect: Dialect,
+        body: bytes,
+        payload: dict[str, Any],
+        messages: list[Any],
+        opening_messages: list[Any],
+        opening: str | None,
+    ) -> ParsedRequest:
+        """The request from its payload; `opening_messages` holds at least its messages up to
+        the first user message (all a fingerprint reads); `opening`, their fingerprint if known."""
         model = model_of(payload)
         auth = {name: ctx.headers[name] for name in _AUTH_HEADERS if name in ctx.headers}
         tenant = conversation_seed(ctx.credential or "", *auth.values())
@@ -126,7 +181,8 @@ class CompactingHook:
         auth.update(
             {name: ctx.headers[name] for name in dialect.call_headers if name in ctx.headers}
         )
-        opening = fingerprint(dialect.opening(payload, messages), tenant)
+        if opening is None:  # hashing the opening costs as much as the first user message is long
+            opening = fingerprint(dialect.opening(payload, opening_messages), tenant)
         session_id = ctx.explicit_session or opening
         factor = self.calibration.factor(model)
         return ParsedRequest(
@@ -148,24 +204,29 @@ class CompactingHook:
             estimator=HeuristicEstimator(factor, shape=dialect.shape),
         )
 
-    async def _prepare(self, body: bytes, request: ParsedRequest) -> Exchange:
-        tokens = self._conversations.estimate(request, request.messages)
+    async def _prepare(self, body: bytes, request: ParsedRequest, known: Known | None) -> Exchange:
+        if known is not None:  # counted off the loop already
+            tokens = estimate_known(request, known)
+        else:
+            tokens = self._conversations.estimate(request, request.messages)
         if self._conversations.needs(request, tokens):
-            decision = await self._conversations.compact(request, tokens)
+            digests = known.request_digests() if known is not None else None
+            decision = await self._conversations.compact(request, tokens, digests)
         else:
             decision = Decision(request.messages, "none", tokens, tokens, None)
         self._metrics.decisions.labels(status=decision.status, dialect=request.dialect.name).inc()
         self._precompute.after_forwarding(request, decision.tokens_after, tokens)
-        return self._exchange(body, request, decision)
+        return self._exchange(body, request, decision, known)
 
     def _exchange(
-        self, body: bytes, request: ParsedRequest, decision: Decision
+        self, body: bytes, request: ParsedRequest, decision: Decision, known: Known | None = None
     ) -> CompactedExchange:
-        forwarded = (
-            request.serialize(decision.messages)
-            if decision.messages is not request.messages
-            else body
-        )
+        if decision.messages is request.messages:
+            forwarded = body
+        elif known is not None:
+            forwarded = known.splice(view_parts(request.messages, decision.messages))
+        else:
+            forwarded = request.serialize(decision.messages)
         return CompactedExchange(
             request,
             body=forwarded,
@@ -176,48 +237,6 @@ class CompactingHook:
             learned=self.learned,
             metrics=self._metrics,
         )
-
-
-class _Unparsed:
-    """The exchange of a request forwarded unparsed: passes through, unless the upstream
-    answers a context-length error; then `retry` parses and compacts it, and the exchange that
-    made the retry speaks for the request from then on (headers, calibration)."""
-
-    def __init__(
-        self,
-        untouched: Passthrough,
-        retry: Callable[[int, bytes], Awaitable[CompactedExchange | None]],
-    ) -> None:
-        self._current: Exchange = untouched
-        self._retry = retry
-
-    @property
-    def body(self) -> bytes:
-        return self._current.body
-
-    @property
-    def headers(self) -> Mapping[str, str]:
-        return self._current.headers
-
-    @property
-    def session_id(self) -> str | None:
-        return self._current.session_id
-
-    @property
-    def wants_usage(self) -> bool:
-        return self._current.wants_usage
-
-    async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
-        if not isinstance(self._current, Passthrough):
-            return None  # one retry only
-        retried = await self._retry(status, body)
-        if retried is None:
-            return None
-        self._current = retried
-        return retried.body
-
-    def observe(self, status: int, usage: dict[str, Any] | None) -> None:
-        self._current.observe(status, usage)
 
 
 def build_hook(
@@ -231,10 +250,12 @@ def build_hook(
     tasks: BackgroundTasks,
     compactor: Compactor | None = None,
     state: StateBackend | None = None,
+    offload: Offload | None = None,
 ) -> CompactingHook:
     """The compacting hook, configured from `settings` (see app.create_app). `llm_for` defaults
-    to summarizers over `upstream`, `compactor` to the library's, configured from `settings`,
-    `state` (cooldowns, single-flight leases) to the process's own."""
+    to summarizers over `upstream`, `compactor` to the library's, configured from `settings`
+    with `offload` running compactions' CPU work (default: inline), `state` (cooldowns,
+    single-flight leases) to the process's own."""
     options = settings.compaction
     state = state or MemoryStore(
         options.checkpoint_max_entries,
@@ -248,6 +269,7 @@ def build_hook(
     compactor = compactor or Compactor(
         settings=options.library_settings(llm_timeout_s=llm_timeout_s),
         memory=MemoryWriter(settings.memory.dir, claims=state),
+        offload=offload,
     )
     conversations = Conversations(
         options,
@@ -264,4 +286,9 @@ def build_hook(
         conversations=conversations,
         precompute=Precompute(options, conversations, tasks),
         metrics=metrics,
+        known=KnownRequests(
+            max_bytes=int(options.known_requests_mb * 1024 * 1024),
+            min_body_bytes=_KNOWN_MIN_BODY_BYTES,
+            offload=offload,
+        ),
     )

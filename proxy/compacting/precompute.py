@@ -16,6 +16,9 @@ from proxy.compacting.request import ParsedRequest
 from proxy.settings import CompactionSection
 from proxy.tasks import BackgroundTasks
 
+# Growth (share of the window) after which a conversation with nothing to fold is checked again.
+_RECHECK_GROWTH = 0.02
+
 MIN_PRECOMPUTE_TARGET_RATIO = 0.35
 """However early a reserve is prepared, it never folds the request below this share."""
 
@@ -31,11 +34,17 @@ class Precompute:
         # to find nothing to do (a shorter, edited or other conversation falls outside it).
         self._quiet: LRUCache[bytes, tuple[int, int]] = LRUCache(options.checkpoint_max_entries)
 
+    def would_start(self, request: ParsedRequest, forwarded_tokens: int, raw_tokens: int) -> bool:
+        """True when `after_forwarding` would start preparing (it needs the parsed messages)."""
+        return forwarded_tokens >= self._threshold(request) and not self._is_quiet(
+            request, raw_tokens
+        )
+
     def after_forwarding(
         self, request: ParsedRequest, forwarded_tokens: int, raw_tokens: int
     ) -> None:
         """Start preparing the next checkpoint if the forwarded view is past the ratio."""
-        if forwarded_tokens < self._threshold(request) or self._is_quiet(request, raw_tokens):
+        if not self.would_start(request, forwarded_tokens, raw_tokens):
             return
         if self._tasks.closed:  # shutting down: no new background work
             return
@@ -60,9 +69,14 @@ class Precompute:
             # History only grows: nothing to do until the view grows past the threshold.
             self._quiet_for(request, raw_tokens, threshold - tokens)
             return
-        plan = conversations.plan(request, view, target_ratio=self._target_ratio(request, tokens))
-        if not await conversations.is_stored(digests, plan, view):
-            conversations.start(request, view, plan, digests, "precompute")
+        ratio = self._target_ratio(request, tokens)
+        plan = await conversations.plan(request, view, target_ratio=ratio)
+        if await conversations.is_stored(digests, plan, view):
+            return
+        if conversations.start(request, view, plan, digests, "precompute") is None:
+            # Nothing new to fold yet (the recent rounds are all there is): look again once the
+            # conversation grew a little, not on every request.
+            self._quiet_for(request, raw_tokens, _RECHECK_GROWTH * request.window)
 
     def _target_ratio(self, request: ParsedRequest, tokens: int) -> float:
         """The target minus the growth still to come before the trigger: applied then, the

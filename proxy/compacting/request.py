@@ -85,6 +85,17 @@ class ParsedRequest:
         return self.dialect.serialize(self.body, self.payload, messages)
 
 
+@dataclass(frozen=True)
+class Decision:
+    """What to forward for one request, and what the response headers say about it."""
+
+    messages: list[Any]
+    status: str
+    tokens_before: int
+    tokens_after: int
+    compaction_id: str | None
+
+
 def model_of(payload: dict[str, Any]) -> str:
     model = payload.get("model")
     return model if isinstance(model, str) else ""

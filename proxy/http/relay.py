@@ -40,7 +40,9 @@ async def relay(
     """Send `upstream` to the client, its body read from `chunks` (Upstream.chunks, where the
     upstream's failures are mapped); `already_read` is body the caller read first (it is sent
     before the rest). Closes `upstream` unless it was read to the end."""
-    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+    # A body of known length follows its headers at once: send both in one write.
+    kind = _HeadersWithBody if "Content-Length" in upstream.headers else web.StreamResponse
+    response = kind(status=upstream.status, reason=upstream.reason)
     response.headers.extend(client_response_headers(upstream.headers))
     if extra_headers:
         response.headers.update(extra_headers)
@@ -85,6 +87,14 @@ async def relay(
             upstream.close()
         metrics.labelled(metrics.response_bytes, info.route).inc(sent)
     return response
+
+
+class _HeadersWithBody(web.StreamResponse):
+    """The headers wait for the first body bytes and go out with them (one write, not two, per
+    small response: aiohttp's own web.Response does the same). Only for a body of known
+    length: a stream's headers must not wait for its first event."""
+
+    _send_headers_immediately = False
 
 
 def _drop_client_connection(request: web.Request, response: web.StreamResponse) -> None:

@@ -14,7 +14,7 @@ import contextlib
 import functools
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -168,27 +168,38 @@ class Upstream:
         self._metrics.upstream_errors.labels(kind).inc()
 
 
-@contextlib.contextmanager
-def upstream_errors(
-    *, reading_body: bool, count: Callable[[str], None] | None = None
-) -> Iterator[None]:
+class upstream_errors:
     """The one exception map for every upstream call: aiohttp client errors (and timeouts,
     and connection errors) raised inside become ours, `raise ... from` the original.
 
     Before the response headers: a failed or timed-out connect is UpstreamUnreachable (502), no
     answer in time is UpstreamTimeout (504), anything else UpstreamUnreachable. While a body is
     read: UpstreamStreamCut, "stream_timeout" or "stream_cut". `count` gets the kind. A ProxyError
-    that caused the client error (our refusal of a body we were streaming) is raised as is."""
-    try:
-        yield
-    except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+    that caused the client error (our refusal of a body we were streaming) is raised as is.
+
+    A class rather than a generator context manager: it is entered for every chunk relayed."""
+
+    __slots__ = ("_count", "_reading_body")
+
+    def __init__(self, *, reading_body: bool, count: Callable[[str], None] | None = None) -> None:
+        self._reading_body = reading_body
+        self._count = count
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if exc is None or not isinstance(exc, (aiohttp.ClientError, TimeoutError, ConnectionError)):
+            return
         if isinstance(exc.__cause__, ProxyError):
             # Our own refusal of the request body being streamed (too large, undecodable),
             # wrapped by the client library's body writer: the client's error, not the upstream's.
             raise exc.__cause__ from None
-        kind, error = _translate(exc, reading_body=reading_body)
-        if count is not None:
-            count(kind)
+        name, error = _translate(exc, reading_body=self._reading_body)
+        if self._count is not None:
+            self._count(name)
         raise error from exc
 
 

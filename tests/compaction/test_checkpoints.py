@@ -11,6 +11,7 @@ from compaction.checkpoints import (
     checkpoint_after,
     conversation_seed,
     find_longest,
+    longest_of,
     prefix_digests,
 )
 from compaction.marker import SUMMARY_MARKER
@@ -163,3 +164,20 @@ def test_unchanged_results_and_copied_messages_are_not_recorded() -> None:
     assert checkpoint_after(View.of(messages, None), unchanged, digests) is None
     copied = _result(messages, 6, [messages[0], summary, dict(messages[5])], summary)
     assert checkpoint_after(View.of(messages, None), copied, digests) is None
+
+
+def test_the_tables_own_lookup_finds_what_a_key_by_key_search_finds() -> None:
+    messages = _conversation(8)
+    digests = prefix_digests(messages, b"seed")
+    now = [0.0]
+    store = MemoryCheckpointStore(max_entries=3, ttl_s=5, timer=lambda: now[0])
+    for cut in (3, 7, 11):
+        store.put(Checkpoint(digests[cut - 1], cut, 1, (), _summary(str(cut)), "c", "llm"))
+    # Under a key of its prefix, but not for that cut: never the answer.
+    store.put(Checkpoint(digests[12], 2, 1, (), _summary("wrong"), "c", "llm"))
+    for prefix in (digests[:5], digests[:9], digests[:13], digests):
+        expected = longest_of(store.get, prefix)
+        assert store.longest(prefix) is expected
+    assert store.longest(digests[:2]) is None
+    now[0] = 6.0  # every entry expired
+    assert store.longest(digests) is None

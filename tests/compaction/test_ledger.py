@@ -137,3 +137,73 @@ def test_values_with_commas_in_their_context_read_back_whole() -> None:
     assert ledger.values
     rendered = render_sections(ledger, (), estimator=ESTIMATOR, max_tokens=500)
     assert read_body(f"lead\n\n{rendered.text}").ledger.values == ledger.values
+
+
+def test_a_failed_command_keeps_the_last_line_it_printed() -> None:
+    # No line reads as an error: the message is the last thing the command printed.
+    observation = (
+        "<returncode>127</returncode>\n<output>\nbash: line 1: pytest: command not found\n</output>"
+    )
+    ledger = _ledger([user(observation)])
+    assert ledger.trail == (
+        "(an earlier call) → exit 127; bash: line 1: pytest: command not found",
+    )
+
+
+def test_the_last_line_skips_prompts_banners_and_the_exit_line() -> None:
+    call = tool_call(name="execute_bash", arguments={"command": "python -m pytest -q"})
+    result = (
+        "collected 3 items\r\n\r\n===== 1 failed, 2 passed in 0.12s =====\r\n"
+        "root@workspace:/repo # \n[Command finished with exit code 1]"
+    )
+    ledger = _ledger([assistant_calls(call), tool_result(call["id"], result)])
+    assert ledger.trail == ("$ python -m pytest -q → exit 1; 1 failed, 2 passed in 0.12s",)
+
+
+def test_a_successful_command_does_not_show_its_last_line() -> None:
+    ledger = _ledger([user("<returncode>0</returncode>\n<output>\nall good\n</output>")])
+    assert ledger.trail == ("(an earlier call) → exit 0",)
+
+
+def test_a_chained_traceback_keeps_the_exception_that_ended_the_run() -> None:
+    output = (
+        "Traceback (most recent call last):\n"
+        '  File "db.py", line 3, in execute\n'
+        "    return cursor.execute(sql)\n"
+        "sqlite3.OperationalError: no such table: book\n\n"
+        "The above exception was the direct cause of the following exception:\n\n"
+        "Traceback (most recent call last):\n"
+        '  File "run.py", line 9, in <module>\n'
+        "    main()\n"
+        "    ^^^^^^\n"
+        "django.db.utils.OperationalError: no such table: book\n"
+    )
+    ledger = _ledger([user(f"<returncode>1</returncode>\n<output>\n{output}</output>")])
+    assert ledger.trail == (
+        "(an earlier call) → exit 1; django.db.utils.OperationalError: no such table: book",
+    )
+
+
+def test_an_exception_not_named_error_closes_its_traceback() -> None:
+    output = (
+        "Traceback (most recent call last):\n"
+        '  File "s.py", line 2, in <module>\n'
+        "    next(iter([]))\n"
+        "StopIteration\n"
+    )
+    ledger = _ledger([user(f"<returncode>0</returncode>\n<output>\n{output}</output>")])
+    assert ledger.trail == ("(an earlier call) → exit 0; StopIteration",)
+
+
+def test_an_error_line_and_a_different_last_line_are_both_kept() -> None:
+    output = "error: could not build wheel\nnote: see the log above\nbuild failed after 3 steps\n"
+    ledger = _ledger([user(f"<returncode>2</returncode>\n<output>\n{output}</output>")])
+    assert ledger.trail == (
+        "(an earlier call) → exit 2; error: could not build wheel; build failed after 3 steps",
+    )
+
+
+def test_the_last_line_of_a_huge_output_is_found_from_its_tail() -> None:
+    output = "x" * 50_000 + "\n" + "line\n" * 20_000 + "ls: cannot access 'nope': No such file\n"
+    ledger = _ledger([user(f"<returncode>2</returncode>\n<output>\n{output}</output>")])
+    assert ledger.trail == ("(an earlier call) → exit 2; ls: cannot access 'nope': No such file",)

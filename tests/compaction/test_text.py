@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from compaction.text import clip_end, clip_middle, collapse_spaces, is_cjk_dominant, normalize
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compaction.text import (
+    CJK_LETTER,
+    clip_end,
+    clip_middle,
+    collapse_spaces,
+    is_cjk_dominant,
+    normalize,
+)
 from tests.factories import CJK_SAMPLE
 
 
@@ -30,3 +40,19 @@ def test_cjk_dominance_counts_letters_not_punctuation() -> None:
     assert is_cjk_dominant(["한국어 문장입니다 ok"])
     assert not is_cjk_dominant(["plain English text, 。。。"])
     assert not is_cjk_dominant([""])
+
+
+def _cjk_dominant_by_definition(texts: list[str]) -> bool:
+    cjk = sum(len(CJK_LETTER.findall(text)) for text in texts)
+    letters = sum(1 for text in texts for ch in text if ch.isalpha())
+    return letters > 0 and cjk * 4 >= letters
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    texts=st.lists(
+        st.text(alphabet=st.sampled_from("ab Z1.,\n_é中文한ぁ。「ß٣Ω🙂"), max_size=40), max_size=5
+    )
+)
+def test_the_fast_cjk_count_agrees_with_its_definition(texts: list[str]) -> None:
+    assert is_cjk_dominant(texts) == _cjk_dominant_by_definition(texts)

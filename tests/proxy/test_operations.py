@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 import aiohttp
 import orjson
 import pytest
 
+from proxy.hook import Exchange, Passthrough, RequestContext
 from proxy.logs import JsonFormatter
 from tests.fakes.upstream import FakeUpstream, hang_reply, json_reply
 from tests.proxy.conftest import RunningProxy, StartProxy
@@ -139,6 +142,34 @@ async def test_upstream_failures_are_counted_by_kind(
     assert not any(
         line.startswith('compaction_proxy_upstream_errors_total{kind="connect"}') for line in lines
     )
+
+
+class LoopBlockingHook:
+    """A hook that does 0.3 s of work on the event loop: what the lag metric must show."""
+
+    async def prepare(self, ctx: RequestContext, body: bytes) -> Exchange:
+        time.sleep(0.3)
+        return Passthrough(body=body)
+
+
+async def test_event_loop_lag_is_a_metric(
+    start_proxy: StartProxy, client: aiohttp.ClientSession
+) -> None:
+    proxy = await start_proxy(hook=LoopBlockingHook())
+    async with client.post(f"{proxy.url}/v1/chat/completions", data=b"{}") as response:
+        assert response.status == 200
+    await asyncio.sleep(0.1)  # the monitor's timer fires, late, after the blocking work
+    async with client.get(f"{proxy.url}/metrics") as response:
+        lines = set((await response.text()).splitlines())
+    late = [
+        line
+        for line in lines
+        if line.startswith('compaction_proxy_event_loop_lag_seconds_bucket{le="0.25"}')
+    ]
+    total = [
+        line for line in lines if line.startswith("compaction_proxy_event_loop_lag_seconds_count")
+    ]
+    assert float(late[0].split()[-1]) < float(total[0].split()[-1])
 
 
 async def test_metrics_carry_no_created_series(

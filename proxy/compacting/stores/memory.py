@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from compaction.checkpoints import Checkpoint, MemoryCheckpointStore, longest_of
+from compaction.checkpoints import Checkpoint, MemoryCheckpointStore
 from proxy.compacting.cooldown import Cooldown
 from proxy.compacting.stores.backend import Lease, LocalLease
 
@@ -37,7 +37,7 @@ class MemoryStore:
         return None
 
     async def longest(self, digests: Sequence[bytes]) -> Checkpoint | None:
-        return longest_of(self._table.get, digests)
+        return self._table.longest(digests)
 
     async def put(self, checkpoint: Checkpoint) -> None:
         self._table.put(checkpoint)

@@ -1,0 +1,136 @@
+"""Pass-through throughput with a C load generator: the proxy against a minimal aiohttp forwarder.
+
+    .venv/bin/python -m bench.wrk [--duration 4]      (also part of `python -m bench.hotpath`)
+
+Needs `wrk` (Debian: `apt-get install -y wrk`; benchmark-only, tests never use it). Starts, each in
+its own process, the fixed-answer upstream and the ~40-line aiohttp forwarder of bench.passthrough
+and the proxy through its CLI with the default config (compaction on, JSON access log on). For a
+2 KB body (never parsed) and a 400 KB body (~100k tokens: past precompute_ratio of a 128k window,
+so parsed and estimated on every request) it runs wrk with 16 connections against the upstream
+directly, the forwarder and the proxy, two interleaved rounds, and prints req/s, median latency,
+the median each adds over direct, and the proxy/forwarder ratios. Prints figures only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import shutil
+import statistics
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.passthrough import chat_body, free_port, spawn, wait_ready
+
+CONNECTIONS = 16
+_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+_LUA = """wrk.method = "POST"
+local f = io.open("{body}", "rb")
+wrk.body = f:read("*a")
+f:close()
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer sk-bench"
+wrk.headers["X-Session-Id"] = "wrk-bench"
+"""
+
+
+@dataclass
+class WrkResult:
+    rps: float
+    median_ms: float
+
+
+def has_wrk() -> bool:
+    return shutil.which("wrk") is not None
+
+
+def run_wrk(url: str, script: Path, duration_s: int) -> WrkResult:
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{duration_s}s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    value, unit = re.search(r"\s50%\s+([\d.]+)(us|ms|s)\b", out).groups()  # type: ignore[union-attr]
+    if "Non-2xx" in out:
+        raise RuntimeError(f"wrk saw errors from {url}:\n{out}")
+    return WrkResult(rps, float(value) * _UNITS[unit])
+
+
+async def passthrough_figures(duration_s: int = 4) -> None:
+    if not has_wrk():
+        print("(d) pass-through: wrk is not installed (apt-get install -y wrk); skipped")
+        return
+    root = Path(__file__).resolve().parents[1]
+    up, fwd, prx = free_port(), free_port(), free_port()
+    upstream = f"http://127.0.0.1:{up}"
+    memory = tempfile.TemporaryDirectory()
+    processes = [
+        spawn(["-m", "bench.passthrough", "serve-upstream", str(up)]),
+        spawn(["-m", "bench.passthrough", "serve-baseline", str(fwd), upstream]),
+        spawn(
+            [
+                *("-m", "proxy", "--upstream", f"{upstream}/v1", "--port", str(prx)),
+                *("--config", str(root / "config.yaml")),
+            ],
+            COMPACTION_PROXY__MEMORY__DIR=memory.name,
+        ),
+    ]
+    targets = {
+        "direct": f"{upstream}/v1/chat/completions",
+        "forwarder": f"http://127.0.0.1:{fwd}/v1/chat/completions",
+        "proxy": f"http://127.0.0.1:{prx}/v1/chat/completions",
+    }
+    try:
+        for url in targets.values():
+            await wait_ready(url.replace("/v1/chat/completions", "/healthz"))
+        print(f"(d) pass-through, wrk -t1 -c{CONNECTIONS} -d{duration_s}s, two rounds each")
+        print(f"    {'body':>7} {'target':>9} {'req/s':>8} {'median ms':>10} {'added ms':>9}")
+        with tempfile.TemporaryDirectory() as tmp:
+            for size in (2_000, 400_000):
+                body_file, script = Path(tmp) / f"body{size}", Path(tmp) / f"post{size}.lua"
+                body_file.write_bytes(chat_body(size))
+                script.write_text(_LUA.format(body=body_file))
+                for url in targets.values():  # warm pools, caches and the proxy's precompute
+                    run_wrk(url, script, 1)
+                rounds: dict[str, list[WrkResult]] = {name: [] for name in targets}
+                for _ in range(2):
+                    for name, url in targets.items():
+                        rounds[name].append(run_wrk(url, script, duration_s))
+                _report(size, rounds)
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=30)
+        memory.cleanup()
+
+
+def _report(size: int, rounds: dict[str, list[WrkResult]]) -> None:
+    rps = {name: statistics.mean(r.rps for r in got) for name, got in rounds.items()}
+    med = {name: statistics.mean(r.median_ms for r in got) for name, got in rounds.items()}
+    added = {name: med[name] - med["direct"] for name in rounds}
+    for name in rounds:
+        shown = "" if name == "direct" else f"{added[name]:9.3f}"
+        print(f"    {size // 1000:>4} KB {name:>9} {rps[name]:8.0f} {med[name]:10.3f} {shown:>9}")
+    target = 0.9 if size < 100_000 else 0.8
+    ratio = added["proxy"] / added["forwarder"] if added["forwarder"] > 0 else float("nan")
+    print(
+        f"    {size // 1000:>4} KB proxy/forwarder: req/s {rps['proxy'] / rps['forwarder']:.2f}x "
+        f"(target >= {target}x), added median {ratio:.2f}x (target <= 1.3x)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.wrk")
+    parser.add_argument("--duration", type=int, default=4, help="seconds per wrk run")
+    options = parser.parse_args()
+    asyncio.run(passthrough_figures(options.duration))
+
+
+if __name__ == "__main__":
+    main()

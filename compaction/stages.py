@@ -1,0 +1,250 @@
+"""The CPU stages of one compaction, around its two model calls (compaction.compactor).
+
+`make_plan` decides where to cut; `fold` reads the folded messages and prepares what the model is asked (transcript, ledger,
+budgets); `finish` turns the model's answers into the summary, verifies it, builds the compacted
+list and checks it. Each is a module-level function of one frozen, picklable job, so an
+`Offload` can run it in another process: a result refers to the caller's messages by index only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from compaction.composition import (
+    Composed,
+    body_budget,
+    compose_summary,
+    is_too_little,
+    read_previous,
+)
+from compaction.extract import extract_memory_items
+from compaction.invariants import check_compacted
+from compaction.ledger import Ledger, build_ledger
+from compaction.messages import Shape, read_items
+from compaction.plan import plan_compaction
+from compaction.sections import Body
+from compaction.segment import split
+from compaction.settings import CompactionSettings
+from compaction.summarize import summary_message
+from compaction.text import is_cjk_dominant
+from compaction.tokens import estimate_request
+from compaction.transcript import render_transcript
+from compaction.types import CompactionResult, MemoryItem, Plan, TokenEstimator, Verification
+from compaction.verify import check_preserved
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Messages on their way to a job: as JSON bytes when they cross to another process (a
+    megabyte of JSON pickles as one buffer, where the same messages as objects cost a pickle
+    memo entry each, both ways), else the list itself."""
+
+    json: bytes | None
+    items: list[Any] | None
+
+    @classmethod
+    def of(cls, messages: Sequence[Any], *, crossing: bool) -> Packed:
+        if crossing:
+            try:
+                return cls(orjson.dumps(list(messages)), None)
+            except (TypeError, orjson.JSONEncodeError):
+                pass  # not plain JSON (an in-process caller's objects): pickled as they are
+        return cls(None, list(messages))
+
+    def unpack(self) -> list[Any]:
+        if self.json is not None:
+            loaded: list[Any] = orjson.loads(self.json)
+            return loaded
+        return self.items if self.items is not None else []
+
+
+@dataclass(frozen=True)
+class PlanJob:
+    messages: Packed
+    tools: Any
+    estimator: TokenEstimator
+    shape: Shape
+    window: int
+    target_ratio: float
+    keep_recent_rounds: int
+    summary_budget_tokens: int
+    max_output_tokens: int | None
+    strict_alternation: bool
+
+
+def make_plan(job: PlanJob) -> Plan:
+    segments = split(job.messages.unpack(), job.estimator, job.tools, shape=job.shape)
+    return plan_compaction(
+        segments,
+        window=job.window,
+        target_ratio=job.target_ratio,
+        keep_recent_rounds=job.keep_recent_rounds,
+        summary_budget_tokens=job.summary_budget_tokens,
+        max_output_tokens=job.max_output_tokens,
+        strict_alternation=job.strict_alternation,
+    )
+
+
+@dataclass(frozen=True)
+class FoldJob:
+    folded: Packed
+    """The raw folded messages, in order."""
+    shape: Shape
+    estimator: TokenEstimator
+    settings: CompactionSettings
+    summary_budget_tokens: int
+
+
+@dataclass(frozen=True)
+class Fold:
+    too_little: bool
+    previous_summary: str
+    """The earlier summaries in the folded span, as text ("" when none)."""
+    previous: Body | None
+    """The same read back into its parts."""
+    cjk: bool
+    transcript: str
+    ledger: Ledger
+    body_budget: int
+
+
+def fold(job: FoldJob) -> Fold:
+    shape, estimator, folded = job.shape, job.estimator, job.folded.unpack()
+    framing = estimator.count_message(summary_message("", shape))
+    if is_too_little(sum(estimator.count_message(m) for m in folded), framing):
+        return Fold(True, "", None, False, "", build_ledger([], []), 0)
+    items = read_items(folded, shape)
+    previous_summary, previous = read_previous(folded, items, range(len(folded)), shape)
+    fresh = [i for i, item in enumerate(items) if item.kind != "summary"]
+    prose = [items[i].text for i in fresh if items[i].is_prose]
+    replaced = sum(estimator.count_message(folded[i]) for i in fresh)
+    return Fold(
+        too_little=False,
+        previous_summary=previous_summary,
+        previous=previous,
+        cjk=is_cjk_dominant([*prose, previous_summary]),
+        transcript=render_transcript(
+            items,
+            fresh,
+            estimator=estimator,
+            max_tokens=job.settings.transcript_max_tokens,
+            tool_output_clip_chars=job.settings.tool_output_clip_chars,
+        ),
+        ledger=build_ledger(items, fresh),
+        body_budget=body_budget(job.summary_budget_tokens, framing, replaced),
+    )
+
+
+@dataclass(frozen=True)
+class FinishJob:
+    messages: Packed
+    plan: Plan
+    tools: Any
+    shape: Shape
+    estimator: TokenEstimator
+    fold: Fold
+    summary_reply: str | None
+    memory_reply: str | None
+
+
+@dataclass(frozen=True)
+class Finish:
+    found: list[MemoryItem]
+    memory_items: tuple[MemoryItem, ...]
+    """What the memory file gets, each item's identity computed here (it travels cached)."""
+    memory_error: str | None
+    summary: Composed
+    verification: Verification
+    summary_message: Any
+    problems: list[str]
+    tokens_after: int
+
+
+def finish(job: FinishJob) -> Finish:
+    plan, shape, folded, messages = job.plan, job.shape, job.fold, job.messages.unpack()
+    # Read again here, and only if the model's answer holds no items: cheaper than carrying
+    # the folded items from one job to the next.
+    fresh = (
+        item for item in (shape.read(messages[i]) for i in plan.folded) if item.kind != "summary"
+    )
+    found, memory_error = extract_memory_items(job.memory_reply, fresh)
+    summary = compose_summary(
+        job.summary_reply,
+        folded.previous,
+        folded.ledger,
+        found,
+        quoted=[shape.read(messages[i]).text for i in plan.quoted],
+        budget=folded.body_budget,
+        folded_count=len(plan.folded),
+        estimator=job.estimator,
+    )
+    # The key decisions and user requests; what has no room is in memory_items: moved.
+    keys = [i.content for i in found] + list(folded.ledger.requests)
+    verification = check_preserved(keys, summary.body, moved_to_memory=True)
+    inserted = summary_message(summary.body, shape)
+    compacted = compacted_list(messages, plan, inserted)
+    memory_items = summary.memory_items(found)
+    for item in memory_items:
+        _ = item.identity
+    return Finish(
+        found=found,
+        memory_items=memory_items,
+        memory_error=memory_error,
+        summary=summary,
+        verification=verification,
+        summary_message=inserted,
+        problems=check_compacted(messages, compacted, plan, shape=shape),
+        tokens_after=estimate_request(compacted, job.tools, job.estimator),
+    )
+
+
+def compacted_list(messages: Sequence[Any], plan: Plan, inserted: Any) -> list[Any]:
+    """Head, the summary, the pinned messages and the kept tail: the same objects as given."""
+    return [
+        *messages[: plan.head_end],
+        inserted,
+        *(messages[i] for i in plan.pinned),
+        *messages[plan.keep_from :],
+    ]
+
+
+def drop_folded(
+    messages: list[Any],
+    plan: Plan,
+    *,
+    shape: Shape,
+    tools: Any,
+    estimator: TokenEstimator,
+    compaction_id: str,
+) -> CompactionResult:
+    """The last resort, at no cost that grows with the folded part: the folded messages left
+    out with a one-line note, checked like any result (the input unchanged if the check fails)."""
+    folded = len(plan.folded)
+    note = f"{folded} earlier messages were omitted to fit the context window."
+    inserted = summary_message(note, shape)
+    compacted = compacted_list(messages, plan, inserted)
+    problems = check_compacted(messages, compacted, plan, shape=shape) if folded else ["nothing"]
+    tokens_after = estimate_request(compacted, tools, estimator)
+    ok = not problems and tokens_after < plan.tokens_before
+    return CompactionResult(
+        messages=compacted if ok else messages,
+        path="dropped" if ok else "unchanged",
+        reason=f"dropped {folded} messages: no summary in time" if ok else "nothing to drop",
+        keep_from=plan.keep_from if ok else 0,
+        prefix_len=plan.head_end + 1 + len(plan.pinned) if ok else 0,
+        summary_text=note if ok else "",
+        summary_message=inserted if ok else None,
+        memory_items=(),
+        verification=None,
+        tokens_before=plan.tokens_before,
+        tokens_after=tokens_after if ok else plan.tokens_before,
+        fits=ok and plan.fits and tokens_after <= plan.target_tokens,
+        compaction_id=compaction_id,
+        duration_s=0.0,
+        folded_count=folded if ok else 0,
+        errors=tuple(problems[:3]) if not ok else (),
+    )

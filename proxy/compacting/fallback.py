@@ -1,0 +1,42 @@
+"""What a request that stopped waiting for its summary goes out with.
+
+The summary built by code, when it is ready within a few seconds; else the folded part dropped
+with a one-line note. For a history of tens of megabytes the code-built summary costs as much CPU
+as the summarization it replaces (and queues behind it in the workers), so without the bound a
+request would wait `summary_timeout_s` and then that much again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable
+
+from compaction import CompactionResult, Plan
+from compaction.checkpoints import View
+from compaction.stages import drop_folded
+from proxy.compacting.request import ParsedRequest
+
+GRACE_S = 5.0
+"""How long a request that stopped waiting for a summary waits for the one built by code."""
+
+
+async def fallback(
+    built_by_code: Awaitable[CompactionResult],
+    view: View,
+    plan: Plan,
+    req: ParsedRequest,
+) -> CompactionResult:
+    """`built_by_code` (the compaction of `view` by `plan` without the model) if it is ready
+    within GRACE_S, else the folded part dropped."""
+    try:
+        return await asyncio.wait_for(built_by_code, GRACE_S)
+    except TimeoutError:
+        return drop_folded(
+            view.messages,
+            plan,
+            shape=req.estimator.shape,
+            tools=req.extras,
+            estimator=req.estimator,
+            compaction_id=uuid.uuid4().hex,
+        )

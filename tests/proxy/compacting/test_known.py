@@ -1,0 +1,128 @@
+"""Long conversations recognized from their last request (proxy.compacting.known, recall):
+the same forwarded bytes as the full path, a byte-stable prefix, and no recognition of an edit."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import orjson
+
+from compaction.checkpoints import conversation_seed, prefix_digests
+from proxy.compacting.known import KnownRequests
+from tests import factories as f
+from tests.fakes.script import Script
+from tests.proxy.compacting.conftest import post
+
+BIG_WINDOW = 40_000  # bodies past the 64 KiB below which nothing is remembered
+
+
+def long_history(turns: int) -> list[dict[str, Any]]:
+    messages = [f.system()]
+    for i in range(turns):
+        messages.append(f.user(f"Question {i}: " + f.ENGLISH_SAMPLE * 20))
+        messages.append(f.assistant(f"Answer {i}: " + f.ENGLISH_SAMPLE * 20))
+    messages.append(f.user("And now?"))
+    return messages
+
+
+def grown(messages: list[dict[str, Any]], step: int) -> list[dict[str, Any]]:
+    return [*messages, f.assistant(f"Reply {step}."), f.user(f"Next question {step}?")]
+
+
+async def replay(start: Any, script: Script, client: Any, **compaction: Any) -> list[bytes]:
+    proxy = await start(models={"default_context_window": BIG_WINDOW}, compaction=compaction)
+    messages = long_history(110)  # about 1.1 windows
+    statuses = []
+    for step in range(4):
+        response = await post(client, proxy, messages)
+        statuses.append(response.headers["x-compaction-status"])
+        messages = grown(messages, step)
+    assert statuses == ["applied", "reused", "reused", "reused"]
+    return [r.body for r in script.calls(None)]
+
+
+async def test_recognized_requests_forward_the_same_bytes_as_the_full_path(
+    start: Any, script: Script, client: Any
+) -> None:
+    remembered = await replay(start, script, client)
+    script.upstream.requests.clear()
+    full = await replay(start, script, client, known_requests_mb=0)
+    assert remembered == full
+
+
+async def test_the_forwarded_prefix_stays_byte_identical_across_requests(
+    start: Any, script: Script, client: Any
+) -> None:
+    bodies = await replay(start, script, client)
+    for before, after in itertools.pairwise(bodies):
+        assert after.startswith(before[: -len(b"]}")])
+
+
+async def test_an_edited_history_is_not_taken_for_the_known_one(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start(models={"default_context_window": BIG_WINDOW})
+    messages = long_history(110)
+    await post(client, proxy, messages)
+    edited = grown(messages, 0)
+    edited[3] = f.user("Edited question: " + f.ENGLISH_SAMPLE * 20)
+    response = await post(client, proxy, edited)
+    assert response.headers["x-compaction-status"] == "applied"
+    assert len(script.calls("summary")) == 2
+
+
+async def test_a_recognized_body_gets_the_digests_and_counts_of_a_full_computation() -> None:
+    known = KnownRequests(max_bytes=1 << 30, min_body_bytes=0)
+    seed = conversation_seed("tenant", "session")
+    first = long_history(3)
+    body = orjson.dumps({"model": "m", "messages": first, "stream": True})
+    key = known.conversation_key("scope", body)
+    assert key is not None
+    assert await known.learn(key, body, len(first), seed=seed, opening=first[:2]) is not None
+    second = grown(first, 1)
+    body2 = orjson.dumps({"model": "m", "messages": second, "stream": True})
+    seen = known.recognize(key, body2)
+    assert seen is not None
+    assert seen.fields == {"model": "m", "messages": [], "stream": True}
+    assert seen.added == second[-2:]
+    extended = known.extend(key, seen)
+    assert extended.digests == prefix_digests(second, seed)
+    learned = await KnownRequests(max_bytes=1 << 30, min_body_bytes=0).learn(
+        key, body2, len(second), seed=seed, opening=second[:2]
+    )
+    assert learned is not None
+    assert extended.tokens == learned.tokens
+    assert extended.items == learned.items
+
+
+async def test_a_body_that_does_not_continue_the_known_one_is_not_recognized() -> None:
+    known = KnownRequests(max_bytes=1 << 30, min_body_bytes=0)
+    first = long_history(3)
+    body = orjson.dumps({"model": "m", "messages": first})
+    key = known.conversation_key("scope", body)
+    assert key is not None
+    await known.learn(key, body, len(first), seed=b"s", opening=first[:2])
+    shorter = orjson.dumps({"model": "m", "messages": [*first[:-2], f.user("other")]})
+    assert known.recognize(key, shorter) is None
+    other_model = orjson.dumps({"model": "n", "messages": grown(first, 1)})
+    assert known.recognize(key, other_model) is None
+
+
+async def test_two_continuations_of_one_request_each_get_their_own_digests() -> None:
+    known = KnownRequests(max_bytes=1 << 30, min_body_bytes=0)
+    seed = conversation_seed("tenant", "session")
+    first = long_history(3)
+    body = orjson.dumps({"model": "m", "messages": first})
+    key = known.conversation_key("scope", body)
+    assert key is not None
+    await known.learn(key, body, len(first), seed=seed, opening=first[:2])
+    one, other = grown(first, 1), grown(first, 2)
+    seen_one = known.recognize(key, orjson.dumps({"model": "m", "messages": one}))
+    seen_other = known.recognize(key, orjson.dumps({"model": "m", "messages": other}))
+    assert seen_one is not None and seen_other is not None
+    extended_one = known.extend(key, seen_one)
+    extended_other = known.extend(key, seen_other)  # branches off the same request
+    assert extended_one.request_digests() == prefix_digests(one, seed)
+    assert extended_other.request_digests() == prefix_digests(other, seed)
+    assert extended_one.tokens[: extended_one.count + 1] == extended_other.tokens[: len(one) + 1]
