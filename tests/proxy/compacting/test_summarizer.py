@@ -91,6 +91,22 @@ async def test_azure_style_keys_reach_the_summarizer(
     assert "Authorization" not in summary.headers
 
 
+async def test_a_client_without_a_key_has_its_summaries_sent_with_the_configured_key(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start(upstream={"api_key": "sk-configured"})
+    body = orjson.dumps({"model": "gpt-test", "messages": conversation_of(int(WINDOW * 1.2))})
+    headers = {"Content-Type": "application/json", "X-Session-Id": "no-key"}
+    async with client.post(
+        f"{proxy.url}/v1/chat/completions", data=body, headers=headers
+    ) as response:
+        assert response.headers["x-compaction-status"] == "applied"
+    for purpose in (None, "summary", "memory"):
+        for call in script.calls(purpose):
+            assert call.headers["Authorization"] == "Bearer sk-configured"
+    assert script.calls("summary") and script.calls("memory")
+
+
 async def test_a_reasoning_model_that_refuses_max_tokens_and_temperature_still_summarizes(
     start: Any, script: Script, client: Any
 ) -> None:
