@@ -135,6 +135,7 @@ _NOT_OUTPUT = re.compile(
 # Python on the few hits rather than by a lookbehind at every position of the text.
 _DIGITS = re.compile(r"\d{3,}")
 _CONTEXT_CHARS = 130
+_PUNCTUATION = ".,;:!?'\")"
 _IDENTIFIER = re.compile(r"\b(?=[A-Za-z_-]*\d)(?=[\d_-]*[A-Za-z])[A-Za-z0-9_-]{5,40}\b")
 
 
@@ -146,8 +147,12 @@ def looks_like_path(token: str) -> bool:
 
 def find_paths(text: str) -> list[str]:
     """Path-looking tokens of `text` (shell commands or prose), in order, trailing punctuation cut."""
+    # A path holds no whitespace, and whitespace next to one reads as the text's edge to every
+    # assertion of _PATH: the regex runs over only the words that can hold a path (a slash, or a
+    # dot before their last character), split at C speed. Same hits, a fraction of the text.
+    words = " ".join([word for word in text.split() if "/" in word or "." in word[:-1]])
     found: list[str] = []
-    for raw in _PATH.findall(text):
+    for raw in _PATH.findall(words):
         token = raw.rstrip(_TRAILING)
         if _is_path(token):
             found.append(token)
@@ -251,7 +256,9 @@ def mentioned_values(text: str) -> list[str]:
         for found in _DIGITS.finditer(prose)
         if not _after_word(prose, found.start())
     ]
-    return [n for n in numbers if n] + _IDENTIFIER.findall(prose)
+    # As for paths: an identifier holds a digit and no whitespace, so only such words are read.
+    words = " ".join([word for word in prose.split() if not word.rstrip(_PUNCTUATION).isalpha()])
+    return [n for n in numbers if n] + _IDENTIFIER.findall(words)
 
 
 def _after_word(text: str, at: int) -> bool:
