@@ -52,7 +52,9 @@ def create_app(
     app[keys.WORKERS] = Workers(settings.compaction.workers)
     state: StateBackend | None = None
     if hook is None:
-        state = build_backend(settings.state, settings.compaction, app[keys.METRICS].state)
+        state = build_backend(
+            settings.state, settings.compaction, app[keys.METRICS].state, app[keys.TASKS]
+        )
         hook = build_hook(
             settings,
             upstream=app[keys.UPSTREAM],

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
-from proxy.compacting.stores.backend import Lease, StateBackend
+from proxy.compacting.stores.backend import StateBackend
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,8 @@ async def run_once_everywhere(
     """`work()` under `state`'s lease for `key`, unless a result is stored meanwhile; while
     another process holds the lease, wait for it (at most `budget_s` in all) and return what it
     stored. A holder that let go without storing anything (it failed, or died and its lease
-    expired) leaves the work to this process. Raises TimeoutError past the budget."""
+    expired) leaves the work to this process. Raises TimeoutError past the budget; the work's
+    own exceptions reach the caller as raised."""
     deadline = time.monotonic() + budget_s
     while True:
         lease = await state.acquire(key)
@@ -108,7 +109,7 @@ async def run_once_everywhere(
                 found = await stored()  # finished elsewhere just before we got the lease
                 if found is not None:
                     return found
-                return await _holding(lease, work)
+                return await work()  # the lease renews itself meanwhile
             finally:
                 with contextlib.suppress(Exception):  # an expired lease frees itself
                     await lease.release()
@@ -119,26 +120,3 @@ async def run_once_everywhere(
         found = await stored()
         if found is not None:
             return found
-
-
-async def _holding(lease: Lease, work: Callable[[], Awaitable[V]]) -> V:
-    """`work()` while renewing the lease, so it expires only if this process dies."""
-    if lease.renew_every_s is None:
-        return await work()
-    async with asyncio.TaskGroup() as group:
-        keeper = group.create_task(_keep(lease, lease.renew_every_s))
-        try:
-            return await work()
-        finally:
-            keeper.cancel()
-
-
-async def _keep(lease: Lease, every_s: float) -> None:
-    while True:
-        await asyncio.sleep(every_s)
-        try:
-            if not await lease.renew():
-                log.warning("a single-flight lease was lost before its work finished")
-                return
-        except Exception as exc:  # the backend is down: the work goes on regardless
-            log.debug("lease renewal failed", extra={"error": repr(exc)})

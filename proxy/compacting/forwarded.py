@@ -18,17 +18,16 @@ class Forwarded:
         self._state = state
         self._known: LRUCache[str, None] = LRUCache(max_entries)
 
-    async def add(self, compaction_id: str) -> None:
-        if compaction_id not in self._known:
-            self._known[compaction_id] = None
-            await self._state.mark_forwarded(compaction_id)
-
-    async def is_new(self, compaction_id: str) -> bool:
-        """True the first time a compaction goes out anywhere (and from then on it is known)."""
+    async def add(self, compaction_id: str) -> bool:
+        """Record that a request goes out with this compaction: True the first time anywhere
+        (in this process, an earlier one, or a replica); from then on it is known."""
         if compaction_id in self._known:
             return False
-        if await self._state.is_forwarded(compaction_id):  # by an earlier process, or a replica
-            self._known[compaction_id] = None
-            return False
-        await self.add(compaction_id)
-        return True
+        # Known before the await, so concurrent requests of this process see it; across
+        # processes the backend's mark is atomic and only one of them gets True.
+        self._known[compaction_id] = None
+        return await self._state.mark_forwarded(compaction_id)
+
+    async def is_new(self, compaction_id: str) -> bool:
+        """True for the one request that goes out first with this compaction."""
+        return await self.add(compaction_id)

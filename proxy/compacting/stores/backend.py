@@ -14,18 +14,17 @@ from typing import Protocol
 from compaction.checkpoints import Checkpoint, CheckpointStore
 from proxy.metrics import StateMetrics
 from proxy.settings import CompactionSection, StateSettings
+from proxy.tasks import BackgroundTasks
 
 
 class Lease(Protocol):
-    """The right to compute one checkpoint, held by one process at a time.
+    """The right to compute one checkpoint, held by one process at a time until released. A
+    lease that expires renews itself in the background until then, so a holder that died frees
+    it within its TTL."""
 
-    `renew_every_s` is None when nothing expires (in-process); otherwise the holder renews that
-    often, so a holder that died frees the lease within its TTL.
-    """
-
-    renew_every_s: float | None
-
-    async def renew(self) -> bool: ...
+    async def renew(self) -> bool:
+        """Extend it now: False when it was lost (expired and taken by another)."""
+        ...
 
     async def release(self) -> None: ...
 
@@ -61,11 +60,11 @@ class StateBackend(Protocol):
         `timeout_s`, whichever is first; woken by a notice, never by tight polling."""
         ...
 
-    async def is_forwarded(self, compaction_id: str) -> bool:
-        """True once some request went out with this compaction (proxy.compacting.forwarded)."""
+    async def mark_forwarded(self, compaction_id: str) -> bool:
+        """Record that a request went out with this compaction (proxy.compacting.forwarded):
+        True only for the first to record it, atomically, whichever replica it runs in (a
+        backend only this process uses: always True, the process's own table decides)."""
         ...
-
-    async def mark_forwarded(self, compaction_id: str) -> None: ...
 
     async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
         """Memory items de-duplicated across processes (compaction.memory.ItemClaims): the keys
@@ -94,8 +93,6 @@ class LocalLease:
     """The lease of a backend that only this process uses: always granted, nothing to renew
     (proxy.compacting.flight already makes concurrent callers of one process share a task)."""
 
-    renew_every_s: float | None = None
-
     async def renew(self) -> bool:
         return True
 
@@ -109,9 +106,10 @@ LEASE_TTL_S = 10.0
 
 
 def build_backend(
-    state: StateSettings, options: CompactionSection, metrics: StateMetrics
+    state: StateSettings, options: CompactionSection, metrics: StateMetrics, tasks: BackgroundTasks
 ) -> StateBackend:
-    """The backend `state.backend` names, guarded unless it lives in the process."""
+    """The backend `state.backend` names, guarded unless it lives in the process; its background
+    work (writing back after an outage) runs in `tasks`."""
     from proxy.compacting.stores.guard import Guarded
     from proxy.compacting.stores.memory import MemoryStore
 
@@ -145,5 +143,6 @@ def build_backend(
             failure_cooldown_s=options.failure_cooldown_s,
             lease_ttl_s=min(options.summary_timeout_s, LEASE_TTL_S),
             timeout_s=state.timeout_s,
+            tasks=tasks,
         )
-    return Guarded(remote, local, metrics, timeout_s=state.timeout_s, retry_s=state.retry_s)
+    return Guarded(remote, local, metrics, tasks, timeout_s=state.timeout_s, retry_s=state.retry_s)

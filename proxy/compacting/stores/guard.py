@@ -4,12 +4,14 @@ Every call to the backend is bounded by `state.timeout_s`. A call that fails or 
 answered from the in-process cache (a MemoryStore holding every checkpoint this process wrote or
 read), counted in /metrics, and the backend is left alone for `state.retry_s`; the first failure
 of an outage is logged, and so is the recovery. Checkpoints written while the backend was down
-are written to it once it answers again.
+are written to it once it answers again, in the background (never inside the request that
+happened to find the backend back), a batch at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -19,12 +21,15 @@ from compaction.checkpoints import Checkpoint
 from proxy.compacting.stores.backend import Lease, LocalLease, StateBackend
 from proxy.compacting.stores.memory import MemoryStore
 from proxy.metrics import StateMetrics
+from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # Checkpoints kept for writing back after an outage; beyond, the oldest are only in-process.
 _MAX_UNSYNCED = 1000
+# Written back concurrently, so catching up costs a few round trips, not one per checkpoint.
+_WRITE_BACK_BATCH = 32
 
 
 class Guarded:
@@ -33,6 +38,7 @@ class Guarded:
         backend: StateBackend,
         local: MemoryStore,
         metrics: StateMetrics,
+        tasks: BackgroundTasks,
         *,
         timeout_s: float,
         retry_s: float,
@@ -42,6 +48,8 @@ class Guarded:
         self.backend = backend
         self._local = local
         self._metrics = metrics
+        self._tasks = tasks
+        self._writing_back: asyncio.Task[None] | None = None
         self._timeout_s = timeout_s
         self._retry_s = retry_s
         self._clock = clock
@@ -64,8 +72,11 @@ class Guarded:
 
     async def longest(self, digests: Sequence[bytes]) -> Checkpoint | None:
         found = await self._call("read", lambda: self.backend.longest(digests), lambda: None)
-        if found is None:
-            return await self._local.longest(digests)
+        # The process may know a longer one: written while the backend was down, and not yet
+        # written back to it.
+        local = await self._local.longest(digests)
+        if found is None or (local is not None and local.cut > found.cut):
+            return local
         self._local.remember(found)
         return found
 
@@ -91,11 +102,11 @@ class Guarded:
     async def holder(self, digests: Sequence[bytes]) -> bytes | None:
         return await self._call("lease", lambda: self.backend.holder(digests), lambda: None)
 
-    async def is_forwarded(self, compaction_id: str) -> bool:
-        return await self._call("read", lambda: self.backend.is_forwarded(compaction_id), _false)
-
-    async def mark_forwarded(self, compaction_id: str) -> None:
-        await self._call("write", lambda: self.backend.mark_forwarded(compaction_id), lambda: None)
+    async def mark_forwarded(self, compaction_id: str) -> bool:
+        # Down: new here; the process's own table (proxy.compacting.forwarded) still holds.
+        return await self._call(
+            "write", lambda: self.backend.mark_forwarded(compaction_id), lambda: True
+        )
 
     async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
         # Down: every key is new here; the writer's own de-duplication still holds.
@@ -128,7 +139,7 @@ class Guarded:
             self._failed(operation, exc)
             return fallback()
         if self._down_until is not None:
-            await self._recovered()
+            self._recovered()
         return value
 
     def _is_down(self) -> bool:
@@ -145,16 +156,23 @@ class Guarded:
             )
         self._down_until = self._clock() + self._retry_s
 
-    async def _recovered(self) -> None:
+    def _recovered(self) -> None:
         self._down_until = None
         self._metrics.degraded.labels(backend=self.name).set(0)
         log.warning("state backend is back", extra={"backend": self.name})
-        while self._unsynced and not self._is_down():
-            key, checkpoint = next(iter(self._unsynced.items()))
-            if await self._write_back(checkpoint):
-                self._unsynced.pop(key, None)
+        writing = self._writing_back is not None and not self._writing_back.done()
+        if self._unsynced and not writing and not self._tasks.closed:
+            self._writing_back = self._tasks.spawn(self._write_back(), name="state-write-back")
 
-    async def _write_back(self, checkpoint: Checkpoint) -> bool:
+    async def _write_back(self) -> None:
+        while self._unsynced and not self._is_down():
+            batch = list(itertools.islice(self._unsynced.values(), _WRITE_BACK_BATCH))
+            written = await asyncio.gather(*(self._put_back(checkpoint) for checkpoint in batch))
+            for checkpoint, ok in zip(batch, written, strict=True):
+                if ok:
+                    self._unsynced.pop(checkpoint.key, None)
+
+    async def _put_back(self, checkpoint: Checkpoint) -> bool:
         return await self._call("write", lambda: _true(self.backend.put(checkpoint)), _false)
 
 

@@ -59,11 +59,8 @@ class MemoryStore:
     async def holder(self, digests: Sequence[bytes]) -> bytes | None:
         return None
 
-    async def is_forwarded(self, compaction_id: str) -> bool:
-        return False  # proxy.compacting.forwarded keeps what this process sent
-
-    async def mark_forwarded(self, compaction_id: str) -> None:
-        return None
+    async def mark_forwarded(self, compaction_id: str) -> bool:
+        return True  # proxy.compacting.forwarded keeps what this process sent
 
     async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
         return set(keys)

@@ -1,7 +1,8 @@
 """State in Redis (6+, or Valkey), shared by every replica of the proxy.
 
 - Checkpoints: a hash (`cut`, `body`) per key, kept `ttl_s`, written once (the first replica to
-  write a key wins, so every replica forwards the same prefix). `longest(digests)` is one script
+  write a key wins, so every replica forwards the same prefix). Keys carry the checkpoint
+  format's version, so one written by another version never blocks this one's. `longest(digests)` is one script
   call walking the digests from the newest down, so a reused request walks only what is newer
   than its checkpoint; checkpoints read are kept decoded in a bounded cache (they never change).
 - Single-flight: a lease per checkpoint key (`SET NX PX` holding a fencing id from `INCR`),
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -26,33 +28,51 @@ from cachetools import LRUCache
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from compaction.checkpoints import Checkpoint
+from compaction.checkpoints import CHECKPOINT_VERSION, Checkpoint
+from proxy.compacting.cooldown import FORGET_FAILURES_AFTER_S
 from proxy.compacting.stores import redis_scripts as scripts
 from proxy.compacting.stores.backend import Lease
 from proxy.compacting.stores.redis_notices import RECHECK_S, Notices
+from proxy.tasks import BackgroundTasks
+
+log = logging.getLogger(__name__)
 
 PREFIX = "compaction-proxy:"
 _CACHED_CHECKPOINTS = 1024
-_FAILURES_TTL_S = 86400
 
 
 class RedisLease:
-    def __init__(self, store: RedisStore, key: bytes, fence: int, ttl_s: float) -> None:
+    """Renewed at a third of its TTL by a background task (BackgroundTasks) until released."""
+
+    def __init__(
+        self, store: RedisStore, key: bytes, fence: int, ttl_s: float, tasks: BackgroundTasks
+    ) -> None:
         self._store = store
         self._key = key
         self.fence = fence
         self._ttl_ms = int(ttl_s * 1000)
-        self.renew_every_s: float | None = ttl_s / 3
+        self._keeper = tasks.spawn(self._keep(ttl_s / 3), name="state-redis-lease")
 
     async def renew(self) -> bool:
         lock = self._store.lock_key(self._key)
         return bool(await self._store.script(scripts.RENEW, [lock], [self.fence, self._ttl_ms]))
 
     async def release(self) -> None:
+        self._keeper.cancel()
         lock = self._store.lock_key(self._key)
         await self._store.script(
             scripts.RELEASE, [lock], [self.fence, self._store.channel, self._key]
         )
+
+    async def _keep(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                if not await self.renew():
+                    log.warning("a single-flight lease was lost before its work finished")
+                    return
+            except Exception as exc:  # Redis is down: the work goes on regardless
+                log.debug("lease renewal failed", extra={"error": repr(exc)})
 
 
 class RedisStore:
@@ -67,7 +87,9 @@ class RedisStore:
         failure_cooldown_s: float,
         lease_ttl_s: float,
         timeout_s: float,
+        tasks: BackgroundTasks,
         prefix: str = PREFIX,
+        recheck_s: float = RECHECK_S,
     ) -> None:
         self._url = url
         self._ttl_ms = max(1, int(ttl_s * 1000))
@@ -81,6 +103,8 @@ class RedisStore:
         self._scripts: dict[str, Any] = {}
         self._cache: LRUCache[bytes, Checkpoint] = LRUCache(_CACHED_CHECKPOINTS)
         self._notices: Notices | None = None
+        self._tasks = tasks
+        self._recheck_s = recheck_s
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -94,8 +118,8 @@ class RedisStore:
             # anything longer is the guard's business, which leaves a failing Redis alone.
             retry=Retry(NoBackoff(), 1),
         )
-        self._notices = Notices(self._client, self.channel)
-        self._notices.start()
+        self._notices = Notices(self._client, self.channel, self._tasks, recheck_s=self._recheck_s)
+        await self._notices.start()
 
     async def close(self) -> None:
         if self._notices is not None:
@@ -111,7 +135,8 @@ class RedisStore:
         if not digests:
             return None
         packed = b"".join(digests)
-        cut = int(await self.script(scripts.LONGEST, [], [self._prefix + b"cp:", packed]))
+        prefix = self._checkpoint_key(b"")
+        cut = int(await self.script(scripts.LONGEST, [], [prefix, packed]))
         while cut > 0:
             key = digests[cut - 1]
             found = self._cache.get(key)
@@ -120,11 +145,7 @@ class RedisStore:
             if found is not None:
                 return found
             # Expired or unreadable since the script ran: look below it.
-            cut = int(
-                await self.script(
-                    scripts.LONGEST, [], [self._prefix + b"cp:", packed[: (cut - 1) * 16]]
-                )
-            )
+            cut = int(await self.script(scripts.LONGEST, [], [prefix, packed[: (cut - 1) * 16]]))
         return None
 
     async def _read(self, key: bytes, cut: int) -> Checkpoint | None:
@@ -161,7 +182,7 @@ class RedisStore:
             return
         async with client.pipeline(transaction=True) as pipe:
             pipe.incr(failures_key)
-            pipe.expire(failures_key, _FAILURES_TTL_S)
+            pipe.expire(failures_key, int(FORGET_FAILURES_AFTER_S))
             failures, _ = await pipe.execute()
         if int(failures) >= self._threshold and self._cooldown_ms > 0:
             async with client.pipeline(transaction=True) as pipe:
@@ -169,11 +190,9 @@ class RedisStore:
                 pipe.delete(failures_key)
                 await pipe.execute()
 
-    async def is_forwarded(self, compaction_id: str) -> bool:
-        return bool(await self._require().exists(self._forwarded_key(compaction_id)))
-
-    async def mark_forwarded(self, compaction_id: str) -> None:
-        await self._require().set(self._forwarded_key(compaction_id), 1, px=self._ttl_ms)
+    async def mark_forwarded(self, compaction_id: str) -> bool:
+        key = self._forwarded_key(compaction_id)
+        return bool(await self._require().set(key, 1, px=self._ttl_ms, nx=True))
 
     # -- memory items --------------------------------------------------------------------------
 
@@ -200,7 +219,7 @@ class RedisStore:
         )
         if fence is None:
             return None
-        return RedisLease(self, key, int(fence), self._lease_ttl_s)
+        return RedisLease(self, key, int(fence), self._lease_ttl_s, self._tasks)
 
     async def holder(self, digests: Sequence[bytes]) -> bytes | None:
         if not digests:
@@ -216,17 +235,16 @@ class RedisStore:
         with self._require_notices().waiting(key) as woken:
             while True:
                 # Registered before checking, so a notice between the check and the wait counts.
+                # Only the lease decides: a stored checkpoint this process cannot use would
+                # otherwise send its caller straight back to a lease still held (a busy loop).
                 woken.clear()
-                async with client.pipeline(transaction=False) as pipe:
-                    pipe.exists(self._checkpoint_key(key))
-                    pipe.pttl(self.lock_key(key))
-                    stored, lock_ms = await pipe.execute()
+                lock_ms = await client.pttl(self.lock_key(key))
                 remaining = deadline - time.monotonic()
-                if stored or lock_ms < 0 or remaining <= 0:
+                if lock_ms < 0 or remaining <= 0:
                     return
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
-                        woken.wait(), min(remaining, RECHECK_S, lock_ms / 1000 + 0.01)
+                        woken.wait(), min(remaining, self._recheck_s, lock_ms / 1000 + 0.01)
                     )
 
     # -- keys and calls ------------------------------------------------------------------------
@@ -241,7 +259,7 @@ class RedisStore:
         return self._prefix + b"lock:" + key
 
     def _checkpoint_key(self, key: bytes) -> bytes:
-        return self._prefix + b"cp:" + key
+        return self._prefix + b"cp:v%d:" % CHECKPOINT_VERSION + key
 
     def _forwarded_key(self, compaction_id: str) -> str:
         return f"{self._prefix.decode()}forwarded:{compaction_id}"

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import redis.asyncio as aioredis
 
+from proxy.tasks import BackgroundTasks
+
 log = logging.getLogger(__name__)
 
 # How long the listener blocks for a message, and pauses before reconnecting.
@@ -21,17 +23,28 @@ RECHECK_S = 1.0
 
 
 class Notices:
-    def __init__(self, client: aioredis.Redis, channel: str) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        channel: str,
+        tasks: BackgroundTasks,
+        *,
+        recheck_s: float = RECHECK_S,
+    ) -> None:
         self._client = client
         self._channel = channel
+        self._tasks = tasks
+        self._recheck_s = recheck_s
         self._waiters: dict[bytes, set[asyncio.Event]] = {}
         self._listener: asyncio.Task[None] | None = None
+        self._tried = asyncio.Event()
 
-    def start(self) -> None:
-        # Held here and cancelled by close(): the one task the store runs on its own.
-        self._listener = asyncio.get_running_loop().create_task(
-            self._listen(), name="state-redis-notices"
-        )
+    async def start(self) -> None:
+        """Start listening; return once the first subscription is in effect on the server (or
+        failed: Redis is down, and the listener goes on trying), so a notice published after
+        the store opened reaches this process."""
+        self._listener = self._tasks.spawn(self._listen(), name="state-redis-notices")
+        await self._tried.wait()
 
     async def close(self) -> None:
         if self._listener is not None:
@@ -57,11 +70,12 @@ class Notices:
     async def _listen(self) -> None:
         while True:
             try:
-                pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+                pubsub = self._client.pubsub()
                 try:
                     await pubsub.subscribe(self._channel)
+                    await self._confirmed(pubsub)
                     while True:
-                        message = await pubsub.get_message(timeout=RECHECK_S)
+                        message = await pubsub.get_message(timeout=self._recheck_s)
                         if message is not None and message.get("type") == "message":
                             self._wake(self._waiters.get(bytes(message["data"]), ()))
                 finally:
@@ -72,9 +86,20 @@ class Notices:
             except Exception as exc:
                 # The guard reports outages from the calls themselves; waiters re-check anyway.
                 log.debug("redis notices interrupted", extra={"error": repr(exc)})
+            self._tried.set()
             for waiters in list(self._waiters.values()):
                 self._wake(waiters)
-            await asyncio.sleep(RECHECK_S)
+            await asyncio.sleep(self._recheck_s)
+
+    async def _confirmed(self, pubsub: aioredis.client.PubSub) -> None:
+        """Read up to the server's confirmation: SUBSCRIBE is in effect from then on."""
+        while True:
+            message = await pubsub.get_message(timeout=self._recheck_s)
+            if message is None:
+                raise TimeoutError("no subscribe confirmation")
+            if message.get("type") == "subscribe":
+                self._tried.set()
+                return
 
     @staticmethod
     def _wake(waiters: set[asyncio.Event] | tuple[()]) -> None:

@@ -17,7 +17,7 @@ import orjson
 from cachetools import LRUCache
 
 from compaction.checkpoints import Checkpoint
-from proxy.compacting.cooldown import Cooldown
+from proxy.compacting.cooldown import Cooldown, CooldownState
 from proxy.compacting.stores.backend import Lease, LocalLease
 from proxy.compacting.stores.sqlite_file import StateFile
 
@@ -70,8 +70,8 @@ class SqliteStore:
             self._forwarded.setdefault(compaction_id, expires_at)
         for key, entry in index.items():
             self._index.setdefault(key, entry)
-        for name, failures, until in cooldowns:
-            self._cooldown.restore(name, failures, until)
+        for name, failures, failed_at, until in cooldowns:
+            self._cooldown.restore(name, CooldownState(failures, failed_at, until))
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -137,23 +137,23 @@ class SqliteStore:
     async def record_outcome(self, key: str, *, ok: bool) -> None:
         await self._ensure_open()
         self._cooldown.record(key, ok=ok)
-        failures, until = self._cooldown.state_of(key)
-        if failures or until is not None:
+        state = self._cooldown.state_of(key)
+        if state is not None:
             await self._file.write(
-                "INSERT OR REPLACE INTO cooldowns (key, failures, until) VALUES (?, ?, ?)",
-                (key, failures, until),
+                "INSERT OR REPLACE INTO cooldowns (key, failures, failed_at, until)"
+                " VALUES (?, ?, ?, ?)",
+                (key, *state),
             )
         else:
             await self._file.write("DELETE FROM cooldowns WHERE key = ?", (key,))
 
-    async def is_forwarded(self, compaction_id: str) -> bool:
+    async def mark_forwarded(self, compaction_id: str) -> bool:
         await self._ensure_open()
-        expires_at = self._forwarded.get(compaction_id)
-        return expires_at is not None and expires_at > self._clock()
-
-    async def mark_forwarded(self, compaction_id: str) -> None:
-        await self._ensure_open()
-        expires_at = self._clock() + self._ttl_s
+        now = self._clock()
+        known = self._forwarded.get(compaction_id)
+        if known is not None and known > now:
+            return False  # forwarded by this process before a restart
+        expires_at = now + self._ttl_s
         self._forwarded[compaction_id] = expires_at
         while len(self._forwarded) > self._max_entries:
             del self._forwarded[next(iter(self._forwarded))]
@@ -161,6 +161,7 @@ class SqliteStore:
             "INSERT OR REPLACE INTO forwarded (id, expires_at) VALUES (?, ?)",
             (compaction_id, expires_at),
         )
+        return True
 
     # Leases and claims are the process's own (one process per file); each still opens the file
     # first, so that a call that succeeds tells the guard the file works.

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+from proxy.compacting.cooldown import FORGET_FAILURES_AFTER_S, MAX_KEYS
 
 T = TypeVar("T")
 
@@ -23,12 +26,13 @@ _SCHEMA = (
     " (key BLOB PRIMARY KEY, cut INTEGER NOT NULL, expires_at REAL NOT NULL, body BLOB NOT NULL)",
     "CREATE INDEX IF NOT EXISTS checkpoints_expiry ON checkpoints (expires_at)",
     "CREATE TABLE IF NOT EXISTS cooldowns"
-    " (key TEXT PRIMARY KEY, failures INTEGER NOT NULL, until REAL)",
+    " (key TEXT PRIMARY KEY, failures INTEGER NOT NULL, until REAL, failed_at REAL)",
     "CREATE TABLE IF NOT EXISTS forwarded (id TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
 )
 Index = dict[bytes, tuple[int, float]]
 """Checkpoint key -> (cut, expiry), oldest expiry first."""
-Cooldowns = list[tuple[str, int, float | None]]
+Cooldowns = list[tuple[str, int, float, float | None]]
+"""Key, consecutive failures, time of the last one, end of the cooldown (if open)."""
 Forwarded = dict[str, float]
 """Compaction id -> expiry, of the compactions some request went out with."""
 Loaded = tuple[Index, Cooldowns, Forwarded]
@@ -118,6 +122,7 @@ class StateFile:
             connection.execute("PRAGMA busy_timeout = 1000")
             for statement in _SCHEMA:
                 connection.execute(statement)
+            _add_failed_at(connection)
             now = self._clock()
             self._prune(connection, now)
             index = {
@@ -128,8 +133,7 @@ class StateFile:
             }
             cooldowns = list(
                 connection.execute(
-                    "SELECT key, failures, until FROM cooldowns WHERE until IS NULL OR until > ?",
-                    (now,),
+                    "SELECT key, failures, coalesce(failed_at, 0.0), until FROM cooldowns"
                 )
             )
             forwarded = dict(
@@ -169,10 +173,10 @@ class StateFile:
                 self._prune(connection, self._clock())
         except BaseException as exc:
             for _, done in batch:
-                done.set_exception(exc)
+                _settle(done, exc)
             return
         for _, done in batch:
-            done.set_result(None)
+            _settle(done, None)
         # Hand pages freed by pruning back to the file system, a few at a time.
         connection.execute("PRAGMA incremental_vacuum(64)")
 
@@ -183,7 +187,18 @@ class StateFile:
             " ORDER BY expires_at DESC LIMIT -1 OFFSET ?)",
             (self._max_entries,),
         )
-        connection.execute("DELETE FROM cooldowns WHERE until <= ?", (now,))
+        # Cooldowns over, failures a day old (or of a file from before failed_at), and beyond
+        # the keys the process keeps: what proxy.compacting.cooldown forgets too.
+        connection.execute(
+            "DELETE FROM cooldowns WHERE until <= ? OR (until IS NULL AND"
+            " (failed_at IS NULL OR failed_at <= ?))",
+            (now, now - FORGET_FAILURES_AFTER_S),
+        )
+        connection.execute(
+            "DELETE FROM cooldowns WHERE key IN (SELECT key FROM cooldowns"
+            " ORDER BY failed_at DESC LIMIT -1 OFFSET ?)",
+            (MAX_KEYS,),
+        )
         connection.execute("DELETE FROM forwarded WHERE expires_at <= ?", (now,))
         connection.execute(
             "DELETE FROM forwarded WHERE id IN (SELECT id FROM forwarded"
@@ -195,3 +210,20 @@ class StateFile:
         if self._connection is None:
             raise sqlite3.OperationalError("the state file is not open")
         return self._connection
+
+
+def _add_failed_at(connection: sqlite3.Connection) -> None:
+    """Files written before cooldowns kept the time of the last failure get the column."""
+    columns = {row[1] for row in connection.execute("PRAGMA table_info(cooldowns)")}
+    if "failed_at" not in columns:
+        connection.execute("ALTER TABLE cooldowns ADD COLUMN failed_at REAL")
+
+
+def _settle(done: concurrent.futures.Future[None], error: BaseException | None) -> None:
+    """Report a row's outcome to its writer, unless the writer gave up (the guard's timeout
+    cancelled the future): the other rows of the batch still get theirs."""
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)

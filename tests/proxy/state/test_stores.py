@@ -12,13 +12,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import redis.asyncio as aioredis
 
 from compaction.checkpoints import Checkpoint, conversation_seed, prefix_digests
 from compaction.marker import SUMMARY_MARKER
+from proxy.compacting.flight import run_once_everywhere
+from proxy.compacting.forwarded import Forwarded
+from proxy.compacting.stores.backend import stored_under
 from proxy.compacting.stores.redis import RedisStore
 from proxy.compacting.stores.sqlite import SqliteStore
+from proxy.compacting.stores.sqlite_file import StateFile
+from proxy.tasks import BackgroundTasks
 from tests import factories as f
 from tests.proxy.state.conftest import RedisServer
 
@@ -142,6 +148,24 @@ async def test_a_sqlite_cooldown_outlives_the_process(tmp_path: Path) -> None:
     await reopened.close()
 
 
+async def test_sqlite_failures_a_day_old_are_pruned_and_no_longer_count(tmp_path: Path) -> None:
+    now = [1000.0]
+    path = tmp_path / "state.sqlite3"
+    store = _sqlite(path, now)
+    await store.open()
+    await store.record_outcome("model\x00tenant", ok=False)  # below the threshold of 3
+    await store.close()
+    now[0] += 2 * 86400
+    reopened = _sqlite(path, now)
+    await reopened.open()
+    with sqlite3.connect(path) as connection:
+        assert connection.execute("SELECT count(*) FROM cooldowns").fetchone()[0] == 0
+    await reopened.record_outcome("model\x00tenant", ok=False)
+    await reopened.record_outcome("model\x00tenant", ok=False)
+    assert not await reopened.is_cooling("model\x00tenant")
+    await reopened.close()
+
+
 # -- redis ---------------------------------------------------------------------------------------
 
 
@@ -155,7 +179,9 @@ async def stores(redis_server: RedisServer) -> AsyncIterator[tuple[RedisStore, R
         await store.close()
 
 
-def _redis(url: str, ttl_s: float = 60.0, lease_ttl_s: float = 5.0) -> RedisStore:
+def _redis(
+    url: str, ttl_s: float = 60.0, lease_ttl_s: float = 5.0, tasks: BackgroundTasks | None = None
+) -> RedisStore:
     return RedisStore(
         url,
         ttl_s=ttl_s,
@@ -163,6 +189,9 @@ def _redis(url: str, ttl_s: float = 60.0, lease_ttl_s: float = 5.0) -> RedisStor
         failure_cooldown_s=30,
         lease_ttl_s=lease_ttl_s,
         timeout_s=2.0,
+        tasks=BackgroundTasks() if tasks is None else tasks,
+        # Waiters re-check rarely here, so a lost notice shows as a long wait, never hides.
+        recheck_s=30.0,
     )
 
 
@@ -199,7 +228,7 @@ async def test_a_redis_checkpoint_of_another_version_is_a_miss(
     a, _ = stores
     await a.put(_checkpoint(6))
     client = aioredis.from_url(redis_server.url)
-    key = b"compaction-proxy:cp:" + DIGESTS[5]
+    key = b"compaction-proxy:cp:v1:" + DIGESTS[5]
     body = await client.hget(key, "body")
     await client.hset(key, "body", body.replace(b'"version":1', b'"version":9'))
     await client.aclose()
@@ -226,25 +255,28 @@ async def test_a_cooldown_on_one_replica_holds_on_the_other(
 async def test_a_lease_is_held_once_and_a_stale_holder_cannot_release_its_successor(
     redis_server: RedisServer,
 ) -> None:
-    a, b = _redis(redis_server.url, lease_ttl_s=0.3), _redis(redis_server.url, lease_ttl_s=5)
-    await a.open()
-    await b.open()
+    a_work = BackgroundTasks()
+    a = _redis(redis_server.url, lease_ttl_s=0.3, tasks=a_work)
+    b, c = _redis(redis_server.url, lease_ttl_s=5), _redis(redis_server.url, lease_ttl_s=5)
+    for store in (a, b, c):
+        await store.open()
     try:
         key = DIGESTS[4]
         stale = await a.acquire(key)
         assert stale is not None
         assert await b.acquire(key) is None
-        await asyncio.sleep(0.5)  # a's holder died: its lease expired
+        await a_work.close()  # a's holder died, renewal with it
+        await asyncio.sleep(0.5)  # and its lease expired
         successor = await b.acquire(key)
         assert successor is not None
         assert not await stale.renew()
         await stale.release()
-        assert await a.acquire(key) is None  # the successor still holds it
+        assert await c.acquire(key) is None  # the successor still holds it
         await successor.release()
-        assert await a.acquire(key) is not None
+        assert await c.acquire(key) is not None
     finally:
-        await a.close()
-        await b.close()
+        for store in (a, b, c):
+            await store.close()
 
 
 async def test_a_waiting_replica_is_woken_by_the_release_notice(
@@ -261,9 +293,9 @@ async def test_a_waiting_replica_is_woken_by_the_release_notice(
         await lease.release()
 
     started = time.monotonic()
-    await asyncio.gather(b.wait(key, 5.0), finish())
-    # Woken by the notice, not by the once-a-second re-check (nor the lease's 5 s expiry).
-    assert time.monotonic() - started < 0.9
+    await asyncio.gather(b.wait(key, 20.0), finish())
+    # Woken by the notice, not by the lease's 5 s expiry (nor a re-check, every 30 s here).
+    assert time.monotonic() - started < 3.0
     assert await b.longest(DIGESTS) == _checkpoint(5)
 
 
@@ -273,3 +305,137 @@ async def test_a_checkpoint_stored_under_another_cut_is_a_miss(
     a, _ = stores
     await a.put(replace(_checkpoint(5), key=DIGESTS[2]))
     assert await a.longest(DIGESTS) is None
+
+
+async def test_a_sqlite_write_given_up_leaves_the_rest_of_its_batch_to_finish(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.sqlite3"
+    state = StateFile(path, max_entries=100, clock=time.time)
+    await state.open()
+    insert = "INSERT OR REPLACE INTO forwarded (id, expires_at) VALUES (?, ?)"
+    expires_at = time.time() + 60
+    # Another connection holds the write lock (within busy_timeout), so the writer thread waits
+    # on the first row while the next two queue up as one batch.
+    locker = sqlite3.connect(path, isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    first = asyncio.ensure_future(state.write(insert, ("first", expires_at)))
+    await asyncio.sleep(0.05)
+    given_up = asyncio.ensure_future(state.write(insert, ("given-up", expires_at)))
+    batched = asyncio.ensure_future(state.write(insert, ("batched", expires_at)))
+    await asyncio.sleep(0.05)
+    given_up.cancel()  # what the guard's timeout does to a slow write
+    await asyncio.sleep(0.05)
+    locker.execute("ROLLBACK")
+    locker.close()
+    await asyncio.wait_for(first, 5)
+    await asyncio.wait_for(batched, 5)
+    await state.close()
+    with sqlite3.connect(path) as connection:
+        ids = {row[0] for row in connection.execute("SELECT id FROM forwarded")}
+    assert {"first", "batched"} <= ids
+
+
+async def test_a_compaction_is_new_to_exactly_one_request_across_replicas(
+    stores: tuple[RedisStore, RedisStore],
+) -> None:
+    a, b = stores
+    here, there = Forwarded(a, 100), Forwarded(b, 100)
+    firsts = await asyncio.gather(
+        *(forwarded.is_new("c7") for forwarded in (here, there, here, there, here, there))
+    )
+    assert sum(firsts) == 1
+    assert not await Forwarded(a, 100).is_new("c7")  # a restarted process knows it too
+
+
+async def test_a_redis_checkpoint_left_by_an_older_version_does_not_block_this_ones(
+    stores: tuple[RedisStore, RedisStore], redis_server: RedisServer
+) -> None:
+    a, b = stores
+    client = aioredis.from_url(redis_server.url)
+    older = orjson.dumps({**_checkpoint(6, "older").to_json(), "version": 0})
+    # Where the version before this one kept it (its keys carried no version).
+    await client.hset(b"compaction-proxy:cp:" + DIGESTS[5], mapping={"cut": 6, "body": older})
+    await client.aclose()
+    await a.put(_checkpoint(6, "this version"))
+    assert await b.longest(DIGESTS) == _checkpoint(6, "this version")
+
+
+async def test_a_replica_waits_for_a_held_lease_without_spinning_over_an_unusable_checkpoint(
+    stores: tuple[RedisStore, RedisStore], redis_server: RedisServer
+) -> None:
+    a, b = stores
+    key = DIGESTS[5]
+    # Stored, but not usable here (cut elsewhere): only the lease tells the wait.
+    await a.put(replace(_checkpoint(5), key=key))
+    client = aioredis.from_url(redis_server.url)
+    lease = await a.acquire(key)
+    assert lease is not None
+
+    async def release_later() -> None:
+        await asyncio.sleep(0.5)
+        await lease.release()
+
+    async def work() -> str:
+        return "computed by b"
+
+    async def stored() -> Checkpoint | None:
+        return await stored_under(b, DIGESTS, key)
+
+    before = int((await client.info("stats"))["total_commands_processed"])
+    result, _ = await asyncio.gather(
+        run_once_everywhere(b, key, work, stored, budget_s=10),
+        release_later(),
+    )
+    commands = int((await client.info("stats"))["total_commands_processed"]) - before
+    await client.aclose()
+    assert result == "computed by b"
+    assert commands < 100  # woken by the release notice, not a busy loop of thousands
+
+
+async def test_work_under_a_redis_lease_fails_with_its_own_exception(
+    stores: tuple[RedisStore, RedisStore],
+) -> None:
+    a, _ = stores
+
+    async def work() -> str:
+        raise TimeoutError("the summarizer took too long")
+
+    async def stored() -> Checkpoint | None:
+        return None
+
+    with pytest.raises(TimeoutError, match="the summarizer took too long"):
+        await run_once_everywhere(a, DIGESTS[5], work, stored, budget_s=10)
+    assert await a.acquire(DIGESTS[5]) is not None  # and the lease was released
+
+
+async def test_a_redis_store_hears_notices_as_soon_as_it_is_open(
+    redis_server: RedisServer,
+) -> None:
+    store = _redis(redis_server.url)
+    await store.open()
+    client = aioredis.from_url(redis_server.url)
+    try:
+        subscribers = dict(await client.pubsub_numsub(store.channel))
+        assert subscribers[store.channel.encode()] == 1
+    finally:
+        await client.aclose()
+        await store.close()
+
+
+async def test_a_held_lease_renews_itself_past_its_ttl_until_released(
+    redis_server: RedisServer,
+) -> None:
+    holder, other = _redis(redis_server.url, lease_ttl_s=1.5), _redis(redis_server.url)
+    for store in (holder, other):
+        await store.open()
+    try:
+        lease = await holder.acquire(DIGESTS[4])
+        assert lease is not None
+        await asyncio.sleep(2.0)  # renewed every 0.5 s
+        assert await other.acquire(DIGESTS[4]) is None
+        await lease.release()
+        assert await other.acquire(DIGESTS[4]) is not None
+    finally:
+        for store in (holder, other):
+            await store.close()
