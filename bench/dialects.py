@@ -204,7 +204,14 @@ def check_responses(body: dict[str, Any], seen: dict[str, Any] | None = None) ->
             answered.add(item.get("call_id"))
         elif isinstance(kind, str) and kind.endswith("_call"):
             called[item["call_id"]] = index
-            if reasoning and not _has_reasoning_before(items, index):
+            reasoned = _has_reasoning_before(items, index)
+            # A call the conversation first showed with its reasoning needs it ever after, even
+            # when no reasoning survives anywhere else in the list; without `seen`, any reasoning
+            # in the list says the model reasons.
+            needed = (
+                reasoning if seen is None else seen.setdefault(f"call:{item['call_id']}", reasoned)
+            )
+            if needed and not reasoned:
                 problems.append(f"input[{index}]: call without the reasoning of its turn")
     problems += [
         f"input[{i}]: call {c} has no output" for c, i in called.items() if c not in answered
@@ -234,15 +241,22 @@ def check_anthropic(body: dict[str, Any], seen: dict[str, Any] | None = None) ->
     if not isinstance(messages, list) or not messages:
         return ["messages: empty or missing"]
     problems: list[str] = []
-    if messages[0].get("role") != "user":
+    turns = [m if isinstance(m, dict) else {} for m in messages]
+    problems += [
+        f"messages[{i}]: not a turn" for i, m in enumerate(messages) if not m or m is not turns[i]
+    ]
+    if turns[0].get("role") != "user":
         problems.append("messages[0]: the first turn is not the user's")
     previous_calls: set[str] = set()
-    for index, message in enumerate(messages):
+    for index, message in enumerate(turns):
         role = message.get("role")
-        if index and role == messages[index - 1].get("role"):
+        if index and role == turns[index - 1].get("role"):
             problems.append(f"messages[{index}]: two {role} turns in a row")
         content = message.get("content")
-        blocks = content if isinstance(content, list) else []
+        listed = content if isinstance(content, list) else []
+        blocks = [b for b in listed if isinstance(b, dict)]
+        if len(blocks) != len(listed):
+            problems.append(f"messages[{index}]: not a block in its content")
         results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
         if role == "user":
             if set(results) != previous_calls:

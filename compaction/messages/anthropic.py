@@ -27,6 +27,7 @@ from compaction.messages.item import (
     Item,
     Shape,
     ToolCall,
+    file_data_tokens,
     is_observation_text,
     json_text,
     measure_value,
@@ -98,14 +99,21 @@ class AnthropicShape:
         return isinstance(content, str) and is_summary_text(content)
 
     def measure(self, raw: Any, text_cost: Callable[[str], float]) -> float:
-        """Every block, thinking included (in a tool loop the upstream counts it), with the
-        message's overhead."""
+        """Every block with the message's overhead; thinking only in a turn that calls tools.
+
+        Anthropic strips thinking from turns before the last user turn, except in the current
+        tool loop. A turn without tool_use ended its task (a user turn follows), so its thinking
+        is never counted. A message is measured on its own, so a tool-calling turn of an earlier
+        task still counts its thinking: erring high."""
         if not isinstance(raw, dict):
             return MESSAGE_OVERHEAD_TOKENS + text_cost(json_text(raw))
         content = raw.get("content")
         if not isinstance(content, list):
             return MESSAGE_OVERHEAD_TOKENS + measure_value(content, text_cost)
-        return MESSAGE_OVERHEAD_TOKENS + sum(_measure_block(b, text_cost) for b in content)
+        blocks: list[Any] = content
+        if not any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content):
+            blocks = [b for b in content if not _is_thinking(b)]
+        return MESSAGE_OVERHEAD_TOKENS + sum(_measure_block(b, text_cost) for b in blocks)
 
 
 ANTHROPIC: Shape = AnthropicShape()
@@ -153,6 +161,10 @@ def _is_user(message: Any) -> bool:
     return isinstance(message, dict) and message.get("role") == "user"
 
 
+def _is_thinking(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") in ("thinking", "redacted_thinking")
+
+
 def _is_result(block: Any) -> bool:
     return isinstance(block, dict) and block.get("type") == "tool_result"
 
@@ -191,5 +203,21 @@ def _measure_block(block: Any, text_cost: Callable[[str], float]) -> float:
     if kind == "image":
         return IMAGE_TOKENS
     if kind == "document":
-        return FILE_PART_TOKENS
+        return _measure_document(block.get("source"), text_cost)
     return text_cost(json_text(block))
+
+
+def _measure_document(source: Any, text_cost: Callable[[str], float]) -> float:
+    """A text document by its text, a content document by its blocks, a base64 one (a PDF) by
+    its length; one sent by reference (URL, file id) at a flat cost."""
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "text":
+        return measure_value(source.get("data"), text_cost)
+    if kind == "content":
+        content = source.get("content")
+        if isinstance(content, list):
+            return sum(_measure_block(b, text_cost) for b in content)
+        return measure_value(content, text_cost)
+    if kind == "base64":
+        return file_data_tokens(source.get("data"))
+    return FILE_PART_TOKENS

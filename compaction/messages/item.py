@@ -33,6 +33,9 @@ MESSAGE_OVERHEAD_TOKENS = 4
 TOOL_CALL_OVERHEAD_TOKENS = 8
 ENCRYPTED_SHARE = 0.75
 """Encrypted reasoning travels as base64, 4 characters for 3 bytes: counted at 3/4 of its text."""
+BASE64_CHARS_PER_TOKEN = 8
+"""Inline file data (a base64 PDF) at one token per 8 characters (6 bytes): a rough middle
+between a text PDF (a few bytes a token) and a scanned one (many more); erring high is safer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +135,14 @@ def json_text(item: Any) -> str:
 def is_observation_text(text: str) -> bool:
     """True for a user message's text that is really tool output (see OBSERVATION_PREFIXES)."""
     return text.lstrip().startswith(OBSERVATION_PREFIXES)
+
+
+def file_data_tokens(data: Any) -> float:
+    """What inline base64 file data costs by its length; FILE_PART_TOKENS for a file sent by
+    reference (an id, a URL), whose size we cannot see."""
+    if not isinstance(data, str):
+        return FILE_PART_TOKENS
+    return max(FILE_PART_TOKENS, len(data) / BASE64_CHARS_PER_TOKEN)
 
 
 def measure_value(value: Any, text_cost: Callable[[str], float]) -> float:

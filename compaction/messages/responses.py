@@ -19,7 +19,6 @@ from compaction.marker import is_summary_text
 from compaction.messages.item import (
     AUDIO_PART_TOKENS,
     ENCRYPTED_SHARE,
-    FILE_PART_TOKENS,
     IMAGE_HIGH_TOKENS,
     IMAGE_LOW_TOKENS,
     MESSAGE_OVERHEAD_TOKENS,
@@ -27,6 +26,7 @@ from compaction.messages.item import (
     Item,
     Shape,
     ToolCall,
+    file_data_tokens,
     is_observation_text,
     json_text,
     measure_value,
@@ -179,5 +179,5 @@ def _measure_part(part: Any, text_cost: Callable[[str], float]) -> float:
     if kind == "input_audio":
         return AUDIO_PART_TOKENS
     if kind == "input_file":
-        return FILE_PART_TOKENS
+        return file_data_tokens(part.get("file_data"))
     return text_cost(json_text(part))

@@ -196,7 +196,8 @@ class CompactingHook:
             max_output_tokens=dialect.max_output(payload),
             session_id=session_id,
             opening=opening,
-            credential=ctx.credential,
+            # The client's own: the summarizer adds the key of the upstream it calls.
+            credential=ctx.headers.get("Authorization"),
             auth_headers=auth,
             tenant=tenant,
             seed=conversation_seed(tenant.hex(), session_id),

@@ -19,8 +19,8 @@ from proxy.compacting.dialects import Dialect
 from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
 from proxy.http.upstream import Upstream
 
-_ADAPTABLE = ("max_tokens", "temperature")
-_REFUSAL = re.compile(r"Unsupported (?:parameter|value): '(\w+)'")
+_ADAPTABLE = ("max_tokens", "temperature", "reasoning.effort")
+_REFUSAL = re.compile(r"Unsupported (?:parameter|value): '([\w.]+)'")
 
 
 class SummarizerError(Exception):
@@ -31,8 +31,9 @@ class ModelParameters:
     """What each summary model accepts, learned from the upstream's own 400 answers.
 
     Reasoning models (OpenAI's o-series and later) refuse `max_tokens` in favour of
-    `max_completion_tokens`, and any `temperature` but the default; they say so with the
-    offending `param` in the error. One refusal per model is enough: later calls ask right away.
+    `max_completion_tokens`, and any `temperature` but the default; other models refuse
+    `reasoning.effort`. They say so with the offending `param` in the error. One refusal per
+    model is enough: later calls ask right away.
     """
 
     def __init__(self) -> None:
@@ -67,7 +68,8 @@ class ModelParameters:
 @dataclass(frozen=True)
 class LLMRequest:
     """What a summarizer for one request is built from: the model to ask and the caller's own
-    credentials (Authorization, Azure-style keys, organisation); never logged."""
+    credentials (`credential`: the Authorization the client sent, not one the proxy injected;
+    Azure-style keys, organisation); never logged."""
 
     model: str
     credential: str | None
@@ -111,12 +113,17 @@ class UpstreamLLM:
         self._timeout_s = timeout_s
         self._parameters = parameters
         self._headers = {"Content-Type": "application/json", **request.auth_headers}
-        if request.credential:
-            self._headers["Authorization"] = request.credential
+        # The client's own Authorization, else the configured key of the upstream this call
+        # goes to (none for Anthropic): never the key injected for the agent's request, which
+        # may have gone to another upstream.
+        api_key = upstream.api_key_for(request.dialect.summary_path, request.auth_headers)
+        credential = request.credential or (f"Bearer {api_key}" if api_key else None)
+        if credential:
+            self._headers["Authorization"] = credential
 
     async def complete(self, messages: list[Message], *, purpose: Purpose, max_tokens: int) -> str:
         headers = {**self._headers, "X-Compaction-Purpose": purpose}
-        for _ in range(3):  # at most two parameters to learn
+        for _ in range(len(_ADAPTABLE) + 1):  # each parameter learned once
             refused = self._parameters.refused(self._model)
             body = self._dialect.summary_body(self._model, messages, max_tokens, refused)
             status, answer = await self._upstream.post_json(

@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 _CODES = {"context_length_exceeded", "string_above_max_length", "context_window_exceeded"}
 _WORDINGS = re.compile(
     r"maximum context length|context length|context window|prompt is too long"
-    r"|too many tokens|reduce the length of the messages|exceeds? the (?:model's )?(?:maximum|limit)",
+    r"|too many tokens|reduce the length of the messages|exceeds? the (?:model's )?(?:maximum|limit)"
+    r"|exceed context limit",
     re.IGNORECASE,
 )
 _N = r"(\d[\d,]*)"
@@ -27,6 +28,9 @@ _N = r"(\d[\d,]*)"
 _LIMIT = re.compile(rf"(?:length|window|limit)(?: is| of)? {_N}", re.IGNORECASE)
 # "prompt is too long: 210000 tokens > 200000 maximum"
 _OVER = re.compile(rf"{_N} tokens? > {_N}", re.IGNORECASE)
+# Anthropic, when prompt + max_tokens is over: "input length and `max_tokens` exceed context
+# limit: 188240 + 21333 > 200000" (prompt, max_tokens, limit).
+_SUM_OVER = re.compile(rf"{_N} \+ {_N} > {_N}")
 # The prompt's own count, best first: "8000 tokens in the messages", "resulted in 9500 tokens",
 # "requested 9000 tokens" (that one includes the completion).
 _PROMPT = tuple(
@@ -55,6 +59,9 @@ def parse_overflow(status: int, body: bytes) -> Overflow | None:
     over = _OVER.search(message)
     if over:
         return Overflow(_int(over.group(2)), _int(over.group(1)))
+    summed = _SUM_OVER.search(message)
+    if summed:
+        return Overflow(_int(summed.group(3)), _int(summed.group(1)))
     limit = _LIMIT.search(message)
     prompt = next((found for pattern in _PROMPT if (found := pattern.search(message))), None)
     return Overflow(

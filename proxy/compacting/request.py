@@ -61,6 +61,7 @@ class ParsedRequest:
     opening: str
     """Fingerprint of the conversation's opening (head, tool names, first user message)."""
     credential: str | None
+    """The Authorization the client sent (not an injected `upstream.api_key`)."""
     auth_headers: dict[str, str]
     """The caller's credentials besides Authorization, and the headers the dialect's summary
     call needs (anthropic-version); never logged."""

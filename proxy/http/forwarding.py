@@ -61,7 +61,7 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
     body = await _read_body(request, settings.server.max_body_bytes)
     metrics.labelled(metrics.request_bytes, info.route).inc(len(body))
     headers, credential = upstream_request_headers(
-        request.headers, upstream.api_key_for(tail), keep_length=False
+        request.headers, upstream.api_key_for(tail, request.headers), keep_length=False
     )
     ctx = RequestContext(
         route=info.route,
@@ -139,7 +139,7 @@ async def forward_verbatim(request: web.Request, path_session: str | None) -> we
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(limit)
     headers, _ = upstream_request_headers(
-        request.headers, upstream.api_key_for(tail), keep_length=True
+        request.headers, upstream.api_key_for(tail, request.headers), keep_length=True
     )
     body = (
         _LimitedBody(request, limit, app[keys.METRICS], info.route) if request.body_exists else None

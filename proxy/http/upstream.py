@@ -14,7 +14,7 @@ import contextlib
 import functools
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import unquote
 
@@ -36,6 +36,7 @@ from proxy.settings import UpstreamSettings
 
 _SCHEME_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _FORBIDDEN_CHARS = re.compile(r"[\\@#\s\x00-\x1f\x7f]")
+_ANTHROPIC_HEADERS = ("x-api-key", "anthropic-version")
 
 
 def open_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
@@ -93,9 +94,13 @@ class Upstream:
         base = self._anthropic_text if is_anthropic_tail(raw_tail) else self._base_text
         return _build_url(base, raw_tail, raw_query)
 
-    def api_key_for(self, raw_tail: str) -> str | None:
-        """`upstream.api_key` is a key of `base_url`: never sent to Anthropic."""
-        return None if is_anthropic_tail(raw_tail) else self._settings.api_key
+    def api_key_for(self, raw_tail: str, headers: Mapping[str, str]) -> str | None:
+        """`upstream.api_key` is a key of `base_url`: never sent to Anthropic, nor added to a
+        request that speaks Anthropic's API (`x-api-key`, `anthropic-version`: an Anthropic SDK
+        calling /v1/models or /v1/files, which go to `base_url`), whose own key is its own."""
+        if is_anthropic_tail(raw_tail) or any(name in headers for name in _ANTHROPIC_HEADERS):
+            return None
+        return self._settings.api_key
 
     async def send(
         self,
@@ -218,8 +223,12 @@ def _translate(exc: BaseException, *, reading_body: bool) -> tuple[str, Exceptio
 
 
 def is_anthropic_tail(raw_tail: str) -> bool:
-    """True for the path tails of Anthropic's Messages API: `messages` and all under it."""
-    return raw_tail == "messages" or raw_tail.startswith(("messages/", "messages?"))
+    """True for the path tails of Anthropic's Messages API: `messages` and all under it, also
+    when percent-encoded (`%6Dessages`): the server routes by the decoded path, so the upstream
+    and its credential must be chosen by it too, or an Anthropic request would go to `base_url`
+    and be handed `upstream.api_key`."""
+    tail = unquote(raw_tail) if "%" in raw_tail else raw_tail
+    return tail == "messages" or tail.startswith(("messages/", "messages?"))
 
 
 @functools.lru_cache(maxsize=1024)  # the same few paths come again and again

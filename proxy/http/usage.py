@@ -4,13 +4,15 @@ The probe sees each chunk as it is relayed (it never delays one): a JSON body is
 stays under 1 MiB; an SSE stream keeps only its first 16 KiB and its last 64 KiB, where the APIs
 put their usage: chat completions in the last chunk (`stream_options.include_usage`), the
 Responses API in `response.completed`'s `response`, Anthropic in `message_start`'s `message` and
-`message_delta`. Usage found in several events is merged, later fields winning. Parsing happens
+`message_delta`. An event longer than the tail (Responses' `response.completed`) has its usage read from its end.
+Usage found in several events is merged, later fields winning. Parsing happens
 once, after the response is complete, and only when the bytes mention `"usage"`. Anything odd
 gives None.
 """
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from typing import Any
 
@@ -23,6 +25,8 @@ _SSE_TAIL_BYTES = 64 * 1024
 _SSE_HEAD_BYTES = 16 * 1024
 _MAX_SSE_EVENTS = 8
 _USAGE = b'"usage"'
+_USAGE_KEY = b'"usage":'
+_DECODER = json.JSONDecoder()
 
 
 class UsageProbe:
@@ -91,15 +95,34 @@ def _from_sse(lines: list[bytes]) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     tried = 0
     for line in lines:
-        if not line.startswith(b"data:") or _USAGE not in line:
+        if _USAGE not in line:
             continue
         tried += 1
-        try:
-            usage = _usage_of(orjson.loads(line[5:].strip()))
-        except orjson.JSONDecodeError:
-            usage = None
+        if line.startswith(b"data:"):
+            try:
+                usage = _usage_of(orjson.loads(line[5:].strip()))
+            except orjson.JSONDecodeError:
+                usage = None
+        else:
+            usage = _usage_in_fragment(line)
         if usage is not None:
             found.append(usage)
         if tried >= _MAX_SSE_EVENTS:
             break
     return found
+
+
+def _usage_in_fragment(fragment: bytes) -> dict[str, Any] | None:
+    """The usage object in the end of an event whose start fell out of the tail kept: Responses'
+    `response.completed` repeats the whole output, instructions and tools, and can be far longer
+    than the tail, but its `usage` comes last. A `"usage":` followed by an object can only be a
+    key there (inside a JSON string its quotes would be escaped), so the last one is decoded."""
+    start = fragment.rfind(_USAGE_KEY)
+    if start < 0:
+        return None
+    text = fragment[start + len(_USAGE_KEY) :].decode("utf-8", "replace").lstrip()
+    try:
+        usage, _ = _DECODER.raw_decode(text)
+    except ValueError:
+        return None
+    return usage if isinstance(usage, dict) else None

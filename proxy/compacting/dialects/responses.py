@@ -28,6 +28,10 @@ _HEAD_ROLES = ("system", "developer")
 _KEPT_UPSTREAM = ("previous_response_id", "conversation")
 
 
+# Output tokens a reasoning model may spend thinking on top of the summary (billed only if used).
+_REASONING_ROOM = 4096
+
+
 class ResponsesAPI:
     name = "responses"
     shape: Shape = RESPONSES
@@ -79,6 +83,13 @@ class ResponsesAPI:
         }
         if "temperature" not in refused:
             payload["temperature"] = 0.2
+        if "reasoning.effort" not in refused:
+            # Reasoning models (gpt-5, codex, o-series) count their reasoning in
+            # max_output_tokens: at the summary's own bound they can spend it all thinking and
+            # answer `incomplete` with no text. Ask for little reasoning and leave room for it;
+            # the prompt still states the summary's length. Other models refuse the field once.
+            payload["reasoning"] = {"effort": "low"}
+            payload["max_output_tokens"] = max_tokens + _REASONING_ROOM
         return orjson.dumps(payload)
 
     def summary_text(self, answer: Any) -> str | None:

@@ -11,6 +11,7 @@ import orjson
 import pytest
 from aiohttp import web
 from anthropic import AsyncAnthropic
+from yarl import URL
 
 from bench.dialects import signature_of, to_anthropic
 from compaction import SUMMARY_MARKER
@@ -48,7 +49,7 @@ async def proxy(start: Any, upstream: FakeUpstream) -> Any:
     return await start(upstream={"anthropic_base_url": upstream.base_url})
 
 
-async def send(client: Any, url: str, body: dict[str, Any] | bytes, **headers: str) -> Any:
+async def send(client: Any, url: str | URL, body: dict[str, Any] | bytes, **headers: str) -> Any:
     data = body if isinstance(body, bytes) else orjson.dumps(body)
     async with client.post(
         url, data=data, headers={"Content-Type": "application/json", **HEADERS, **headers}
@@ -108,19 +109,22 @@ async def test_a_cut_inside_one_long_task_keeps_the_turns_alternating(
     assert [t["role"] for t in turns[:2]] == ["user", "assistant"]
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        "prompt is too long: 4100 tokens > 4000 maximum",
+        # Anthropic's wording when the prompt fits but prompt + max_tokens does not.
+        "input length and `max_tokens` exceed context limit: 3990 + 64 > 4000, decrease input"
+        " length or `max_tokens` and try again",
+    ],
+)
 async def test_prompt_is_too_long_is_retried_once_compacted(
-    start: Any, upstream: FakeUpstream, script: Script, client: Any
+    start: Any, upstream: FakeUpstream, script: Script, client: Any, message: str
 ) -> None:
     proxy = await start(
         upstream={"anthropic_base_url": upstream.base_url}, compaction={"trigger_ratio": 0.99}
     )
-    refusal = {
-        "type": "error",
-        "error": {
-            "type": "invalid_request_error",
-            "message": "prompt is too long: 4100 tokens > 4000 maximum",
-        },
-    }
+    refusal = {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
     upstream.reply_once(json_reply(refusal, status=400))
     body = anthropic_body(int(WINDOW * 0.9), max_tokens=64)
     response, _ = await send(client, f"{proxy.url}/v1/messages", body, **{"X-Session-Id": "a3"})
@@ -154,6 +158,98 @@ async def test_messages_go_to_the_anthropic_upstream_and_the_rest_to_base_url(
             assert response.status == 200
         assert [r.path for r in upstream.requests] == ["/v1/models"]
         assert upstream.requests[0].headers["Authorization"] == "Bearer sk-openai-only"
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/%6Dessages", "/s/enc/v1/%6dessages"])
+async def test_the_openai_key_never_reaches_anthropic_on_agent_or_summary_calls(
+    start: Any, upstream: FakeUpstream, client: aiohttp.ClientSession, path: str
+) -> None:
+    # aiohttp routes the decoded path: a percent-encoded `messages` is the messages route, so
+    # it must also go to Anthropic, and its summary calls must not borrow the OpenAI key.
+    async with FakeUpstream() as anthropic:
+        Script(anthropic)
+        proxy = await start(
+            upstream={"anthropic_base_url": anthropic.base_url, "api_key": "sk-openai-only"}
+        )
+        body = anthropic_body(int(WINDOW * 1.3))
+        url = URL(f"{proxy.url}{path}", encoded=True)
+        response, _ = await send(client, url, body, **{"X-Session-Id": "key"})
+        assert response.status == 200
+        assert response.headers["x-compaction-status"] == "applied"
+        assert upstream.requests == []
+        purposes = [r.headers.get("X-Compaction-Purpose") for r in anthropic.requests]
+        assert "summary" in purposes and None in purposes
+        for seen in anthropic.requests:
+            assert "sk-openai-only" not in str(list(seen.headers.items()))
+            assert seen.headers["x-api-key"] == "sk-ant-client"
+
+
+async def test_an_anthropic_client_outside_messages_is_not_given_the_openai_key(
+    start: Any, upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    # Anthropic's other endpoints (/v1/models, /v1/files) go to base_url like any path, but a
+    # request that speaks Anthropic (x-api-key, anthropic-version) is not an OpenAI client's.
+    upstream.reply(json_reply({"data": [], "has_more": False, "first_id": None, "last_id": None}))
+    proxy = await start(upstream={"api_key": "sk-openai-only"})
+    sdk = AsyncAnthropic(base_url=proxy.url, api_key="sk-ant-sdk", max_retries=0)
+    async with sdk:
+        await sdk.models.list()
+    for headers in ({"x-api-key": "sk-ant-raw"}, {"anthropic-version": "2023-06-01"}):
+        async with client.get(f"{proxy.url}/v1/models", headers=headers) as response:
+            assert response.status == 200
+    assert [r.path for r in upstream.requests] == ["/v1/models"] * 3
+    sdk_call, keyed, versioned = upstream.requests
+    assert sdk_call.headers.getall("Authorization") == ["Bearer sk-ant-sdk"]  # its own, kept
+    assert keyed.headers["x-api-key"] == "sk-ant-raw"
+    assert "Authorization" not in keyed.headers and "Authorization" not in versioned.headers
+
+
+@pytest.mark.parametrize(
+    ("source", "at_least"),
+    [
+        ({"type": "text", "media_type": "text/plain", "data": "word " * 8000}, 6000),
+        ({"type": "content", "content": [{"type": "text", "text": "word " * 8000}]}, 6000),
+        ({"type": "base64", "media_type": "application/pdf", "data": "QUJD" * 10000}, 4000),
+    ],
+)
+async def test_a_documents_tokens_are_counted_by_its_size(
+    proxy: Any, client: Any, source: dict[str, Any], at_least: int
+) -> None:
+    body = {
+        "model": "claude",
+        "max_tokens": 64,
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "document", "source": source}, {"type": "text", "text": "?"}],
+            }
+        ],
+    }
+    response, _ = await send(client, f"{proxy.url}/v1/messages", body, **{"X-Session-Id": "doc"})
+    assert response.status == 200
+    assert int(response.headers["x-compaction-tokens-before"]) >= at_least
+
+
+async def test_thinking_of_a_finished_turn_is_not_counted(proxy: Any, client: Any) -> None:
+    # Anthropic strips thinking from turns before the last user turn; an answer without
+    # tool_use ended its turn, so its thinking is never counted again.
+    thought = "step " * 4000
+    turn = [
+        {"type": "thinking", "thinking": thought, "signature": signature_of(thought)},
+        {"type": "text", "text": "Done."},
+    ]
+    body = {
+        "model": "claude",
+        "max_tokens": 64,
+        "messages": [
+            {"role": "user", "content": "Fix it."},
+            {"role": "assistant", "content": turn},
+            {"role": "user", "content": "Thanks, now the docs."},
+        ],
+    }
+    response, _ = await send(client, f"{proxy.url}/v1/messages", body, **{"X-Session-Id": "th"})
+    assert response.status == 200
+    assert int(response.headers["x-compaction-tokens-before"]) < 200
 
 
 async def test_the_proxys_own_errors_take_anthropics_shape(start: Any, client: Any) -> None:

@@ -112,6 +112,14 @@ def test_calibration_moves_towards_observed_ratio_and_is_clamped() -> None:
             200000,
             210000,
         ),
+        (
+            400,
+            b'{"type": "error", "error": {"type": "invalid_request_error", "message": "input length'
+            b" and `max_tokens` exceed context limit: 188240 + 21333 > 200000, decrease input "
+            b'length or `max_tokens` and try again"}}',
+            200000,
+            188240,
+        ),
         (413, b"Request exceeds the maximum context window", None, None),
         (400, b'{"detail": "This model\'s maximum context length is 4096 tokens"}', 4096, None),
     ],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from bench.dialects import check_anthropic, check_responses
 from proxy.compacting.dialects import Dialect, NotCompactable, for_route
 from proxy.compacting.dialects.anthropic import ANTHROPIC_MESSAGES
 from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
@@ -100,3 +101,29 @@ def test_serializing_changes_the_list_and_no_other_byte(dialect: Dialect, field:
     payload, _ = dialect.parse(body)
     sent = dialect.serialize(body, payload, [{"role": "user", "content": "new"}])
     assert sent == head + field.encode() + b'": [{"role":"user","content":"new"}]' + tail
+
+
+# -- the fakes' checkers (bench.dialects): what the real APIs refuse ----------------------------
+
+
+def test_the_anthropic_checker_reports_malformed_turns_and_blocks_instead_of_failing() -> None:
+    body = {"messages": [{"role": "user", "content": ["x", None]}, "junk"]}
+    problems = check_anthropic(body, {})
+    assert any("not a block" in p for p in problems)
+    assert any("not a turn" in p for p in problems)
+
+
+def test_the_responses_checker_refuses_a_call_sent_without_the_reasoning_it_came_with() -> None:
+    call = {"type": "function_call", "call_id": "c1", "name": "bash", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "ok"}
+    user = {"type": "message", "role": "user", "content": "go"}
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": []}
+    seen: dict[str, object] = {}
+    assert check_responses({"input": [user, reasoning, call, output]}, seen) == []
+    # The next request drops that reasoning item, and no other reasoning survives anywhere.
+    assert check_responses({"input": [user, call, output]}, seen) == [
+        "input[1]: call without the reasoning of its turn"
+    ]
+    # A call that never had reasoning needs none.
+    plain = {**call, "call_id": "c2"}
+    assert check_responses({"input": [user, plain, {**output, "call_id": "c2"}]}, seen) == []

@@ -16,7 +16,7 @@ from compaction import SUMMARY_MARKER
 from compaction.messages import RESPONSES
 from tests import factories as f
 from tests.fakes.apis import responses_events, responses_object
-from tests.fakes.script import Script, body_tokens
+from tests.fakes.script import SUMMARY_TEXT, Script, body_tokens
 from tests.fakes.upstream import json_reply, stream_reply
 from tests.proxy.compacting.conftest import WINDOW, forwarded
 
@@ -140,6 +140,61 @@ async def sdk(start: Any) -> Any:
 SDK_TOOLS: Any = [
     {"type": "function", "name": "bash", "parameters": {"type": "object"}, "strict": False}
 ]
+
+
+async def test_a_files_tokens_are_counted_by_its_size(start: Any, client: Any) -> None:
+    proxy = await start()
+    data = "data:application/pdf;base64," + "QUJD" * 10000
+    file = {"type": "input_file", "filename": "spec.pdf", "file_data": data}
+    question = {"type": "input_text", "text": "What does it say?"}
+    body = {"model": "m", "input": [{"role": "user", "content": [file, question]}]}
+    response = await send(client, f"{proxy.url}/v1/responses", body, **{"X-Session-Id": "doc"})
+    assert response.status == 200
+    assert int(response.headers["x-compaction-tokens-before"]) >= 4000
+
+
+def refusal(param: str) -> web.Response:
+    message = f"Unsupported parameter: '{param}' is not supported with this model."
+    error = {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+    return web.json_response({"error": error}, status=400)
+
+
+async def reasoning_model(request: web.Request) -> web.StreamResponse:
+    """A gpt-5-like summarizer: no temperature; its reasoning counts in max_output_tokens (much
+    of it unless asked for low effort), and a budget spent on reasoning leaves no text."""
+    asked = await request.json()
+    if "temperature" in asked:
+        return refusal("temperature")
+    reasoning = 200 if asked.get("reasoning", {}).get("effort") == "low" else 2000
+    if asked["max_output_tokens"] < reasoning + 300:
+        done = responses_object(reasoning="enc")
+        return web.json_response({**done, "status": "incomplete"})
+    return web.json_response(responses_object(SUMMARY_TEXT, reasoning="enc"))
+
+
+async def plain_model(request: web.Request) -> web.StreamResponse:
+    """A gpt-4.1-like summarizer: refuses any reasoning setting."""
+    if "reasoning" in await request.json():
+        return refusal("reasoning.effort")
+    return web.json_response(responses_object(SUMMARY_TEXT))
+
+
+@pytest.mark.parametrize("model", [reasoning_model, plain_model])
+async def test_summaries_come_back_from_reasoning_and_plain_models(
+    start: Any, script: Script, client: Any, model: Any
+) -> None:
+    script.summary = model
+    proxy = await start()
+    for session in ("m1", "m2"):
+        body = responses_body(int(WINDOW * 1.3))
+        response = await send(
+            client, f"{proxy.url}/v1/responses", body, **{"X-Session-Id": session}
+        )
+        assert response.headers["x-compaction-status"] == "applied"
+        assert "The user wants the failing tests fixed." in str(forwarded(script)[-1])
+    # What the model refused is learned once: later summaries are asked right away.
+    refused = "temperature" if model is reasoning_model else "reasoning"
+    assert [refused in r.json() for r in script.calls("summary")] == [True, False, False]
 
 
 async def test_the_sdk_runs_a_tool_loop_on_a_compacted_conversation(

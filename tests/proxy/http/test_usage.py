@@ -50,3 +50,13 @@ def test_a_long_anthropic_stream_keeps_the_input_tokens_of_its_first_event() -> 
         "cache_read_input_tokens": 0,
         "output_tokens": 2,
     }
+
+
+def test_a_responses_stream_whose_completed_event_is_long_still_gives_its_usage() -> None:
+    # response.completed repeats the whole output (and instructions, tools): past the tail kept,
+    # its `data:` start is gone, but its usage, at the end, is still read.
+    events = responses_events("x" * 100_000, input_tokens=4321)
+    assert len(events[-1]) > 64 * 1024
+    stream = b"".join(events)
+    found = probe([stream[i : i + 16384] for i in range(0, len(stream), 16384)])
+    assert found is not None and found["input_tokens"] == 4321
