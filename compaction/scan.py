@@ -130,8 +130,12 @@ _NOT_OUTPUT = re.compile(
 # A number of three or more digits is shown with the words before it (or, opening a line, after
 # it): "order 12345", never a bare 12345. The digits are found over the whole text; each hit looks
 # only at a bounded slice around it, so no long run can make the scan quadratic.
-_DIGITS = re.compile(r"(?<!\w)\d{3,}")  # not digits inside a word (abc123, user_7287)
+# Digits inside a word (abc123, user_7287) are not wanted: a greedy run can only start at the
+# start of its run of digits, so the run is dropped when a word character precedes it. Checked in
+# Python on the few hits rather than by a lookbehind at every position of the text.
+_DIGITS = re.compile(r"\d{3,}")
 _CONTEXT_CHARS = 130
+_PUNCTUATION = ".,;:!?'\")"
 _IDENTIFIER = re.compile(r"\b(?=[A-Za-z_-]*\d)(?=[\d_-]*[A-Za-z])[A-Za-z0-9_-]{5,40}\b")
 
 
@@ -143,8 +147,12 @@ def looks_like_path(token: str) -> bool:
 
 def find_paths(text: str) -> list[str]:
     """Path-looking tokens of `text` (shell commands or prose), in order, trailing punctuation cut."""
+    # A path holds no whitespace, and whitespace next to one reads as the text's edge to every
+    # assertion of _PATH: the regex runs over only the words that can hold a path (a slash, or a
+    # dot before their last character), split at C speed. Same hits, a fraction of the text.
+    words = " ".join([word for word in text.split() if "/" in word or "." in word[:-1]])
     found: list[str] = []
-    for raw in _PATH.findall(text):
+    for raw in _PATH.findall(words):
         token = raw.rstrip(_TRAILING)
         if _is_path(token):
             found.append(token)
@@ -236,15 +244,26 @@ def last_output_line(text: str) -> str | None:
 
 def strip_fences(text: str) -> str:
     """`text` with its fenced code blocks (an unclosed one runs to the end) made one space."""
-    return _FENCE.sub(" ", text)
+    return _FENCE.sub(" ", text) if "```" in text else text
 
 
 def mentioned_values(text: str) -> list[str]:
     """Numbers with the words around them ("order 12345", not a bare 12345) and identifiers
     mixing letters and digits, in prose; code blocks excluded (line numbers there are noise)."""
     prose = strip_fences(text)
-    numbers = [_in_context(prose, *found.span()) for found in _DIGITS.finditer(prose)]
-    return [n for n in numbers if n] + _IDENTIFIER.findall(prose)
+    numbers = [
+        _in_context(prose, *found.span())
+        for found in _DIGITS.finditer(prose)
+        if not _after_word(prose, found.start())
+    ]
+    # As for paths: an identifier holds a digit and no whitespace, so only such words are read.
+    words = " ".join([word for word in prose.split() if not word.rstrip(_PUNCTUATION).isalpha()])
+    return [n for n in numbers if n] + _IDENTIFIER.findall(words)
+
+
+def _after_word(text: str, at: int) -> bool:
+    """True when a word character (what `\\w` matches: `isalnum` or `_`) precedes `text[at]`."""
+    return at > 0 and (text[at - 1].isalnum() or text[at - 1] == "_")
 
 
 def _in_context(prose: str, start: int, end: int) -> str:

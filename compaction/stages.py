@@ -115,13 +115,14 @@ class Fold:
 def fold(job: FoldJob) -> Fold:
     shape, estimator, folded = job.shape, job.estimator, job.folded.unpack()
     framing = estimator.count_message(summary_message("", shape))
-    if is_too_little(sum(estimator.count_message(m) for m in folded), framing):
+    counts = [estimator.count_message(m) for m in folded]  # once: the sums below share them
+    if is_too_little(sum(counts), framing):
         return Fold(True, "", None, False, "", build_ledger([], []), 0)
     items = read_items(folded, shape)
     previous_summary, previous = read_previous(folded, items, range(len(folded)), shape)
     fresh = [i for i, item in enumerate(items) if item.kind != "summary"]
     prose = [items[i].text for i in fresh if items[i].is_prose]
-    replaced = sum(estimator.count_message(folded[i]) for i in fresh)
+    replaced = sum(counts[i] for i in fresh)
     return Fold(
         too_little=False,
         previous_summary=previous_summary,

@@ -30,6 +30,8 @@ def comparable(text: str) -> str:
 
 def key_tokens(text: str) -> set[str]:
     """Words of three or more letters or digits, and pairs of adjacent CJK characters."""
+    if text.isascii():  # no CJK run to look for, in the words or the text (most keys)
+        return set(_WORD.findall(text.casefold()))
     tokens = {w for w in _WORD.findall(text.casefold()) if not _CJK_RUN.fullmatch(w)}
     for run in _CJK_RUN.findall(text):
         tokens.update(run[i : i + 2] for i in range(max(len(run) - 1, 1)))
