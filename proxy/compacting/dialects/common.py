@@ -17,7 +17,7 @@ class NotCompactable(ValueError):
 def load_object(body: bytes) -> dict[str, Any]:
     try:
         payload = load_json(body)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested past the parsers' depth
         raise NotCompactable("body is not JSON") from exc
     if not isinstance(payload, dict):
         raise NotCompactable("body is not a JSON object")

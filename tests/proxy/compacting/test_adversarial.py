@@ -228,3 +228,18 @@ async def test_a_body_with_a_number_beyond_any_float_is_still_compacted_byte_for
         assert response.headers["x-compaction-status"] == "applied"
     (sent,) = script.calls(None)
     assert sent.body.startswith(head) and sent.body.endswith(tail)
+
+
+async def test_a_body_nested_past_the_parsers_depth_goes_out_untouched_with_its_status(
+    start: Any, upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    proxy = await start()
+    nested = b"[" * 3000 + b"]" * 3000
+    body = b'{"model":"m","messages":[{"role":"user","content":"x","d":' + nested + b"}]}"
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer k"}
+    async with client.post(
+        f"{proxy.url}/v1/chat/completions", data=body, headers=headers
+    ) as response:
+        assert response.status == 200
+        assert response.headers["x-compaction-status"] == "none"
+    assert upstream.requests[-1].body == body
