@@ -26,7 +26,7 @@ from proxy.compacting.exchange import (
     UnparsedExchange,
     describe,
 )
-from proxy.compacting.known import Known, KnownRequests, view_parts
+from proxy.compacting.known import Known, KnownRequests, splice_view, view_parts
 from proxy.compacting.llm_client import LLMFactory, UpstreamLLMFactory
 from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.precompute import Precompute
@@ -227,7 +227,11 @@ class CompactingHook:
         elif known is not None:
             forwarded = known.splice(view_parts(request.messages, decision.messages))
         else:
-            forwarded = request.serialize(decision.messages)
+            # Chat's kept messages go out as the client's bytes on both paths (see splice_view).
+            spliced = None
+            if request.dialect.name == "chat":
+                spliced = splice_view(body, b'"messages"', request.messages, decision.messages)
+            forwarded = spliced or request.serialize(decision.messages)
         return CompactedExchange(
             request,
             body=forwarded,

@@ -9,11 +9,9 @@ to the end of the last item (one memcmp): only the items after it are scanned, p
 counted, and the other top-level fields are parsed without the array. Anything that does not
 match exactly is simply not recognized, and the request takes the full path.
 
-Forwarded bodies are spliced: the original bytes of the items kept, the new ones (a summary)
-serialized, around the body's own bytes for every other field. Both paths splice the same way, so
-the forwarded prefix stays byte-identical from request to request.
-
-Dialect-neutral: it works on a byte span of a JSON array of items under one top-level key.
+Forwarded bodies are spliced (kept items as the client's bytes, new ones serialized), by
+`splice_view` too for bodies not remembered, so a prefix stays byte-identical from request to
+request. Dialect-neutral: it works on a JSON array of items under one top-level key.
 """
 
 from __future__ import annotations
@@ -261,6 +259,18 @@ def splice(body: bytes, open_at: int, items: Items, parts: Sequence[Part]) -> by
     if run_start >= 0:
         pieces.append(body[items.starts[run_start] : items.ends[run_end]])
     return b"".join((body[: open_at + 1], b",".join(pieces), body[items.close :]))
+
+
+def splice_view(body: bytes, key: bytes, original: list[Any], view: Sequence[Any]) -> bytes | None:
+    """`body` with its `key` array replaced by `view`, as a remembered body's splice does it (a
+    prefix keeps its bytes once a conversation is remembered); None when it cannot be followed."""
+    open_at = locate_value(body, key)
+    items = scan_items(body, open_at) if open_at is not None else None
+    if open_at is None or items is None or not original or len(items.starts) != len(original):
+        return None
+    if not _same(body, items, original):
+        return None
+    return splice(body, open_at, items, view_parts(original, view))
 
 
 def view_parts(original: Sequence[Any], view: Sequence[Any]) -> list[Part]:

@@ -4,6 +4,7 @@ the same forwarded bytes as the full path, a byte-stable prefix, and no recognit
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any
 
 import orjson
@@ -126,3 +127,36 @@ async def test_two_continuations_of_one_request_each_get_their_own_digests() -> 
     assert extended_one.request_digests() == prefix_digests(one, seed)
     assert extended_other.request_digests() == prefix_digests(other, seed)
     assert extended_one.tokens[: extended_one.count + 1] == extended_other.tokens[: len(one) + 1]
+
+
+async def test_the_prefix_keeps_its_bytes_when_a_conversation_starts_being_remembered(
+    start: Any, script: Script, client: Any
+) -> None:
+    # A client that writes JSON its own way (Python's json: ", " and ": "): bodies under 64 KiB
+    # are not remembered, bodies past it are; a reused view must go out as the same bytes.
+    proxy = await start(models={"default_context_window": 6000})
+    messages = long_history(12)
+    statuses, sent = [], []
+    for step in range(12):
+        body = json.dumps({"model": "gpt-test", "messages": messages}).encode()
+        sent.append(len(body))
+        headers = {"Authorization": "Bearer sk", "X-Session-Id": "stdlib-json"}
+        async with client.post(
+            f"{proxy.url}/v1/chat/completions", data=body, headers=headers
+        ) as response:
+            await response.read()
+            statuses.append(response.headers["x-compaction-status"])
+        messages = [
+            *messages,
+            f.assistant(f"Reply {step}. " + f.ENGLISH_SAMPLE * 20),
+            f.user(f"Next question {step}? " + f.ENGLISH_SAMPLE * 20),
+        ]
+    bodies = [r.body for r in script.calls(None)]
+    assert max(sent) > 64 * 1024 > min(sent)
+    pairs = list(zip(statuses, statuses[1:], itertools.pairwise(bodies), strict=False))
+    reused_after_compaction = [
+        (b, a) for s0, s1, (b, a) in pairs if s0 != "none" and s1 == "reused"
+    ]
+    assert reused_after_compaction
+    for before, after in reused_after_compaction:
+        assert after.startswith(before[: before.rfind(b"]")])
