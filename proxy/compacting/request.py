@@ -19,14 +19,10 @@ from compaction import HeuristicEstimator
 from proxy.compacting.dialects import Dialect
 from proxy.compacting.llm_client import LLMRequest
 
-_FIXED_COST_PARTS = (
-    b'"image_url"',
-    b'"input_audio"',
-    b'"file"',
-    b'"input_image"',
-    b'"input_file"',
-    b'"image"',
-    b'"document"',
+# Keys of parts with a fixed token cost (images, audio, files). One compiled search, not one
+# `in` scan per key: on a small body that is most of the decision's time.
+_FIXED_COST_PART = re.compile(
+    rb'"(?:image_url|input_audio|file|input_image|input_file|image|document)"'
 )
 _MAX_OUTPUT = re.compile(rb'"max(?:_completion|_output)?_tokens"\s*:\s*(\d{1,9})')
 
@@ -41,7 +37,7 @@ def may_need_parsing(
     found = _MAX_OUTPUT.search(body)
     if found and bound + int(found.group(1)) > smallest_window:
         return True
-    return any(part in body for part in _FIXED_COST_PARTS)
+    return _FIXED_COST_PART.search(body) is not None
 
 
 @dataclass(frozen=True)
