@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import stat
-import subprocess
-import sys
-import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from compaction import InvalidSessionId, MemoryItem, MemoryWriter
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _lines(path: Path) -> list[dict[str, str]]:
@@ -89,43 +82,6 @@ async def test_session_ids_that_could_escape_are_refused(
     with pytest.raises(InvalidSessionId):
         await writer.append(session_id, "c", [MemoryItem("fact", "x")])
     assert not memory_dir.exists() or not any(memory_dir.rglob("*.jsonl"))
-
-
-_KILLED_WRITER = """
-import asyncio, sys
-from compaction import MemoryItem, MemoryWriter
-
-async def main():
-    writer = MemoryWriter(sys.argv[1])
-    n = 0
-    while True:
-        await writer.append("victim", f"c{n}", [MemoryItem("fact", f"{n} " + "z" * 50_000)])
-        n += 1
-        if n == 5:
-            print("ready", flush=True)
-
-asyncio.run(main())
-"""
-
-
-def test_a_killed_writer_leaves_only_whole_lines(memory_dir: Path) -> None:
-    process = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_WRITER, str(memory_dir)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    try:
-        assert process.stdout is not None and process.stdout.readline() == b"ready\n"
-        time.sleep(0.2)
-    finally:
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
-    records = _lines(memory_dir / "victim" / "compaction_flush.jsonl")
-    assert len(records) >= 5
-    assert all(r["content"].endswith("z" * 50_000) for r in records)
 
 
 async def test_evicted_sessions_reload_what_they_wrote_and_never_write_it_twice(
