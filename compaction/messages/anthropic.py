@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from compaction.marker import is_summary_text
 from compaction.messages.item import (
     ENCRYPTED_SHARE,
     FILE_PART_TOKENS,
@@ -29,8 +28,10 @@ from compaction.messages.item import (
     ToolCall,
     file_data_tokens,
     is_observation_text,
+    is_user_summary,
     json_text,
     measure_value,
+    user_summary,
 )
 
 IMAGE_TOKENS = 1600
@@ -90,13 +91,10 @@ class AnthropicShape:
         return Item("other", text, label=role)
 
     def summary_message(self, text: str) -> dict[str, Any]:
-        return {"role": "user", "content": text}
+        return user_summary(text)
 
     def is_summary(self, raw: Any) -> bool:
-        if not isinstance(raw, dict) or raw.get("role") != "user":
-            return False
-        content = raw.get("content")
-        return isinstance(content, str) and is_summary_text(content)
+        return is_user_summary(raw)
 
     def measure(self, raw: Any, text_cost: Callable[[str], float]) -> float:
         """Every block with the message's overhead; thinking only in a turn that calls tools.

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from compaction.marker import is_summary_text
 from compaction.messages.item import (
     AUDIO_PART_TOKENS,
     FILE_PART_TOKENS,
@@ -19,7 +18,9 @@ from compaction.messages.item import (
     Shape,
     ToolCall,
     is_observation_text,
+    is_user_summary,
     json_text,
+    user_summary,
 )
 
 LEGACY_CALL_PREFIX = "function_call:"
@@ -81,13 +82,10 @@ class ChatShape:
         return Item("other", text, label=role)
 
     def summary_message(self, text: str) -> dict[str, Any]:
-        return {"role": "user", "content": text}
+        return user_summary(text)
 
     def is_summary(self, raw: Any) -> bool:
-        if not isinstance(raw, dict) or raw.get("role") != "user":
-            return False
-        content = raw.get("content")
-        return isinstance(content, str) and is_summary_text(content)
+        return is_user_summary(raw)
 
     def measure(self, raw: Any, text_cost: Callable[[str], float]) -> float:
         """Content, `name`, `tool_call_id` and every call, each message with its overhead."""

@@ -14,6 +14,8 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
+from compaction.marker import is_summary_text
+
 Kind = Literal["head", "user", "assistant", "tool", "summary", "other"]
 """head: system/developer instructions; user: a user turn (a tool observation included, see
 `Item.observation`); assistant: the model's turn; tool: a tool's result; summary: a summary this
@@ -122,6 +124,19 @@ class Shape(Protocol):
     def measure(self, raw: Any, text_cost: Callable[[str], float]) -> float:
         """Tokens of `raw`: `text_cost` for each string, flat costs for media and framing."""
         ...
+
+
+def user_summary(text: str) -> dict[str, Any]:
+    """A summary carried as a plain user message (chat and Anthropic)."""
+    return {"role": "user", "content": text}
+
+
+def is_user_summary(raw: Any) -> bool:
+    """True for a user message whose string content is a summary (see marker.py)."""
+    if not isinstance(raw, dict) or raw.get("role") != "user":
+        return False
+    content = raw.get("content")
+    return isinstance(content, str) and is_summary_text(content)
 
 
 def json_text(item: Any) -> str:
