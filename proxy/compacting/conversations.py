@@ -106,7 +106,7 @@ class Conversations:
         if reserve is not None:
             view = View.of(req.messages, reserve)
             tokens = self.estimate(req, view.messages)
-            await self._flush_reserve(req, reserve)
+            await self.flush_reserve(req, reserve)
         return await self._compact_view(req, view, tokens, digests, before, deadline, "overflow")
 
     # -- shared with proxy.compacting.precompute and recall -------------------------------------
@@ -136,7 +136,7 @@ class Conversations:
         parent_view = View.of(req.messages, parent)
         parent_tokens = self.estimate(req, parent_view.messages)
         if self.needs(req, parent_tokens):
-            await self._flush_reserve(req, newest)
+            await self.flush_reserve(req, newest)
             return view, self.estimate(req, view.messages), None
         return parent_view, parent_tokens, newest
 
@@ -280,8 +280,9 @@ class Conversations:
             flush_memory=flush,
         )
 
-    async def _flush_reserve(self, req: ParsedRequest, reserve: Checkpoint) -> None:
-        """A precomputed checkpoint is being applied: its memory items are due now (once)."""
+    async def flush_reserve(self, req: ParsedRequest, reserve: Checkpoint) -> None:
+        """A precomputed checkpoint is being applied: its memory items are due now (once per
+        process; across replicas the memory writer's claims keep them to one write)."""
         if reserve.compaction_id in self._flushed or not reserve.memory_items:
             return
         self._flushed[reserve.compaction_id] = None
