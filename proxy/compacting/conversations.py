@@ -212,6 +212,12 @@ class Conversations:
         if not isinstance(result, Checkpoint) and result.path == "unchanged":
             return await self._as_is(view, before, tokens)
         await self._forwarded.add(result.compaction_id)
+        # What goes out may be a reserve: stored by another replica (met through the lease) or
+        # by a precompute here that this request joined. Its memory items are due now.
+        key = plan_key(view, plan, digests)
+        reserve = result if isinstance(result, Checkpoint) else await self.stored(digests, key)
+        if reserve and reserve.precomputed and reserve.compaction_id == result.compaction_id:
+            await self.flush_reserve(req, reserve)
         if isinstance(result, Checkpoint):  # another process compacted it
             done = View.of(req.messages, result)
             tokens = self.estimate(req, done.messages)
