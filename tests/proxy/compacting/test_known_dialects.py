@@ -249,3 +249,24 @@ async def test_after_a_reserve_is_applied_requests_are_decided_from_what_is_know
         assert known_decided[:2] == reuses[:2], (reserve, known.decided_known)
         longest = max(longest, len(known_decided))
     assert longest >= 4, known.outcomes
+
+
+async def test_a_known_responses_conversation_continued_upstream_passes_through(
+    start: Any, script: Script, client: Any, upstream: FakeUpstream
+) -> None:
+    proxy = await start(models={"default_context_window": WINDOW})
+    *earlier, last = conversation("responses", 5)
+    url, headers = f"{proxy.url}/v1/responses", headers_of("responses", "r1")
+    statuses = []
+    for messages in earlier:
+        async with client.post(url, data=body_of("responses", messages), headers=headers) as r:
+            await r.read()
+            statuses.append(r.headers["x-compaction-status"])
+    assert statuses[-1] == "reused", statuses
+    # The bytes up to the end of the known list match; `previous_response_id` comes after it:
+    # the history lives upstream, nothing to compact.
+    body = orjson.dumps({**orjson.loads(body_of("responses", last)), "previous_response_id": "r"})
+    async with client.post(url, data=body, headers=headers) as response:
+        await response.read()
+        assert response.headers["x-compaction-status"] == "none"
+    assert script.upstream.requests[-1].body == body
