@@ -15,28 +15,32 @@ import orjson
 
 from proxy.compacting.spans import Items, locate_value, scan_items
 
-Part = int | bytes
-"""A piece of a spliced array: the index of an original item, or the bytes of a new one."""
+Part = int | range | bytes
+"""A piece of a spliced array: the index of an original item, a run of them, or the bytes of a
+new one."""
 
 
 def splice(body: bytes, open_at: int, items: Items, parts: Sequence[Part]) -> bytes:
     """`body` with the array at `open_at` replaced by `parts`; runs of consecutive original
     items are copied as one slice (separators included)."""
     pieces: list[bytes] = []
-    run_start = run_end = -1
+    run_start = run_end = -1  # the run of original items being gathered (inclusive)
     for part in parts:
-        if isinstance(part, int):
-            if part == run_end + 1 and run_start >= 0:
-                run_end = part
-                continue
+        if isinstance(part, bytes):
             if run_start >= 0:
                 pieces.append(body[items.starts[run_start] : items.ends[run_end]])
-            run_start = run_end = part
+                run_start = run_end = -1
+            pieces.append(part)
+            continue
+        first, last = (part, part) if isinstance(part, int) else (part.start, part.stop - 1)
+        if last < first:
+            continue  # an empty range
+        if run_start >= 0 and first == run_end + 1:
+            run_end = last
             continue
         if run_start >= 0:
             pieces.append(body[items.starts[run_start] : items.ends[run_end]])
-            run_start = run_end = -1
-        pieces.append(part)
+        run_start, run_end = first, last
     if run_start >= 0:
         pieces.append(body[items.starts[run_start] : items.ends[run_end]])
     return b"".join((body[: open_at + 1], b",".join(pieces), body[items.close :]))

@@ -231,10 +231,10 @@ def _wire_parts(known: Known, checkpoint: Checkpoint, dialect: Dialect) -> list[
     summary = checkpoint.summary_message
     if not dialect.joins_summary:
         return [
-            *range(checkpoint.head_end),
+            range(checkpoint.head_end),
             orjson.dumps(summary),
             *checkpoint.pinned,
-            *range(checkpoint.cut, known.count),
+            range(checkpoint.cut, known.count),
         ]
     # The wire joins the summary with the user turns right after it: only those are read. A head
     # before the summary would have to be read too (Anthropic's head is its top-level `system`).
@@ -257,4 +257,4 @@ def _wire_parts(known: Known, checkpoint: Checkpoint, dialect: Dialect) -> list[
     for item in dialect.wire([summary, *turns]):
         found = index.get(id(item))
         parts.append(found if found is not None else orjson.dumps(item))
-    return [*parts, *range(end, known.count)]
+    return [*parts, range(end, known.count)]
