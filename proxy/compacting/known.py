@@ -132,8 +132,11 @@ class KnownRequests:
             return None
         return Recognized(known, body, fields, added, tail)
 
-    def extend(self, key: bytes, seen: Recognized) -> Known:
-        """Remember the recognized body: only its added items are hashed and counted."""
+    def extend(
+        self, key: bytes, seen: Recognized, fingerprint: tuple[Any, str] | None = None
+    ) -> Known:
+        """Remember the recognized body: only its added items are hashed and counted;
+        `fingerprint` replaces the known one (the opening changed outside the list)."""
         known, tail, count = seen.known, seen.tail, seen.known.count
         last = known.digests[count - 1] if count else known.seed
         count_message = HeuristicEstimator(shape=known.shape).count_message
@@ -167,7 +170,7 @@ class KnownRequests:
             shape=known.shape,
             opening=known.opening,
             count=count + len(seen.added),
-            fingerprint=known.fingerprint,
+            fingerprint=fingerprint or known.fingerprint,
         )
         self._put(key, extended)
         return extended

@@ -101,13 +101,14 @@ class Recall:
         except NotCompactable:
             return None, None
         remembered, opening = seen.known.fingerprint or (None, None)
-        unchanged = dialect.opening(seen.fields, seen.known.opening) == remembered
+        now = dialect.opening(seen.fields, seen.known.opening)
+        unchanged = now == remembered
         request = self._builder.build(
             ctx, dialect, body, seen.fields, [], seen.known.opening, opening if unchanged else None
         )
         if request.seed != seen.known.seed:
             return None, None
-        known = self._known.extend(key, seen)
+        known = self._known.extend(key, seen, None if unchanged else (now, request.opening))
         try:
             recalled = await decide(request, known, self._conversations, self._precompute)
         except Exception:  # the full path decides instead

@@ -185,13 +185,25 @@ async def metric(client: Any, url: str, name: str, **labels: str) -> float:
     return total
 
 
+@pytest.mark.parametrize("session", [None, "agent-1"], ids=["fingerprint", "named"])
 @pytest.mark.parametrize("dialect", DIALECTS)
 async def test_a_recognized_conversation_gets_what_the_full_path_gives_it(
-    start: Any, script: Script, client: Any, upstream: FakeUpstream, tmp_path: Path, dialect: str
+    start: Any,
+    script: Script,
+    client: Any,
+    upstream: FakeUpstream,
+    tmp_path: Path,
+    dialect: str,
+    session: str | None,
 ) -> None:
-    # No session named: the fingerprint of the opening names it, on both paths alike; halfway
-    # the head changes (Anthropic's `system`, after the list): another conversation.
-    common: dict[str, Any] = {"requests": conversation(dialect, 9), "system_change_at": 7}
+    # Late on, the head changes (Anthropic's `system`, written after the list): without a named
+    # session that is another conversation (the fingerprint of the opening names it), with one
+    # the same conversation, counted with its new head.
+    common: dict[str, Any] = {
+        "requests": conversation(dialect, 9),
+        "system_change_at": 7,
+        "session": session,
+    }
     known = await drive(
         start, script, client, upstream, tmp_path / "on", dialect, known_mb=64, **common
     )
