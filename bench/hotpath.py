@@ -14,7 +14,7 @@ client runs here. Histories are real prose (bench.history). One run prints:
     window histories, medians, with the floor measured in the same run: a bare aiohttp server's
     time to read the same body off the socket. Targets: own time minus floor <= 5 ms at 10x,
     growth 1x -> 10x <= 2.5x. `--dialect` runs it in the Responses or Anthropic shape too
-    (bench.reuse).
+    (bench.reuse). Then the same requests in this process without HTTP: the hook's `prepare`.
 (c) CPU (process time) of the library per 128k tokens folded, in this process, prose and coding
     histories of 1x and 4x a window; the summarizer answers at once. Target <= 20 ms, linear.
 (d) pass-through req/s and added median against a minimal aiohttp forwarder, with wrk
@@ -39,7 +39,7 @@ from aiohttp import web
 
 from bench.history import history, source_label
 from bench.passthrough import COMPLETION, _loop, free_port, spawn, wait_ready
-from bench.reuse import DIALECTS, answer_of, reuse_figures
+from bench.reuse import DIALECTS, answer_of, prepare_figures, reuse_figures
 from bench.wrk import passthrough_figures
 from compaction import Compactor, HeuristicEstimator
 
@@ -258,6 +258,8 @@ async def run(
         for process in processes:
             process.wait(timeout=30)
         memory.cleanup()
+    if "b" in only:  # in this process, once the servers are gone
+        await prepare_figures(windows, dialects)
     if "d" in only:
         await passthrough_figures(wrk_duration)
 
