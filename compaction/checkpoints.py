@@ -179,9 +179,12 @@ class MemoryCheckpointStore:
         """`longest_of(self.get, digests)`, looking up only the digests ever put."""
         best: Checkpoint | None = None
         for key in self._keys.intersection(digests):  # a few: this conversation's checkpoints
-            cut = digests.index(key) + 1  # chained digests never repeat within a request
             found = self._cache.get(key)
-            if found is not None and found.cut == cut and (best is None or cut > best.cut):
+            # Its key is the digest of its own prefix (chained digests never repeat within a
+            # request): looked up where its cut says, not searched for through the list.
+            if found is None or not 0 < found.cut <= len(digests):
+                continue
+            if digests[found.cut - 1] == key and (best is None or found.cut > best.cut):
                 best = found
         return best
 
