@@ -3,8 +3,9 @@
 Bodies that cannot reach the lowest ratio are not parsed; below the trigger the original bytes go
 upstream untouched. At the trigger the conversations (proxy.compacting.conversations) give the
 view to forward: a remembered checkpoint, or a new compaction. Each hooked route has its dialect
-(proxy.compacting.dialects); a parsed request becomes a CompactedExchange
-(proxy.compacting.exchange), which owns the retry and the calibration.
+(proxy.compacting.dialects); a long conversation's next request is recognized from its last one
+and mostly decided from what is remembered (proxy.compacting.recall); a parsed request becomes a
+CompactedExchange (proxy.compacting.exchange), which owns the retry and the calibration.
 Anything that fails here forwards the original request; it never fails the agent's request.
 """
 

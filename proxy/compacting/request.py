@@ -1,4 +1,6 @@
-"""A request as the compacting hook sees it: parsed once by its dialect, with its budget.
+"""A request as the compacting hook sees it: parsed once by its dialect, with its budget
+(`RequestBuilder`: session, seed, credentials, window and calibration, from the whole body or,
+for a recognized continuation, from its fields without the list).
 
 Parsing is the expensive part of the decision, so `may_need_parsing` first bounds the prompt from
 the byte length alone (the estimate never exceeds one token per byte; images and audio are the
