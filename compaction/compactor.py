@@ -23,6 +23,7 @@ from typing import Any
 
 from compaction.composition import LLM_SHARE
 from compaction.memory import MemoryWriter, write_items
+from compaction.mentions import MentionCache
 from compaction.messages import CHAT, Shape
 from compaction.offload import Inline, Offload
 from compaction.plan import should_compact
@@ -52,7 +53,8 @@ MIN_SUMMARY_TOKENS = 256
 
 
 class Compactor:
-    """Plans and runs compactions with one set of settings; holds no per-conversation state."""
+    """Plans and runs compactions with one set of settings; holds no per-conversation state
+    beyond a bounded cache of what the texts it folded mention (by their content)."""
 
     def __init__(
         self,
@@ -63,9 +65,13 @@ class Compactor:
         clock: Callable[[], float] = time.monotonic,
         shape: Shape = CHAT,
         offload: Offload | None = None,
+        mentions: MentionCache | None = None,
     ) -> None:
         """`offload` runs the CPU stages of each compaction (default: inline; the proxy passes
-        a process pool so its event loop keeps answering meanwhile)."""
+        a process pool so its event loop keeps answering meanwhile). `mentions` keeps what
+        each folded text mentions, so a later compaction folding the same messages again (a
+        longer history) scans only the new ones; it serves inline stages only (a job sent to
+        another process travels without it)."""
         self.settings = settings or CompactionSettings()
         self.offload: Offload = offload or Inline()
         self.crossing = not isinstance(self.offload, Inline)
@@ -73,6 +79,7 @@ class Compactor:
         self.estimator: TokenEstimator = estimator or HeuristicEstimator(shape=shape)
         self.memory = memory
         self.clock = clock
+        self.mentions = mentions if mentions is not None else MentionCache()
 
     # ------------------------------------------------------------ deciding
 
@@ -230,6 +237,7 @@ class _Run:
                 estimator=self.estimator,
                 settings=self.settings,
                 summary_budget_tokens=plan.summary_budget_tokens,
+                mentions=None if crossing else self.compactor.mentions,
             ),
         )
         if prepared.too_little:
