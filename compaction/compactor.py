@@ -38,11 +38,7 @@ from compaction.stages import (
     fold,
     make_plan,
 )
-from compaction.summarize import (
-    ask_both,
-    build_memory_request,
-    build_summary_request,
-)
+from compaction.summarize import ask_both, build_memory_request, build_summary_request
 from compaction.tokens import HeuristicEstimator, estimate_request
 from compaction.types import ChatLLM, CompactionResult, MemoryItem, Plan, TokenEstimator
 
@@ -53,8 +49,7 @@ MIN_SUMMARY_TOKENS = 256
 
 
 class Compactor:
-    """Plans and runs compactions with one set of settings; holds no per-conversation state
-    beyond a bounded cache of what the texts it folded mention (by their content)."""
+    """Plans and runs compactions with one set of settings; no per-conversation state."""
 
     def __init__(
         self,
@@ -67,11 +62,8 @@ class Compactor:
         offload: Offload | None = None,
         mentions: MentionCache | None = None,
     ) -> None:
-        """`offload` runs the CPU stages of each compaction (default: inline; the proxy passes
-        a process pool so its event loop keeps answering meanwhile). `mentions` keeps what
-        each folded text mentions, so a later compaction folding the same messages again (a
-        longer history) scans only the new ones; it serves inline stages only (a job sent to
-        another process travels without it)."""
+        """`offload` runs the CPU stages (default: inline; the proxy passes a process pool);
+        `mentions` lets a longer fold scan only new texts (inline: jobs travel without it)."""
         self.settings = settings or CompactionSettings()
         self.offload: Offload = offload or Inline()
         self.crossing = not isinstance(self.offload, Inline)

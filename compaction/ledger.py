@@ -113,8 +113,9 @@ class _Collector:
 
     def _add_prose(self, mentions: Mentions | None) -> None:
         if mentions is not None:
-            self.files.update(dict.fromkeys(mentions.paths))
-            self.values.update(dict.fromkeys(mentions.values))
+            paths, values = mentions
+            self.files.update(dict.fromkeys(paths))
+            self.values.update(dict.fromkeys(values))
 
     def ledger(self) -> Ledger:
         trail = (f"{c} → {o}" if o else c for c, o in zip(self.calls, self.outcomes, strict=True))

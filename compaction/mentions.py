@@ -7,10 +7,10 @@ and each hit is mapped back to its text by bisecting the texts' offsets.
 
 The joined texts are separated by a newline: every finder reads a newline as the edge of a word
 and of a line, which is what the start and end of a text are to it, so no hit spans two texts and
-none changes. The per-word filters of scan.py (only words that can hold a path or an identifier
-are read) become two scans each, forwards and over the reversed text, whose patterns open with a
-character class the regex engine skips to in C: one hit per candidate word gives its end, one hit
-per candidate word of the reversed text gives its start.
+none changes. Only the words that can hold a hit are read (as scan.py reads only those), found
+by two scans, forwards and over the reversed text, of a pattern that opens with a character
+class the regex engine skips to in C: one hit per candidate word gives its end, one per word of
+the reversed text its start. Those words, joined, are all the finders then read.
 
 `MentionCache` keeps each text's result by its content, so a compaction that folds messages an
 earlier one already read (a precomputed compaction redone over a longer history) scans only the
@@ -24,7 +24,6 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import accumulate
-from typing import NamedTuple
 
 from compaction.scan import (
     DIGITS_PATTERN,
@@ -39,18 +38,16 @@ from compaction.scan import (
 
 _SEPARATOR = "\n"
 # A word that can hold a path has a slash or a dot before its last character; one that can hold
-# an identifier has a digit (IDENTIFIER_PATTERN's lookahead needs one in the same word). Each pattern
-# runs from the first such character to the end of its word: one hit per word.
-_PATH_WORD_END = re.compile(r"(?:/|\.(?=\S))\S*")
-_PATH_WORD_START = re.compile(r"(?:/|\.(?<=\S\.))\S*")  # the same, over the reversed text
-_DIGIT_WORD = re.compile(r"\d\S*")  # both ways: a digit reads the same reversed
+# a number or an identifier has a digit (IDENTIFIER_PATTERN's lookahead needs one in the same
+# word). Each pattern runs from the first such character to the end of its word: one hit per
+# word; the second reads the reversed text, where a dot before a character comes after one.
+_WORD_END = re.compile(r"(?:\d|/|\.(?=\S))\S*")
+_WORD_START = re.compile(r"(?:\d|/|\.(?<=\S\.))\S*")
 
 
-class Mentions(NamedTuple):
-    """What one text mentions, in order of appearance."""
-
-    paths: tuple[str, ...]
-    values: tuple[str, ...]
+Mentions = tuple[tuple[str, ...], tuple[str, ...]]
+"""What one text mentions, in order of appearance: (paths, values). A plain tuple: a NamedTuple
+costs a microsecond more to build, and there is one per folded message."""
 
 
 def scan_prose(texts: Sequence[str]) -> list[Mentions]:
@@ -58,13 +55,11 @@ def scan_prose(texts: Sequence[str]) -> list[Mentions]:
     prose = [strip_fences(text) for text in texts]
     joined = _SEPARATOR.join(prose)
     starts = list(accumulate([len(p) + 1 for p in prose[:-1]], initial=0))
-    reversed_text = joined[::-1]
-    paths = _by_text(_paths(joined, reversed_text), starts, len(texts))
-    numbers = _by_text(_numbers(joined), starts, len(texts))
-    identifiers = _by_text(_identifiers(joined, reversed_text), starts, len(texts))
-    return [
-        Mentions(tuple(p), (*n, *i)) for p, n, i in zip(paths, numbers, identifiers, strict=True)
-    ]
+    words = _Words(joined)
+    paths = _by_text(_paths(words), starts, len(texts))
+    numbers = _by_text(_numbers(joined, words), starts, len(texts))
+    identifiers = _by_text(words.find(IDENTIFIER_PATTERN), starts, len(texts))
+    return [(tuple(p), (*n, *i)) for p, n, i in zip(paths, numbers, identifiers, strict=True)]
 
 
 def _by_text(hits: list[tuple[int, str]], starts: list[int], count: int) -> list[list[str]]:
@@ -75,56 +70,46 @@ def _by_text(hits: list[tuple[int, str]], starts: list[int], count: int) -> list
     return grouped
 
 
-def _words(
-    text: str, reversed_text: str, forward: re.Pattern[str], backward: re.Pattern[str]
-) -> tuple[list[int], list[int]]:
-    """(starts, ends) of the words of `text` that `forward` finds from their end and `backward`
-    from their start (over the reversed text): the same words, one hit each."""
-    ends = [found.end() for found in forward.finditer(text)]
-    size = len(text)
-    starts = [size - found.end() for found in backward.finditer(reversed_text)]
-    starts.reverse()
-    return starts, ends
+class _Words:
+    """The words of a text that can hold a path, a number or an identifier, joined by spaces:
+    a match of those patterns never spans a space, and a space is the edge of a word to them as
+    the text's own whitespace is, so they find in this line what they would find in the text."""
+
+    def __init__(self, text: str) -> None:
+        self.ends = [found.end() for found in _WORD_END.finditer(text)]
+        size = len(text)
+        self.starts = [size - found.end() for found in _WORD_START.finditer(text[::-1])]
+        self.starts.reverse()
+        words = [text[start:end] for start, end in zip(self.starts, self.ends, strict=True)]
+        self.line = " ".join(words)
+        self.offsets = list(accumulate([len(word) + 1 for word in words[:-1]], initial=0))
+
+    def find(self, pattern: re.Pattern[str]) -> list[tuple[int, str]]:
+        """`pattern`'s hits, each with its offset in the text."""
+        return [(self.in_text(m.start()), m.group()) for m in pattern.finditer(self.line)]
+
+    def in_text(self, offset: int) -> int:
+        word = bisect_right(self.offsets, offset) - 1
+        return self.starts[word] + offset - self.offsets[word]
 
 
-def _in_words(
-    text: str, starts: list[int], ends: list[int], pattern: re.Pattern[str]
-) -> list[tuple[int, str]]:
-    """`pattern`'s hits in the given words of `text` joined by spaces (a match never spans a
-    space, and a space is the edge of a word to it as the text's own whitespace is), each with
-    its offset in `text`."""
-    words = [text[start:end] for start, end in zip(starts, ends, strict=True)]
-    line = " ".join(words)
-    offsets = list(accumulate([len(word) + 1 for word in words[:-1]], initial=0))
+def _paths(words: _Words) -> list[tuple[int, str]]:
     found: list[tuple[int, str]] = []
-    for match in pattern.finditer(line):
-        word = bisect_right(offsets, match.start()) - 1
-        found.append((starts[word] + match.start() - offsets[word], match.group()))
-    return found
-
-
-def _paths(text: str, reversed_text: str) -> list[tuple[int, str]]:
-    starts, ends = _words(text, reversed_text, _PATH_WORD_END, _PATH_WORD_START)
-    found: list[tuple[int, str]] = []
-    for offset, raw in _in_words(text, starts, ends, PATH_PATTERN):
+    for offset, raw in words.find(PATH_PATTERN):
         token = raw.rstrip(PATH_TRAILING)
         if is_path_token(token):
             found.append((offset, token))
     return found
 
 
-def _numbers(text: str) -> list[tuple[int, str]]:
+def _numbers(text: str, words: _Words) -> list[tuple[int, str]]:
+    """Numbers with their context, read from the text around each run of digits."""
     found: list[tuple[int, str]] = []
-    for match in DIGITS_PATTERN.finditer(text):
-        start, end = match.span()
-        if not is_after_word(text, start) and (value := number_in_context(text, start, end)):
-            found.append((start, value))
+    for offset, digits in words.find(DIGITS_PATTERN):
+        end = offset + len(digits)
+        if not is_after_word(text, offset) and (value := number_in_context(text, offset, end)):
+            found.append((offset, value))
     return found
-
-
-def _identifiers(text: str, reversed_text: str) -> list[tuple[int, str]]:
-    starts, ends = _words(text, reversed_text, _DIGIT_WORD, _DIGIT_WORD)
-    return _in_words(text, starts, ends, IDENTIFIER_PATTERN)
 
 
 class MentionCache:
