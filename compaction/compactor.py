@@ -23,6 +23,7 @@ from typing import Any
 
 from compaction.composition import LLM_SHARE
 from compaction.memory import MemoryWriter, write_items
+from compaction.mentions import MentionCache
 from compaction.messages import CHAT, Shape
 from compaction.offload import Inline, Offload
 from compaction.plan import should_compact
@@ -37,11 +38,7 @@ from compaction.stages import (
     fold,
     make_plan,
 )
-from compaction.summarize import (
-    ask_both,
-    build_memory_request,
-    build_summary_request,
-)
+from compaction.summarize import ask_both, build_memory_request, build_summary_request
 from compaction.tokens import HeuristicEstimator, estimate_request
 from compaction.types import ChatLLM, CompactionResult, MemoryItem, Plan, TokenEstimator
 
@@ -52,7 +49,7 @@ MIN_SUMMARY_TOKENS = 256
 
 
 class Compactor:
-    """Plans and runs compactions with one set of settings; holds no per-conversation state."""
+    """Plans and runs compactions with one set of settings; no per-conversation state."""
 
     def __init__(
         self,
@@ -63,9 +60,10 @@ class Compactor:
         clock: Callable[[], float] = time.monotonic,
         shape: Shape = CHAT,
         offload: Offload | None = None,
+        mentions: MentionCache | None = None,
     ) -> None:
-        """`offload` runs the CPU stages of each compaction (default: inline; the proxy passes
-        a process pool so its event loop keeps answering meanwhile)."""
+        """`offload` runs the CPU stages (default: inline; the proxy passes a process pool);
+        `mentions` lets a longer fold scan only new texts (inline: jobs travel without it)."""
         self.settings = settings or CompactionSettings()
         self.offload: Offload = offload or Inline()
         self.crossing = not isinstance(self.offload, Inline)
@@ -73,6 +71,7 @@ class Compactor:
         self.estimator: TokenEstimator = estimator or HeuristicEstimator(shape=shape)
         self.memory = memory
         self.clock = clock
+        self.mentions = mentions if mentions is not None else MentionCache()
 
     # ------------------------------------------------------------ deciding
 
@@ -230,6 +229,7 @@ class _Run:
                 estimator=self.estimator,
                 settings=self.settings,
                 summary_budget_tokens=plan.summary_budget_tokens,
+                mentions=None if crossing else self.compactor.mentions,
             ),
         )
         if prepared.too_little:

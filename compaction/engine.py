@@ -16,6 +16,7 @@ from compaction.compactor import Compactor
 from compaction.extract import extract_items_heuristically
 from compaction.ledger import build_ledger, is_overflow_item
 from compaction.memory import MemoryWriter
+from compaction.mentions import MentionCache
 from compaction.messages import is_summary_message, read_items
 from compaction.plan import should_compact
 from compaction.segment import split
@@ -50,6 +51,8 @@ class CompactionEngine:
         self.settings = settings or CompactionSettings()
         self.estimator: TokenEstimator = estimator or HeuristicEstimator()
         self.memory = MemoryWriter(memory_dir)
+        self.mentions = MentionCache()
+        """Shared by the compactions of this engine: a later one scans only new texts."""
         self.memory.path_for(session_id)  # an invalid session id fails here, not mid-compaction
 
     async def should_compact(self, current_tokens: int, budget: int) -> bool:
@@ -61,6 +64,7 @@ class CompactionEngine:
         compactor = Compactor(
             settings=replace(self.settings, keep_recent_rounds=keep_recent),
             estimator=self.estimator,
+            mentions=self.mentions,
         )
         window = self.window or self._window_keeping(conversation_history, keep_recent)
         if window is None:

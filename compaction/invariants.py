@@ -97,18 +97,16 @@ def _check_same(expected: Sequence[Any], actual: Sequence[Any], part: str) -> li
 def _new_pairing_problems(
     original: Sequence[Any], compacted: Sequence[Any], shape: Shape
 ) -> list[str]:
-    """Pairing problems of `compacted` beyond those `original` already had (malformed input)."""
-    original_items = read_items(original, shape)
-    # The compacted list holds the original's own objects (all but the summary): each is read
-    # once. `original` keeps them alive, so their ids cannot be reused meanwhile.
-    by_id = {id(raw): item for raw, item in zip(original, original_items, strict=True)}
-    compacted_items = [by_id.get(id(raw)) or shape.read(raw) for raw in compacted]
-    before = Counter(
-        (p.kind, p.call_id)
-        for p in find_pairing_problems(original, shape=shape, items=original_items)
-    )
+    """Pairing problems of `compacted` beyond those `original` already had (malformed input).
+
+    The compacted list is checked first: only when it has a problem (rare) is the original,
+    which is the whole history, read to tell an old problem from a new one."""
+    found = find_pairing_problems(compacted, shape=shape)
+    if not found:
+        return []
+    before = Counter((p.kind, p.call_id) for p in find_pairing_problems(original, shape=shape))
     new: list[str] = []
-    for problem in find_pairing_problems(compacted, shape=shape, items=compacted_items):
+    for problem in found:
         key = (problem.kind, problem.call_id)
         if before[key] > 0:
             before[key] -= 1

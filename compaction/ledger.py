@@ -10,9 +10,10 @@ rest goes to the memory file (see composition.py), so nothing collected is silen
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 
+from compaction.mentions import Mentions, scan_prose
 from compaction.messages import Item, ToolCall
 from compaction.scan import (
     call_commands_and_paths,
@@ -24,8 +25,6 @@ from compaction.scan import (
     first_lines,
     is_shell_tool,
     last_output_line,
-    mentioned_values,
-    strip_fences,
 )
 from compaction.text import clip_end, collapse_spaces
 from compaction.types import MemoryItem
@@ -75,7 +74,8 @@ class _Collector:
         self.files: dict[str, None] = {}
         self.values: dict[str, None] = {}
 
-    def add(self, item: Item) -> None:
+    def add(self, item: Item, mentions: Mentions | None) -> None:
+        """Add one item; `mentions` are its prose's (None for an item that is not prose)."""
         if item.kind == "tool":
             self._answer(item.answers, item.text)
         elif item.observation:
@@ -83,9 +83,9 @@ class _Collector:
         elif item.is_request:
             if request := first_lines(item.text):
                 self.requests[request] = None
-            self._add_prose(item.text)
+            self._add_prose(mentions)
         elif item.kind == "assistant":
-            self._add_prose(item.text)
+            self._add_prose(mentions)
             if not item.joins:
                 # A new chat turn leaves earlier calls unanswered; a joining Responses call item
                 # does not, its siblings' outputs come after it.
@@ -111,9 +111,11 @@ class _Collector:
             del self.pending[""]
         self.outcomes[index] = _outcome(text)
 
-    def _add_prose(self, text: str) -> None:
-        self.files.update(dict.fromkeys(find_paths(strip_fences(text))))
-        self.values.update(dict.fromkeys(mentioned_values(text)))
+    def _add_prose(self, mentions: Mentions | None) -> None:
+        if mentions is not None:
+            paths, values = mentions
+            self.files.update(dict.fromkeys(paths))
+            self.values.update(dict.fromkeys(values))
 
     def ledger(self) -> Ledger:
         trail = (f"{c} → {o}" if o else c for c, o in zip(self.calls, self.outcomes, strict=True))
@@ -168,11 +170,23 @@ def _outcome(result: str) -> str:
     return "; ".join(parts) or "ok"
 
 
-def build_ledger(items: Sequence[Item], indices: Iterable[int]) -> Ledger:
-    """The ledger of the items at `indices` (earlier summaries are not mined)."""
+Scanner = Callable[[Sequence[str]], list[Mentions]]
+"""What finds the paths and values in prose texts: `mentions.scan_prose`, or a cache's scan."""
+
+
+def build_ledger(
+    items: Sequence[Item], indices: Iterable[int], *, scan: Scanner = scan_prose
+) -> Ledger:
+    """The ledger of the items at `indices` (earlier summaries are not mined).
+
+    The prose of all of them is scanned at once (see mentions.py), then each item is added in
+    order, so entries keep the order a per-item scan gives."""
+    chosen = list(indices)
+    prose = [i for i in chosen if items[i].is_prose]
+    found = dict(zip(prose, scan([items[i].text for i in prose]), strict=True))
     collector = _Collector()
-    for i in indices:
-        collector.add(items[i])
+    for i in chosen:
+        collector.add(items[i], found.get(i))
     return collector.ledger()
 
 

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import functools
 import logging
 import os
 import re
@@ -45,6 +46,11 @@ class InvalidSessionId(ValueError):
 
 def is_valid_session_id(value: str) -> bool:
     """The one rule for session ids (DESIGN §5): 1-128 of [A-Za-z0-9._-], no leading dot."""
+    return len(value) <= 128 and _is_valid_short_id(value)
+
+
+@functools.lru_cache(maxsize=4096)  # asked for every request; a session's id comes again and again
+def _is_valid_short_id(value: str) -> bool:
     return SESSION_ID.fullmatch(value) is not None and not value.startswith(".")
 
 

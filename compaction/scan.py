@@ -92,7 +92,7 @@ _EXTENSIONS = "|".join(sorted(CODE_EXTENSIONS, key=len, reverse=True))
 _PART = r"[\w.+@-]+"
 # One pass over the whole text finds the candidates; only the few hits are looked at in Python.
 # A path is not glued to a word, a tag (`</pr_description>`), a URL or another path before it.
-_PATH = re.compile(
+PATH_PATTERN = re.compile(
     rf"(?<![\w<>/.~$:%-])(?=[\w.+@~-]*[/.])"  # a word start, and a word with a slash or a dot
     rf"(?:(?:~|\.{{1,2}})?/{_PART}(?:/{_PART})*/?"  # absolute, ./ ../ ~/
     rf"|{_PART}(?:/{_PART})+/?"  # relative and nested
@@ -105,7 +105,7 @@ _PLACEHOLDER = re.compile(
     r"/path/to/|(?:^|/)(?:your|my|some)[_-]|\.\.\.|^/?(?:\w+_)?(?:description|example)$"
 )
 _HAS_LETTER = re.compile(r"[^\W\d_]")
-_TRAILING = ".:;,)"
+PATH_TRAILING = ".:;,)"
 _FENCED_SHELL = re.compile(r"```(?:bash|sh|shell|console)[ \t]*\n(.*?)```", re.DOTALL)
 _FENCE = re.compile(r"```.*?(?:```|$)", re.DOTALL)
 _ERROR_LINE = re.compile(
@@ -133,10 +133,10 @@ _NOT_OUTPUT = re.compile(
 # Digits inside a word (abc123, user_7287) are not wanted: a greedy run can only start at the
 # start of its run of digits, so the run is dropped when a word character precedes it. Checked in
 # Python on the few hits rather than by a lookbehind at every position of the text.
-_DIGITS = re.compile(r"\d{3,}")
+DIGITS_PATTERN = re.compile(r"\d\d\d+")  # not \d{3,}: opening with a class, it is searched for in C
 _CONTEXT_CHARS = 130
 _PUNCTUATION = ".,;:!?'\")"
-_IDENTIFIER = re.compile(r"\b(?=[A-Za-z_-]*\d)(?=[\d_-]*[A-Za-z])[A-Za-z0-9_-]{5,40}\b")
+IDENTIFIER_PATTERN = re.compile(r"\b(?=[A-Za-z_-]*\d)(?=[\d_-]*[A-Za-z])[A-Za-z0-9_-]{5,40}\b")
 
 
 def looks_like_path(token: str) -> bool:
@@ -148,18 +148,18 @@ def looks_like_path(token: str) -> bool:
 def find_paths(text: str) -> list[str]:
     """Path-looking tokens of `text` (shell commands or prose), in order, trailing punctuation cut."""
     # A path holds no whitespace, and whitespace next to one reads as the text's edge to every
-    # assertion of _PATH: the regex runs over only the words that can hold a path (a slash, or a
+    # assertion of PATH_PATTERN: the regex runs over only the words that can hold a path (a slash, or a
     # dot before their last character), split at C speed. Same hits, a fraction of the text.
     words = " ".join([word for word in text.split() if "/" in word or "." in word[:-1]])
     found: list[str] = []
-    for raw in _PATH.findall(words):
-        token = raw.rstrip(_TRAILING)
-        if _is_path(token):
+    for raw in PATH_PATTERN.findall(words):
+        token = raw.rstrip(PATH_TRAILING)
+        if is_path_token(token):
             found.append(token)
     return found
 
 
-def _is_path(token: str) -> bool:
+def is_path_token(token: str) -> bool:
     if len(token) > PATH_CHARS or len(token) < 2 or not _HAS_LETTER.search(token):
         return False
     if _PLACEHOLDER.search(token):
@@ -252,21 +252,21 @@ def mentioned_values(text: str) -> list[str]:
     mixing letters and digits, in prose; code blocks excluded (line numbers there are noise)."""
     prose = strip_fences(text)
     numbers = [
-        _in_context(prose, *found.span())
-        for found in _DIGITS.finditer(prose)
-        if not _after_word(prose, found.start())
+        number_in_context(prose, *found.span())
+        for found in DIGITS_PATTERN.finditer(prose)
+        if not is_after_word(prose, found.start())
     ]
     # As for paths: an identifier holds a digit and no whitespace, so only such words are read.
     words = " ".join([word for word in prose.split() if not word.rstrip(_PUNCTUATION).isalpha()])
-    return [n for n in numbers if n] + _IDENTIFIER.findall(words)
+    return [n for n in numbers if n] + IDENTIFIER_PATTERN.findall(words)
 
 
-def _after_word(text: str, at: int) -> bool:
+def is_after_word(text: str, at: int) -> bool:
     """True when a word character (what `\\w` matches: `isalnum` or `_`) precedes `text[at]`."""
     return at > 0 and (text[at - 1].isalnum() or text[at - 1] == "_")
 
 
-def _in_context(prose: str, start: int, end: int) -> str:
+def number_in_context(prose: str, start: int, end: int) -> str:
     """The number at prose[start:end] as its own token with the two words before it (after it,
     opening a line); "" when it stands alone. Bounded slices, split at C speed."""
     line = prose.rfind("\n", max(0, start - _CONTEXT_CHARS), start) + 1

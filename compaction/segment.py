@@ -30,7 +30,10 @@ def block_end(items: Sequence[Item], start: int) -> int:
     first = _skip_leads(items, start)
     if first >= len(items):
         return len(items)
-    if items[first].kind == "assistant" and not items[first].call_ids:
+    leading = items[first]
+    if leading.kind != "assistant" and not leading.calls:
+        return first + 1  # nothing for later items to answer
+    if leading.kind == "assistant" and not leading.call_ids:
         # An agent that acts in its text (mini-swe-agent) gets the outcome as the next user
         # message: the action and its observation stay together, like a call and its result.
         glued = first + 1
@@ -74,10 +77,12 @@ def split_blocks(items: Sequence[Item], start: int, end: int, counts: Sequence[i
     i = start
     while i < end:
         stop = min(block_end(items, i), end)
-        has_calls = any(items[k].call_ids or items[k].observation for k in range(i, stop))
-        kind: Literal["tool", "message"] = "tool" if stop > i + 1 and has_calls else "message"
+        kind: Literal["tool", "message"] = "message"
+        if stop > i + 1 and any(items[k].call_ids or items[k].observation for k in range(i, stop)):
+            kind = "tool"
         user_led = items[i].kind in ("user", "summary")
-        blocks.append(Block(i, stop, kind, sum(counts[i:stop]), user_led))
+        tokens = counts[i] if stop == i + 1 else sum(counts[i:stop])
+        blocks.append(Block(i, stop, kind, tokens, user_led))
         i = stop
     return blocks
 

@@ -24,6 +24,7 @@ from compaction.composition import (
 from compaction.extract import extract_memory_items
 from compaction.invariants import check_compacted
 from compaction.ledger import Ledger, build_ledger
+from compaction.mentions import MentionCache, scan_prose
 from compaction.messages import Shape, read_items
 from compaction.plan import plan_compaction
 from compaction.sections import Body
@@ -97,6 +98,8 @@ class FoldJob:
     estimator: TokenEstimator
     settings: CompactionSettings
     summary_budget_tokens: int
+    mentions: MentionCache | None = None
+    """What earlier folds found in the same texts (only in process: a cache does not travel)."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,7 @@ def fold(job: FoldJob) -> Fold:
             max_tokens=job.settings.transcript_max_tokens,
             tool_output_clip_chars=job.settings.tool_output_clip_chars,
         ),
-        ledger=build_ledger(items, fresh),
+        ledger=build_ledger(items, fresh, scan=job.mentions.scan if job.mentions else scan_prose),
         body_budget=body_budget(job.summary_budget_tokens, framing, replaced),
     )
 

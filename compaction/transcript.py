@@ -48,6 +48,53 @@ class _Entry:
         return f"[{self.label}]\n{body}".rstrip()
 
 
+_Limits = tuple[int, int | None, int | None]
+
+
+class _Stages:
+    """The entries rendered whole once; a stage renders again only the entries its limits clip
+    (found from the longest down), so a stage that clips few costs a list copy and a join."""
+
+    def __init__(self, entries: Sequence[_Entry]) -> None:
+        self.entries = entries
+        self.whole = [e.render((len(e.text), None, None)) for e in entries]
+        by_kind: dict[str, list[tuple[int, int]]] = {}
+        for i, entry in enumerate(entries):
+            by_kind.setdefault(entry.kind, []).append((len(entry.text), i))
+        self.by_text = {kind: sorted(sizes, reverse=True) for kind, sizes in by_kind.items()}
+        self.by_calls = sorted(
+            ((len(e.calls), i) for i, e in enumerate(entries) if e.calls), reverse=True
+        )
+
+    def clipped(self, limits: _Limits) -> set[int]:
+        """The entries `limits` clip."""
+        tool, assistant, user = limits
+        clipped: set[int] = set()
+        for kind, sizes in self.by_text.items():
+            limit = {"tool": tool, "assistant": assistant, "user": user}.get(kind, assistant)
+            if limit is not None:
+                clipped.update(_longer(sizes, limit))
+        if assistant is not None:
+            clipped.update(_longer(self.by_calls, assistant))
+        return clipped
+
+    def render(self, limits: _Limits, clipped: set[int]) -> str:
+        parts = list(self.whole)
+        for i in clipped:
+            parts[i] = self.entries[i].render(limits)
+        return "\n\n".join(parts)
+
+
+def _longer(sizes: Sequence[tuple[int, int]], limit: int) -> list[int]:
+    """The indices of `sizes` (longest first) whose size exceeds `limit`."""
+    found: list[int] = []
+    for size, i in sizes:
+        if size <= limit:
+            break
+        found.append(i)
+    return found
+
+
 def _entry(item: Item) -> _Entry:
     if item.is_malformed:
         return _Entry("other", "malformed item", clip_middle(item.text, 200))
@@ -78,11 +125,16 @@ def render_transcript(
     """
     entries = [_entry(items[i]) for i in indices if items[i].kind != "summary"]
     stages = [(tool_output_clip_chars, None, None), *_STAGES[1:]]
-    text = ""
+    rendered = _Stages(entries)
+    whole_too_long = False
     for limits in stages:
-        text = "\n\n".join(e.render(limits) for e in entries)
+        clipped = rendered.clipped(limits)
+        if whole_too_long and not clipped:
+            continue  # the same text as a stage that did not fit
+        text = rendered.render(limits, clipped)
         if estimator.count_text(text) <= max_tokens:
             return text
+        whole_too_long = whole_too_long or not clipped
     users = [e.render(_STAGES[-1]) for e in entries if e.kind == "user"]
     omitted = len(entries) - len(users)
     text = f"[… {omitted} non-user messages omitted …]\n\n" + "\n\n".join(users)

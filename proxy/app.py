@@ -14,7 +14,7 @@ from proxy.compacting.stores.backend import StateBackend, build_backend
 from proxy.compacting.workers import Workers
 from proxy.hook import Hook
 from proxy.http import admin, handlers
-from proxy.http.middlewares import error_middleware, observe_middleware
+from proxy.http.middlewares import edge_middleware
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
 from proxy.lag import watch_loop_lag
@@ -38,7 +38,7 @@ def create_app(
     over the upstream); `metrics` lets a caller supply an extended `Metrics`."""
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
-        middlewares=[observe_middleware, error_middleware],
+        middlewares=[edge_middleware],
     )
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics if metrics is not None else Metrics()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import sys
@@ -83,6 +84,7 @@ def _serve(settings: Settings) -> int:
         # run_app "prints" its banner once every socket is bound: the moment to say listening.
         nonlocal listening
         listening = True
+        _freeze_startup_heap()
         log.info(
             "listening",
             extra={
@@ -111,7 +113,7 @@ def _serve(settings: Settings) -> int:
             host=settings.server.host,
             port=settings.server.port,
             loop=loop,
-            access_log=None,  # our own access line is written by observe_middleware
+            access_log=None,  # our own access line is written by edge_middleware
             print=log_listening,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
             # A client that goes away cancels its handler at once, which closes the upstream
@@ -124,6 +126,15 @@ def _serve(settings: Settings) -> int:
         return 1
     log.info("stopped")
     return 0
+
+
+def _freeze_startup_heap() -> None:
+    """What start-up built lives as long as the process: take it out of the cyclic garbage
+    collector's sight, so the collections that requests trigger walk only what requests made.
+    A full collection of the start-up heap (~50k objects, several ms) came every few hundred
+    requests: a few percent of a pass-through request's CPU."""
+    gc.collect()
+    gc.freeze()
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:

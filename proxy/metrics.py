@@ -8,7 +8,6 @@ it; `render()` serves whatever the registry holds.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -19,6 +18,8 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.metrics_core import Metric
+
+from proxy.traffic import Traffic
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -34,36 +35,9 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter(
-            "compaction_proxy_requests",
-            "Requests answered, by route, method and status.",
-            ("route", "method", "status"),
-            registry=r,
-        )
-        self.upstream_latency = Histogram(
-            "compaction_proxy_upstream_latency_seconds",
-            "Time from sending a request upstream to receiving its response headers.",
-            ("route",),
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.request_bytes = Counter(
-            "compaction_proxy_request_bytes",
-            "Request body bytes received from clients.",
-            ("route",),
-            registry=r,
-        )
-        self.response_bytes = Counter(
-            "compaction_proxy_response_bytes",
-            "Response body bytes relayed to clients.",
-            ("route",),
-            registry=r,
-        )
-        self.in_flight = Gauge(
-            "compaction_proxy_in_flight_requests",
-            "Requests being handled right now.",
-            registry=r,
-        )
+        # What every request updates: plain numbers, read when scraped (see proxy.traffic).
+        self.traffic = Traffic(_LATENCY_BUCKETS)
+        r.register(self.traffic)
         self.upstream_errors = Counter(
             "compaction_proxy_upstream_errors",
             "Upstream failures: connect, timeout (before headers), stream_cut, stream_timeout.",
@@ -87,21 +61,6 @@ class Metrics:
 
         self.compaction = CompactionMetrics(r)
         self.state = StateMetrics(r)
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-
-    def labelled(self, metric: Any, *values: str) -> Any:
-        """`metric.labels(*values)`, looked up once: `labels()` takes a lock and builds a tuple
-        on every call, which adds up at several metrics per request."""
-        key = (id(metric), values)
-        child = self._children.get(key)
-        if child is None:
-            if len(self._children) > 4096:  # odd methods or statuses cannot grow it forever
-                self._children.clear()
-            child = self._children[key] = metric.labels(*values)
-        return child
-
-    def count_request(self, route: str, method: str, status: int) -> None:
-        self.labelled(self.requests, route, method, str(status)).inc()
 
     def render(self) -> bytes:
         return generate_latest(_WithoutCreated(self.registry))

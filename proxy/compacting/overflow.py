@@ -81,13 +81,15 @@ class LearnedWindows:
 
     def __init__(self, max_models: int = 1024) -> None:
         self._windows: LRUCache[str, int] = LRUCache(max_models)
+        # Asked by every request (the byte bound), changed only by `learn`: worked out there.
+        self._smallest: int | None = None
 
     def window(self, model: str, configured: int) -> int:
         learned = self._windows.get(model)
         return configured if learned is None else min(configured, learned)
 
     def smallest(self) -> int | None:
-        return min(self._windows.values(), default=None)
+        return self._smallest
 
     def learn(self, model: str, limit: int, configured: int) -> None:
         """`limit` is what the upstream said `model` takes; kept when below what we assumed."""
@@ -95,6 +97,7 @@ class LearnedWindows:
             return
         first = model not in self._windows
         self._windows[model] = limit
+        self._smallest = min(self._windows.values())
         if first:
             log.warning(
                 "the upstream says model %r takes at most %d tokens, below the %d assumed; "

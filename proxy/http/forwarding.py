@@ -59,7 +59,7 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
     tail = raw_tail(request, path_session)
     url = upstream.url_for(tail, request.rel_url.raw_query_string)
     body = await _read_body(request, settings.server.max_body_bytes)
-    metrics.labelled(metrics.request_bytes, info.route).inc(len(body))
+    metrics.traffic.add_request_bytes(info.route, len(body))
     headers, credential = upstream_request_headers(
         request.headers, upstream.api_key_for(tail, request.headers), keep_length=False
     )
@@ -249,7 +249,7 @@ class _LimitedBody:
         try:
             async for chunk in self._content.iter_any():
                 size += len(chunk)
-                self._metrics.labelled(self._metrics.request_bytes, self._route).inc(len(chunk))
+                self._metrics.traffic.add_request_bytes(self._route, len(chunk))
                 if size > self._limit:
                     self.exceeded = True
                     raise _too_large(self._limit)

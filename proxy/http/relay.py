@@ -85,7 +85,7 @@ async def relay(
             upstream.release()
         else:
             upstream.close()
-        metrics.labelled(metrics.response_bytes, info.route).inc(sent)
+        metrics.traffic.add_response_bytes(info.route, sent)
     return response
 
 

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from bench.corpus import read_corpus
 from compaction import HeuristicEstimator, read_items
-from compaction.transcript import render_transcript
+from compaction.messages import Item
+from compaction.settings import TOOL_OUTPUT_CLIP_CHARS
+from compaction.text import clip_middle
+from compaction.transcript import _STAGES, _entry, render_transcript
 from tests.factories import assistant, summary, tool_block, user
 
 ESTIMATOR = HeuristicEstimator()
@@ -66,3 +72,34 @@ def test_mini_swe_observations_are_clipped_like_tool_output() -> None:
         tool_output_clip_chars=200,
     )
     assert "[command output]" in text and "chars omitted" in text
+
+
+def _one_render_per_stage(items: list[Item], limit: int) -> str:
+    """The transcript as it was built before stages reused unclipped renderings: every entry
+    rendered again at every stage."""
+    entries = [_entry(item) for item in items if item.kind != "summary"]
+    for limits in [(TOOL_OUTPUT_CLIP_CHARS, None, None), *_STAGES[1:]]:
+        text = "\n\n".join(e.render(limits) for e in entries)
+        if ESTIMATOR.count_text(text) <= limit:
+            return text
+    users = [e.render(_STAGES[-1]) for e in entries if e.kind == "user"]
+    text = f"[… {len(entries) - len(users)} non-user messages omitted …]\n\n" + "\n\n".join(users)
+    tokens = ESTIMATOR.count_text(text)
+    if tokens > limit:
+        text = clip_middle(text, int(len(text) * limit / tokens * 0.95))
+    return text
+
+
+def test_transcript_equals_one_render_per_stage_on_corpus_conversations(corpus_dir: Path) -> None:
+    compared = 0
+    for path in sorted(corpus_dir.glob("*.jsonl")):
+        for conversation in list(read_corpus(path))[::4]:
+            items = read_items(conversation["messages"])
+            for limit in (500, 4_000, 24_000):
+                expected = _one_render_per_stage(items, limit)
+                found = render_transcript(
+                    items, range(len(items)), estimator=ESTIMATOR, max_tokens=limit
+                )
+                assert found == expected
+                compared += 1
+    assert compared > 100

@@ -1,0 +1,99 @@
+"""The whole-text scan finds, text by text, exactly what the per-text finders of scan.py find."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench.corpus import read_corpus
+from compaction import Compactor
+from compaction.mentions import MentionCache, Mentions, scan_prose
+from compaction.messages import read_items
+from compaction.scan import find_paths, mentioned_values, strip_fences
+from compaction.types import Message
+from tests.compaction.conftest import ScriptedLLM
+from tests.factories import assistant, system, user
+
+
+def _one_by_one(texts: list[str]) -> list[Mentions]:
+    return [(tuple(find_paths(strip_fences(t))), tuple(mentioned_values(t))) for t in texts]
+
+
+def test_scan_prose_equals_the_per_text_finders_on_every_corpus_conversation(
+    corpus_dir: Path,
+) -> None:
+    texts: list[str] = []
+    for path in sorted(corpus_dir.glob("*.jsonl")):
+        for conversation in read_corpus(path):
+            items = read_items(conversation["messages"])
+            texts += [item.text for item in items if item.text]
+    assert len(texts) > 10_000
+    found = scan_prose(texts)
+    assert found == _one_by_one(texts)
+    assert sum(len(paths) for paths, _ in found) > 1000
+    assert sum(len(values) for _, values in found) > 1000
+
+
+_PIECES = st.sampled_from(
+    [
+        " ", "\n", "\t", ".", "/", "./", "~/", "a", "Z", "é", "7", "123", "4567", "-", "_", ":",
+        "py", ".py", "src/app.py", "order", "#", "```", "```bash\n", "\u3000", "١٢٣", "x9", "<",
+        ">", "=", ",", "(", ")", "\u00a0", "abc12", "v1.2.3", "http://x.io/a", "ab-", "-12ab",
+    ]
+)  # fmt: skip
+_TEXTS = st.lists(st.lists(_PIECES, max_size=40).map("".join), max_size=8)
+
+
+@given(_TEXTS)
+def test_scan_prose_equals_the_per_text_finders_on_any_texts(texts: list[str]) -> None:
+    assert scan_prose(texts) == _one_by_one(texts)
+
+
+def test_the_cache_scans_each_text_once_and_answers_like_a_scan() -> None:
+    cache = MentionCache()
+    first = ["see src/app.py and order 12345", "id ab12cd34 here"]
+    assert cache.scan(first) == scan_prose(first)
+    assert cache.scanned == 2
+    extended = [*first, "now /etc/hosts, ticket 98765"]
+    assert cache.scan(extended) == scan_prose(extended)
+    assert cache.scanned == 3
+
+
+def test_the_cache_drops_the_least_recently_used_texts_beyond_its_size() -> None:
+    cache = MentionCache(max_chars=20)
+    cache.scan(["a" * 15])
+    cache.scan(["b" * 15])
+    cache.scan(["a" * 15])
+    assert cache.scanned == 3
+
+
+def _conversation(turns: int) -> list[Message]:
+    messages: list[Message] = [system()]
+    for turn in range(turns):
+        messages.append(user(f"turn {turn}: please update src/module_{turn}.py for order {turn}00"))
+        messages.append(assistant(f"Updated src/module_{turn}.py; ticket AB{turn}X9 noted. " * 8))
+    return messages
+
+
+async def test_a_longer_history_folds_again_scanning_only_its_new_messages() -> None:
+    cache = MentionCache()
+    compactor = Compactor(mentions=cache)
+    short = _conversation(40)
+    plan = compactor.plan(short, window=4_000)
+    first = await compactor.run(short, plan, llm=ScriptedLLM(), session_id=None)
+    assert first.path == "llm"
+    scanned = cache.scanned
+    assert scanned == len(plan.folded)  # every folded message is prose: each scanned once
+
+    longer = [*short, *_conversation(60)[len(short) :]]
+    longer_plan = compactor.plan(longer, window=4_000)
+    assert set(plan.folded) < set(longer_plan.folded)
+    second = await compactor.run(longer, longer_plan, llm=ScriptedLLM(), session_id=None)
+    assert second.path == "llm"
+    assert cache.scanned - scanned == len(set(longer_plan.folded) - set(plan.folded))
+
+    fresh = Compactor()
+    again = await fresh.run(longer, longer_plan, llm=ScriptedLLM(), session_id=None)
+    assert again.summary_text == second.summary_text
