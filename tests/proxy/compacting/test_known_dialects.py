@@ -5,6 +5,8 @@ precomputed reserve is applied, the next requests are decided from what is remem
 
 from __future__ import annotations
 
+import itertools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 
 from bench.dialects import WIRES
 from proxy import keys
+from proxy.compacting.spans import locate_value, scan_items
 from tests import factories as f
 from tests.fakes.script import Script
 from tests.fakes.upstream import FakeUpstream
@@ -63,11 +66,14 @@ def tokens(dialect: str, messages: list[dict[str, Any]]) -> int:
     return wire.tokens(wire.body(messages, TOOLS))
 
 
-def body_of(dialect: str, messages: list[dict[str, Any]], system: str = "") -> bytes:
+def body_of(
+    dialect: str, messages: list[dict[str, Any]], system: str = "", *, spaced: bool = False
+) -> bytes:
     """The request as that API's client sends it: Responses items without `role` (reasoning
     with encrypted_content, function_call, function_call_output); Anthropic thinking blocks with
     signatures, tool_use / tool_result, and a `system` with cache_control written after the list
-    (so the bytes of the known prefix do not cover it)."""
+    (so the bytes of the known prefix do not cover it). `spaced`: written by Python's json
+    (", " and ": "), not as orjson writes it."""
     payload = WIRES[dialect].body(messages, TOOLS)
     if dialect == "responses":
         payload.update(store=False, include=["reasoning.encrypted_content"])
@@ -75,7 +81,7 @@ def body_of(dialect: str, messages: list[dict[str, Any]], system: str = "") -> b
         head = payload.pop("system")
         head[0]["text"] += system
         payload.update(system=head, thinking={"type": "enabled", "budget_tokens": 1024})
-    return orjson.dumps(payload)
+    return json.dumps(payload).encode() if spaced else orjson.dumps(payload)
 
 
 def headers_of(dialect: str, session: str | None) -> dict[str, str]:
@@ -114,6 +120,7 @@ async def drive(
     session: str | None = None,
     precompute_ratio: float = 0,
     system_change_at: int | None = None,
+    spaced: bool = False,
 ) -> Run:
     script.upstream.requests.clear()
     proxy = await start(
@@ -129,7 +136,7 @@ async def drive(
     idle = len(proxy.app[keys.TASKS])  # the proxy's own watchers
     for step, messages in enumerate(requests):
         system = " Be brief." if system_change_at is not None and step >= system_change_at else ""
-        body = body_of(dialect, messages, system)
+        body = body_of(dialect, messages, system, spaced=spaced)
         async with client.post(url, data=body, headers=headers_of(dialect, session)) as response:
             await response.read()
             assert response.status == 200
@@ -282,3 +289,35 @@ async def test_a_known_responses_conversation_continued_upstream_passes_through(
         await response.read()
         assert response.headers["x-compaction-status"] == "none"
     assert script.upstream.requests[-1].body == body
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_client_writing_json_its_own_way_keeps_its_bytes_on_both_paths(
+    start: Any, script: Script, client: Any, upstream: FakeUpstream, tmp_path: Path, dialect: str
+) -> None:
+    # Kept items go out as the client wrote them, remembered or not: the same bodies, and a
+    # forwarded prefix that keeps its bytes from one reused request to the next.
+    common: dict[str, Any] = {"requests": conversation(dialect, 6), "spaced": True}
+    known = await drive(
+        start, script, client, upstream, tmp_path / "on", dialect, known_mb=64, **common
+    )
+    full = await drive(
+        start, script, client, upstream, tmp_path / "off", dialect, known_mb=0, **common
+    )
+    assert known.forwarded == full.forwarded
+    assert known.decided_known[-1] >= 2
+    statuses = [outcome[0] for outcome in known.outcomes]
+    for (before, after), status in zip(
+        itertools.pairwise(known.forwarded), statuses[1:], strict=True
+    ):
+        if status == "reused":
+            assert after.startswith(before[: list_end(before, dialect)])
+            assert b'", "' in after  # the client's own spacing, not orjson's
+
+
+def list_end(body: bytes, dialect: str) -> int:
+    """Where the forwarded list of `body` closes."""
+    open_at = locate_value(body, b'"input"' if dialect == "responses" else b'"messages"')
+    items = scan_items(body, open_at) if open_at is not None else None
+    assert items is not None
+    return items.close
