@@ -30,7 +30,7 @@ from compaction import HeuristicEstimator
 from compaction.checkpoints import prefix_digests
 from compaction.messages import Shape
 from compaction.offload import Inline, Offload
-from proxy.compacting.parts import Part, is_same, splice
+from proxy.compacting.parts import Part, is_same, other_fields, splice
 from proxy.compacting.spans import Items, locate_value, scan_items
 
 
@@ -122,21 +122,26 @@ class KnownRequests:
         tail = scan_items(body, known.open_at, first=first)
         if tail is None:
             return None
+        # A second `items_key` after the array would be the one a parser keeps: not followed.
+        fields = other_fields(body, known.open_at, tail.close, items_key)
+        if fields is None:
+            return None
         try:
-            fields = orjson.loads(body[: known.open_at] + b"[]" + body[tail.close + 1 :])
             added = [orjson.loads(body[s:e]) for s, e in zip(tail.starts, tail.ends, strict=True)]
         except orjson.JSONDecodeError:
-            return None
-        # A second `items_key` after the array would be the one a parser keeps: not followed.
-        if not isinstance(fields, dict) or fields.get(items_key) != []:
             return None
         return Recognized(known, body, fields, added, tail)
 
     def extend(
-        self, key: bytes, seen: Recognized, fingerprint: tuple[Any, str] | None = None
+        self,
+        key: bytes,
+        seen: Recognized,
+        fingerprint: tuple[Any, str] | None = None,
+        opening: list[Any] | None = None,
     ) -> Known:
         """Remember the recognized body: only its added items are hashed and counted;
-        `fingerprint` replaces the known one (the opening changed outside the list)."""
+        `fingerprint` replaces the known one (the opening changed), `opening` the known opening
+        (its first user message came with the added items)."""
         known, tail, count = seen.known, seen.tail, seen.known.count
         last = known.digests[count - 1] if count else known.seed
         count_message = HeuristicEstimator(shape=known.shape).count_message
@@ -168,7 +173,7 @@ class KnownRequests:
             tokens=tokens,
             seed=known.seed,
             shape=known.shape,
-            opening=known.opening,
+            opening=opening if opening is not None else known.opening,
             count=count + len(seen.added),
             fingerprint=fingerprint or known.fingerprint,
         )
@@ -240,12 +245,15 @@ def learn_body(job: LearnJob) -> Learned | None:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    messages = payload.get(orjson.loads(job.key)) if isinstance(payload, dict) else None
+    key = orjson.loads(job.key)
+    messages = payload.get(key) if isinstance(payload, dict) else None
     open_at = locate_value(body, job.key)
     items = scan_items(body, open_at) if open_at is not None else None
     if not isinstance(messages, list) or open_at is None or items is None:
         return None
     if len(items.starts) != len(messages) or (messages and not is_same(body, items, messages)):
+        return None
+    if other_fields(body, open_at, items.close, key) is None:  # a second list: the parser's
         return None
     count = HeuristicEstimator(shape=job.shape).count_message
     return Learned(

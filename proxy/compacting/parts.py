@@ -53,9 +53,30 @@ def splice_view(body: bytes, key: str, original: list[Any], view: Sequence[Any])
     items = scan_items(body, open_at) if open_at is not None else None
     if open_at is None or items is None or not original or len(items.starts) != len(original):
         return None
-    if not is_same(body, items, original):
+    if not is_same(body, items, original) or other_fields(body, open_at, items.close, key) is None:
         return None
     return splice(body, open_at, items, view_parts(original, view))
+
+
+# What the list is replaced by to parse the other members: found back under the list's key, it
+# proves the list located is the member a parser keeps (a second member of that name after it,
+# perhaps with its key written with escapes, would win: the upstream would read that one).
+_PLACEHOLDER = b'"\\u0000compaction-proxy: the list\\u0000"'
+_PLACEHOLDER_VALUE = orjson.loads(_PLACEHOLDER)
+
+
+def other_fields(body: bytes, open_at: int, close: int, key: str) -> dict[str, Any] | None:
+    """The members of the object `body` besides its `key` array (at `open_at`, its `]` at
+    `close`), parsed, `key` holding an empty list; None when that array is not the `key` a
+    parser keeps, or the rest is not a JSON object."""
+    try:
+        fields = orjson.loads(body[:open_at] + _PLACEHOLDER + body[close + 1 :])
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(fields, dict) or fields.get(key) != _PLACEHOLDER_VALUE:
+        return None
+    fields[key] = []
+    return fields
 
 
 def view_parts(original: Sequence[Any], view: Sequence[Any]) -> list[Part]:

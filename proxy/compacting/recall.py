@@ -101,14 +101,20 @@ class Recall:
         except NotCompactable:
             return None, None
         remembered, opening = seen.known.fingerprint or (None, None)
-        now = dialect.opening(seen.fields, seen.known.opening)
+        opening_items = seen.known.opening
+        if len(opening_items) == seen.known.count and seen.added:
+            # No user message among the known items (or only as the last): the first one, which
+            # the fingerprint reads, may be among the added ones.
+            opening_items = opening_of([*opening_items, *seen.added])
+        now = dialect.opening(seen.fields, opening_items)
         unchanged = now == remembered
         request = self._builder.build(
-            ctx, dialect, body, seen.fields, [], seen.known.opening, opening if unchanged else None
+            ctx, dialect, body, seen.fields, [], opening_items, opening if unchanged else None
         )
         if request.seed != seen.known.seed:
             return None, None
-        known = self._known.extend(key, seen, None if unchanged else (now, request.opening))
+        fingerprint = None if unchanged else (now, request.opening)
+        known = self._known.extend(key, seen, fingerprint, opening_items)
         try:
             recalled = await decide(request, known, self._conversations, self._precompute)
         except Exception:  # the full path decides instead

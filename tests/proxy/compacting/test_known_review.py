@@ -1,0 +1,94 @@
+"""Odd requests on the recognised-request path (proxy.compacting.known, recall): what the full
+path would give them, or the full path itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests import factories as f
+from tests.fakes.script import Script
+from tests.fakes.upstream import FakeUpstream
+from tests.proxy.compacting.known_drive import (
+    WINDOW,
+    body_of,
+    drive,
+    grown,
+    headers_of,
+    history,
+)
+
+
+@pytest.mark.parametrize("dialect", ["chat", "responses"])
+async def test_a_first_user_message_after_a_long_opening_names_the_session_on_both_paths(
+    start: Any, script: Script, client: Any, upstream: FakeUpstream, tmp_path: Path, dialect: str
+) -> None:
+    # A long first body without a user message (a big system prompt, a greeting): the
+    # fingerprint that names the session reads the first user message, which only the next
+    # request brings. The recognised path must see it too (then the seed differs: a conversation
+    # of another session, left to the full path).
+    opening = [f.system("Rules. " * 9_800), f.assistant("Ready.")]
+    requests = [opening, [*opening, f.user("Fix the build.")]]
+    common: dict[str, Any] = {"requests": requests}
+    known = await drive(
+        start, script, client, upstream, tmp_path / "on", dialect, known_mb=64, **common
+    )
+    full = await drive(
+        start, script, client, upstream, tmp_path / "off", dialect, known_mb=0, **common
+    )
+    assert [o[3] for o in known.outcomes] == [o[3] for o in full.outcomes]
+    assert known.outcomes[0][3] != known.outcomes[1][3]
+
+
+async def _send(
+    start: Any, script: Script, client: Any, bodies: list[bytes], known_mb: float
+) -> tuple[list[str], list[bytes]]:
+    """Chat bodies sent in order through a proxy: the statuses, the bodies forwarded."""
+    script.upstream.requests.clear()
+    proxy = await start(
+        models={"default_context_window": WINDOW}, compaction={"known_requests_mb": known_mb}
+    )
+    statuses = []
+    for body in bodies:
+        async with client.post(
+            f"{proxy.url}/v1/chat/completions", data=body, headers=headers_of("chat", "dup")
+        ) as response:
+            await response.read()
+            assert response.status == 200
+            statuses.append(response.headers["x-compaction-status"])
+    return statuses, [r.body for r in script.calls(None)]
+
+
+def _with_second_list(body: bytes, messages: list[Any]) -> bytes:
+    """`body` with a second `messages` member at its end: the one a JSON parser keeps."""
+    assert body.endswith(b"}")
+    return body[:-1] + b',"messages":' + orjson.dumps(messages) + b"}"
+
+
+@pytest.mark.parametrize("known_mb", [64, 0], ids=["remembered", "not-remembered"])
+async def test_a_compacted_request_with_two_lists_compacts_the_one_a_parser_keeps(
+    start: Any, script: Script, client: Any, known_mb: float
+) -> None:
+    # The first `messages` has the count, first and last items of the second: the spliced
+    # list must be the one the upstream reads, not the first one.
+    messages = history("chat", 1.3)
+    decoy = [*messages[:1], f.user("something else"), *messages[2:]]
+    body = _with_second_list(body_of("chat", decoy), messages)
+    statuses, forwarded = await _send(start, script, client, [body], known_mb)
+    assert statuses == ["applied"]
+    sent = orjson.loads(forwarded[0])["messages"]
+    assert len(sent) < len(messages)
+
+
+async def test_a_continuation_with_an_empty_second_list_is_decided_as_on_the_full_path(
+    start: Any, script: Script, client: Any
+) -> None:
+    first = history("chat", 1.3)
+    second = grown(first, 0)
+    bodies = [body_of("chat", first), _with_second_list(body_of("chat", second), [])]
+    known = await _send(start, script, client, bodies, 64)
+    full = await _send(start, script, client, bodies, 0)
+    assert known == full
