@@ -7,7 +7,9 @@ Responses' `input`): where it sits in the
 body, the chained prefix digest (compaction.checkpoints.prefix_digests) and the cumulative token
 estimate. The next body of the conversation is recognized when it starts with the same bytes up
 to the end of the last item (one memcmp): only the items after it are scanned, parsed, hashed and
-counted, and the other top-level fields are parsed without the array. Anything that does not
+counted, and the other top-level fields are parsed without the array. A client that edited
+one of the last few items (Anthropic's cache_control marks move to the newest turns) is
+recognized up to the first edited item, the rest read as new. Anything else that does not
 match exactly is simply not recognized, and the request takes the full path.
 
 Forwarded bodies are spliced (proxy.compacting.parts: kept items as the client's bytes, new
@@ -20,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -32,6 +34,10 @@ from compaction.messages import Shape
 from compaction.offload import Inline, Offload
 from proxy.compacting.parts import Part, is_same, other_fields, splice
 from proxy.compacting.spans import Items, locate_value, scan_items
+
+# How many of the last items of a known request the next one may have edited and still be
+# recognized (from the first edited one on, its items are read as new).
+_EDITABLE = 8
 
 
 @dataclass(frozen=True)
@@ -113,12 +119,13 @@ class KnownRequests:
         """`body` as the continuation of the conversation's last known request, or None (its
         items array under `items_key`)."""
         known = self._cache.get(key)
-        if known is None:
+        if known is None or len(body) <= known.items.close:
             return None
-        items = known.items
-        if len(body) <= items.close or not body.startswith(memoryview(known.body)[: items.close]):
-            return None
-        first = items.ends[known.count - 1] if known.count else None
+        if not body.startswith(memoryview(known.body)[: known.items.close]):
+            known = _edited_near_the_end(known, body)
+            if known is None:
+                return None
+        first = known.items.ends[known.count - 1] if known.count else None
         tail = scan_items(body, known.open_at, first=first)
         if tail is None:
             return None
@@ -262,6 +269,28 @@ def learn_body(job: LearnJob) -> Learned | None:
         digests=prefix_digests(messages, job.seed),
         tokens=list(itertools.accumulate((count(m) for m in messages), initial=0)),
     )
+
+
+def _edited_near_the_end(known: Known, body: bytes) -> Known | None:
+    """`known` cut to the items `body` starts with, when the first that differs is one of the
+    last `_EDITABLE` (after the opening); None otherwise. Clients edit their last turns: an
+    Anthropic client moves its cache_control marks to the newest user turns every request."""
+    ends = known.items.ends
+    same = max(len(known.opening), known.count - _EDITABLE)
+    if same >= known.count:
+        return None
+    old = memoryview(known.body)
+    # One memcmp for the items before the editable ones, then one per editable item (with the
+    # separator before it): the first that differs is where the known items end.
+    if not same or not body.startswith(old[: ends[same - 1]]):
+        return None
+    while same < known.count:
+        begin = ends[same - 1]
+        if not body.startswith(old[begin : ends[same]], begin):
+            break
+        same += 1
+    # Its lists run past `same`: `extend` branches off a copy of what is below it.
+    return replace(known, count=same)
 
 
 def _size_of(known: Known) -> int:

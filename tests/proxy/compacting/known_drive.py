@@ -64,13 +64,20 @@ def tokens(dialect: str, messages: list[dict[str, Any]]) -> int:
 
 
 def body_of(
-    dialect: str, messages: list[dict[str, Any]], system: str = "", *, spaced: bool = False
+    dialect: str,
+    messages: list[dict[str, Any]],
+    system: str = "",
+    *,
+    spaced: bool = False,
+    marked: bool = False,
 ) -> bytes:
     """The request as that API's client sends it: Responses items without `role` (reasoning
     with encrypted_content, function_call, function_call_output); Anthropic thinking blocks with
     signatures, tool_use / tool_result, and a `system` with cache_control written after the list
     (so the bytes of the known prefix do not cover it). `spaced`: written by Python's json
-    (", " and ": "), not as orjson writes it."""
+    (", " and ": "), not as orjson writes it. `marked` (Anthropic): a cache_control breakpoint on
+    the last block of the last two user turns, as Anthropic's documentation has multi-turn
+    clients do, so an earlier turn loses its mark from one request to the next."""
     payload = WIRES[dialect].body(messages, TOOLS)
     if dialect == "responses":
         payload.update(store=False, include=["reasoning.encrypted_content"])
@@ -78,6 +85,14 @@ def body_of(
         head = payload.pop("system")
         head[0]["text"] += system
         payload.update(system=head, thinking={"type": "enabled", "budget_tokens": 1024})
+        if marked:
+            users = [turn for turn in payload["messages"] if turn["role"] == "user"][-2:]
+            for turn in users:
+                if isinstance(turn["content"], list):
+                    turn["content"][-1] = {
+                        **turn["content"][-1],
+                        "cache_control": {"type": "ephemeral"},
+                    }
     return json.dumps(payload).encode() if spaced else orjson.dumps(payload)
 
 
@@ -118,6 +133,7 @@ async def drive(
     precompute_ratio: float = 0,
     system_change_at: int | None = None,
     spaced: bool = False,
+    marked: bool = False,
 ) -> Run:
     script.upstream.requests.clear()
     proxy = await start(
@@ -133,7 +149,7 @@ async def drive(
     idle = len(proxy.app[keys.TASKS])  # the proxy's own watchers
     for step, messages in enumerate(requests):
         system = " Be brief." if system_change_at is not None and step >= system_change_at else ""
-        body = body_of(dialect, messages, system, spaced=spaced)
+        body = body_of(dialect, messages, system, spaced=spaced, marked=marked)
         async with client.post(url, data=body, headers=headers_of(dialect, session)) as response:
             await response.read()
             assert response.status == 200

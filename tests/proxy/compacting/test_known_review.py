@@ -14,7 +14,9 @@ from tests.fakes.script import Script
 from tests.fakes.upstream import FakeUpstream
 from tests.proxy.compacting.known_drive import (
     WINDOW,
+    assert_same_outcomes,
     body_of,
+    conversation,
     drive,
     grown,
     headers_of,
@@ -92,3 +94,60 @@ async def test_a_continuation_with_an_empty_second_list_is_decided_as_on_the_ful
     known = await _send(start, script, client, bodies, 64)
     full = await _send(start, script, client, bodies, 0)
     assert known == full
+
+
+async def test_an_anthropic_client_moving_its_cache_marks_is_still_recognized(
+    start: Any, script: Script, client: Any, upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    # The cache_control marks move to the newest user turns: each request edits an item near
+    # the end of the previous one. The items before it are still known.
+    common: dict[str, Any] = {"requests": conversation("anthropic", 8), "marked": True}
+    known = await drive(
+        start, script, client, upstream, tmp_path / "on", "anthropic", known_mb=64, **common
+    )
+    full = await drive(
+        start, script, client, upstream, tmp_path / "off", "anthropic", known_mb=0, **common
+    )
+    statuses = [outcome[0] for outcome in known.outcomes]
+    assert "applied" in statuses and statuses.count("reused") >= 3, statuses
+    assert_same_outcomes(known, full)
+    assert known.forwarded == full.forwarded
+    assert (known.summaries, known.memory) == (full.summaries, full.memory)
+    assert known.decided_known[-1] >= 3, known.decided_known
+
+
+def _edited(messages: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
+    """`messages` with message `index`'s text changed, its length kept."""
+    message = messages[index]
+    text = message["content"] or "x"
+    return [*messages[:index], {**message, "content": text[::-1]}, *messages[index + 1 :]]
+
+
+@pytest.mark.parametrize("where", ["near-the-end", "early"])
+@pytest.mark.parametrize("dialect", ["chat", "anthropic"])
+async def test_a_client_editing_an_earlier_message_gets_what_the_full_path_gives_it(
+    start: Any,
+    script: Script,
+    client: Any,
+    upstream: FakeUpstream,
+    tmp_path: Path,
+    dialect: str,
+    where: str,
+) -> None:
+    # From the fourth request on, one message the previous requests held is edited in place
+    # (same length): just before the last turn, or at the start of the history. The
+    # conversation goes on from the edited history.
+    requests = conversation(dialect, 7)
+    at = len(requests[2]) - 2 if where == "near-the-end" else 2
+    edited = [*requests[:3], *(_edited(messages, at) for messages in requests[3:])]
+    common: dict[str, Any] = {"requests": edited, "session": "agent-1"}
+    known = await drive(
+        start, script, client, upstream, tmp_path / "on", dialect, known_mb=64, **common
+    )
+    full = await drive(
+        start, script, client, upstream, tmp_path / "off", dialect, known_mb=0, **common
+    )
+    assert_same_outcomes(known, full)
+    assert known.forwarded == full.forwarded
+    assert (known.summaries, known.memory) == (full.summaries, full.memory)
+    assert known.decided_known[-1] >= 2, known.decided_known
