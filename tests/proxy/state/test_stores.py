@@ -21,6 +21,7 @@ from compaction.marker import SUMMARY_MARKER
 from proxy.compacting.flight import run_once_everywhere
 from proxy.compacting.forwarded import Forwarded
 from proxy.compacting.stores.backend import stored_under
+from proxy.compacting.stores.memory import MemoryStore
 from proxy.compacting.stores.redis import RedisStore
 from proxy.compacting.stores.sqlite import SqliteStore
 from proxy.compacting.stores.sqlite_file import StateFile
@@ -439,3 +440,32 @@ async def test_a_held_lease_renews_itself_past_its_ttl_until_released(
     finally:
         for store in (holder, other):
             await store.close()
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+async def test_the_longest_live_checkpoint_is_found_when_a_longer_one_expired_or_went(
+    tmp_path: Path, store: str
+) -> None:
+    # `longest` walks a request's digests from the end and stops at the first live checkpoint:
+    # one that expired or was evicted must not hide an earlier one that lives.
+    now = [0.0]
+    stores: MemoryStore | SqliteStore = (
+        MemoryStore(3, 10.0, timer=lambda: now[0])
+        if store == "memory"
+        else _sqlite(tmp_path / "state.db", now, max_entries=3, ttl_s=10.0)
+    )
+    await stores.put(_checkpoint(9))  # expires at 10
+    now[0] = 5.0
+    await stores.put(_checkpoint(4))  # expires at 15
+    found = await stores.longest(DIGESTS)
+    assert found is not None and found.cut == 9
+    now[0] = 11.0
+    found = await stores.longest(DIGESTS)
+    assert found is not None and found.cut == 4
+    # Evicted rather than expired: the oldest of a full table goes first.
+    await stores.put(_checkpoint(11))
+    for cut in (2, 3, 6):
+        await stores.put(_checkpoint(cut))
+    found = await stores.longest(DIGESTS)
+    assert found is not None and found.cut == 6
+    await stores.close()
