@@ -119,9 +119,10 @@ class KnownRequests:
         """`body` as the continuation of the conversation's last known request, or None (its
         items array under `items_key`)."""
         known = self._cache.get(key)
-        if known is None or len(body) <= known.items.close:
+        if known is None:
             return None
-        if not body.startswith(memoryview(known.body)[: known.items.close]):
+        close = known.items.close
+        if len(body) <= close or not body.startswith(memoryview(known.body)[:close]):
             known = _edited_near_the_end(known, body)
             if known is None:
                 return None
@@ -272,9 +273,10 @@ def learn_body(job: LearnJob) -> Learned | None:
 
 
 def _edited_near_the_end(known: Known, body: bytes) -> Known | None:
-    """`known` cut to the items `body` starts with, when the first that differs is one of the
-    last `_EDITABLE` (after the opening); None otherwise. Clients edit their last turns: an
-    Anthropic client moves its cache_control marks to the newest user turns every request."""
+    """`known` cut to the items `body` starts with, when the first that differs (or is missing)
+    is one of the last `_EDITABLE` (after the opening); None otherwise. Clients edit their last
+    turns (an Anthropic client moves its cache_control marks to the newest user turns every
+    request) or take them back (an agent retrying a step)."""
     ends = known.items.ends
     same = max(len(known.opening), known.count - _EDITABLE)
     if same >= known.count:

@@ -123,7 +123,7 @@ def _edited(messages: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
     return [*messages[:index], {**message, "content": text[::-1]}, *messages[index + 1 :]]
 
 
-@pytest.mark.parametrize("where", ["near-the-end", "early"])
+@pytest.mark.parametrize("where", ["near-the-end", "early", "rewound"])
 @pytest.mark.parametrize("dialect", ["chat", "anthropic"])
 async def test_a_client_editing_an_earlier_message_gets_what_the_full_path_gives_it(
     start: Any,
@@ -135,11 +135,16 @@ async def test_a_client_editing_an_earlier_message_gets_what_the_full_path_gives
     where: str,
 ) -> None:
     # From the fourth request on, one message the previous requests held is edited in place
-    # (same length): just before the last turn, or at the start of the history. The
-    # conversation goes on from the edited history.
+    # (same length): just before the last turn, or at the start of the history; or the last
+    # turns are taken back. The conversation goes on from the edited history.
     requests = conversation(dialect, 7)
-    at = len(requests[2]) - 2 if where == "near-the-end" else 2
-    edited = [*requests[:3], *(_edited(messages, at) for messages in requests[3:])]
+    if where == "rewound":  # the last turns taken back, another request instead
+        edited = [*requests[:3], [*requests[2][:-2], f.user("Try another way.")]]
+        for step in range(3):
+            edited.append(grown(edited[-1], 10 + step))
+    else:
+        at = len(requests[2]) - 2 if where == "near-the-end" else 2
+        edited = [*requests[:3], *(_edited(messages, at) for messages in requests[3:])]
     common: dict[str, Any] = {"requests": edited, "session": "agent-1"}
     known = await drive(
         start, script, client, upstream, tmp_path / "on", dialect, known_mb=64, **common
