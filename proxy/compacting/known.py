@@ -3,14 +3,16 @@ of it costs what is new in it, not its whole history.
 
 Agents resend their whole history each time. For a body at least `min_body_bytes` long, the
 proxy keeps its bytes with, per item of its items array (chat's and Anthropic's `messages`,
-Responses' `input`): where it sits in the
-body, the chained prefix digest (compaction.checkpoints.prefix_digests) and the cumulative token
-estimate. The next body of the conversation is recognized when it starts with the same bytes up
-to the end of the last item (one memcmp): only the items after it are scanned, parsed, hashed and
-counted, and the other top-level fields are parsed without the array. A client that edited
-one of the last few items (Anthropic's cache_control marks move to the newest turns) is
-recognized up to the first edited item, the rest read as new. Anything else that does not
-match exactly is simply not recognized, and the request takes the full path.
+Responses' `input`): where it sits in the body, the chained prefix digest
+(compaction.checkpoints.prefix_digests) and the cumulative token estimate (proxy.compacting.
+learning reads them, off the loop). The next body of the conversation is recognized when it
+starts with the same bytes up to the end of the last item (one memcmp): only the items after it
+are scanned, parsed, hashed and counted, and the other top-level fields are parsed without the
+array. A client that edited or took back some of the last few items (Anthropic's cache_control
+marks move to the newest turns) is recognized up to the first edited item, the rest read as
+new. Anything else that does not match exactly is simply not recognized, and the request takes
+the full path. Conversations are keyed by their first bytes; the few that open alike (one
+agent's parallel sessions) are remembered side by side under one key.
 
 Forwarded bodies are spliced (proxy.compacting.parts: kept items as the client's bytes, new
 ones serialized), so a prefix stays byte-identical from request to request. Dialect-neutral: it
@@ -32,9 +34,13 @@ from compaction import HeuristicEstimator
 from compaction.checkpoints import prefix_digests
 from compaction.messages import Shape
 from compaction.offload import Inline, Offload
-from proxy.compacting.parts import Part, is_same, other_fields, splice
-from proxy.compacting.spans import Items, locate_value, scan_items
+from proxy.compacting.learning import LearnJob, learn_body
+from proxy.compacting.parts import Part, other_fields, splice
+from proxy.compacting.spans import Items, scan_items
 
+# Conversations remembered under one key: an agent's parallel sessions open with the same
+# system prompt, often longer than the 4 KiB the key reads.
+_CANDIDATES = 8
 # How many of the last items of a known request the next one may have edited and still be
 # recognized (from the first edited one on, its items are read as new).
 _EDITABLE = 8
@@ -103,42 +109,29 @@ class KnownRequests:
         offload: Offload | None = None,
     ) -> None:
         self._offload: Offload = offload or Inline()
-        self._cache: LRUCache[bytes, Known] = LRUCache(max(1, max_bytes), getsizeof=_size_of)
+        self._cache: LRUCache[bytes, tuple[Known, ...]] = LRUCache(
+            max(1, max_bytes), getsizeof=lambda known: sum(map(_size_of, known))
+        )
         self._max_bytes = max_bytes
         self._min_body_bytes = min_body_bytes
 
     def conversation_key(self, scope: str, body: bytes) -> bytes | None:
         """The cache key of the conversation `body` belongs to (None: too small to remember).
-        `scope` carries the credential and explicit session; the first 4 KiB tell apart the
-        conversations of one scope (a conversation's bytes only grow at the end)."""
+        `scope` carries the credential and explicit session; the first 4 KiB tell apart most
+        conversations of one scope (a conversation's bytes only grow at the end), and the few
+        that open alike (one agent's parallel sessions) share the key."""
         if len(body) < self._min_body_bytes or self._max_bytes <= 0:
             return None
         return hashlib.blake2b(scope.encode() + b"\x00" + body[:4096], digest_size=16).digest()
 
     def recognize(self, key: bytes, body: bytes, items_key: str) -> Recognized | None:
-        """`body` as the continuation of the conversation's last known request, or None (its
-        items array under `items_key`)."""
-        known = self._cache.get(key)
-        if known is None:
-            return None
-        close = known.items.close
-        if len(body) <= close or not body.startswith(memoryview(known.body)[:close]):
-            known = _edited_near_the_end(known, body)
-            if known is None:
-                return None
-        first = known.items.ends[known.count - 1] if known.count else None
-        tail = scan_items(body, known.open_at, first=first)
-        if tail is None:
-            return None
-        # A second `items_key` after the array would be the one a parser keeps: not followed.
-        fields = other_fields(body, known.open_at, tail.close, items_key)
-        if fields is None:
-            return None
-        try:
-            added = [orjson.loads(body[s:e]) for s, e in zip(tail.starts, tail.ends, strict=True)]
-        except orjson.JSONDecodeError:
-            return None
-        return Recognized(known, body, fields, added, tail)
+        """`body` as the continuation of the last known request of one of the conversations
+        under `key`, or None (its items array under `items_key`)."""
+        for known in self._cache.get(key, ()):
+            seen = _continuation(known, body, items_key)
+            if seen is not None:
+                return seen
+        return None
 
     def extend(
         self,
@@ -223,53 +216,42 @@ class KnownRequests:
         return known
 
     def _put(self, key: bytes, known: Known) -> None:
-        if _size_of(known) <= self._max_bytes:  # LRUCache refuses an entry beyond its size
-            self._cache[key] = known
+        """`known` first under `key`, in place of its conversation's (same seed) last request;
+        the others stay while they fit (LRUCache refuses an entry beyond its size)."""
+        kept, size = [known], _size_of(known)
+        for other in self._cache.get(key, ()):
+            if other.seed == known.seed or len(kept) == _CANDIDATES:
+                continue
+            if size + _size_of(other) <= self._max_bytes:
+                kept.append(other)
+                size += _size_of(other)
+        if size <= self._max_bytes:
+            self._cache[key] = tuple(kept)
         else:
             self._cache.pop(key, None)
 
 
-@dataclass(frozen=True)
-class LearnJob:
-    body: bytes
-    key: bytes
-    seed: bytes
-    shape: Shape
-
-
-@dataclass(frozen=True)
-class Learned:
-    open_at: int
-    items: Items
-    digests: list[bytes]
-    tokens: list[int]
-
-
-def learn_body(job: LearnJob) -> Learned | None:
-    """Where the items of `job.body` are, their prefix digests and cumulative counts; None when
-    the bytes cannot be followed. A job for an Offload (another process may run it)."""
-    body = job.body
+def _continuation(remembered: Known, body: bytes, items_key: str) -> Recognized | None:
+    """`body` as the continuation of `remembered`, or None."""
+    close = remembered.items.close
+    known: Known | None = remembered
+    if len(body) <= close or not body.startswith(memoryview(remembered.body)[:close]):
+        known = _edited_near_the_end(remembered, body)
+    if known is None:
+        return None
+    first = known.items.ends[known.count - 1] if known.count else None
+    tail = scan_items(body, known.open_at, first=first)
+    if tail is None:
+        return None
+    # A second `items_key` after the array would be the one a parser keeps: not followed.
+    fields = other_fields(body, known.open_at, tail.close, items_key)
+    if fields is None:
+        return None
     try:
-        payload = orjson.loads(body)
+        added = [orjson.loads(body[s:e]) for s, e in zip(tail.starts, tail.ends, strict=True)]
     except orjson.JSONDecodeError:
         return None
-    key = orjson.loads(job.key)
-    messages = payload.get(key) if isinstance(payload, dict) else None
-    open_at = locate_value(body, job.key)
-    items = scan_items(body, open_at) if open_at is not None else None
-    if not isinstance(messages, list) or open_at is None or items is None:
-        return None
-    if len(items.starts) != len(messages) or (messages and not is_same(body, items, messages)):
-        return None
-    if other_fields(body, open_at, items.close, key) is None:  # a second list: the parser's
-        return None
-    count = HeuristicEstimator(shape=job.shape).count_message
-    return Learned(
-        open_at=open_at,
-        items=items,
-        digests=prefix_digests(messages, job.seed),
-        tokens=list(itertools.accumulate((count(m) for m in messages), initial=0)),
-    )
+    return Recognized(known, body, fields, added, tail)
 
 
 def _edited_near_the_end(known: Known, body: bytes) -> Known | None:

@@ -13,6 +13,7 @@ from tests import factories as f
 from tests.fakes.script import Script
 from tests.fakes.upstream import FakeUpstream
 from tests.proxy.compacting.known_drive import (
+    RECOGNIZED,
     WINDOW,
     assert_same_outcomes,
     body_of,
@@ -21,6 +22,7 @@ from tests.proxy.compacting.known_drive import (
     grown,
     headers_of,
     history,
+    metric,
 )
 
 
@@ -156,3 +158,40 @@ async def test_a_client_editing_an_earlier_message_gets_what_the_full_path_gives
     assert known.forwarded == full.forwarded
     assert (known.summaries, known.memory) == (full.summaries, full.memory)
     assert known.decided_known[-1] >= 2, known.decided_known
+
+
+async def test_parallel_conversations_opening_alike_are_each_recognized(
+    start: Any, script: Script, client: Any, upstream: FakeUpstream
+) -> None:
+    # Two sessions of one agent under one key, no session named: a system prompt longer than
+    # 4 KiB makes their first bytes alike; their requests alternate. Each is the continuation
+    # of its own previous request.
+    head = f.system("You are a careful coding assistant. " * 160)
+    conversations = []
+    for name in ("a", "b"):
+        first = [head, f.user(f"Task {name}."), *history("chat", 0.7)[1:]]
+        requests = [first]
+        for step in range(3):
+            requests.append(grown(requests[-1], step))
+        conversations.append(requests)
+    bodies = [body_of("chat", m) for pair in zip(*conversations, strict=True) for m in pair]
+    runs = []
+    for known_mb in (64, 0):
+        script.upstream.requests.clear()
+        proxy = await start(
+            models={"default_context_window": WINDOW}, compaction={"known_requests_mb": known_mb}
+        )
+        outcomes = []
+        for body in bodies:
+            async with client.post(
+                f"{proxy.url}/v1/chat/completions", data=body, headers=headers_of("chat", None)
+            ) as response:
+                await response.read()
+                got = response.headers
+                outcomes.append((got["x-compaction-status"], got["x-compaction-session"]))
+        recognized = await metric(client, proxy.url, RECOGNIZED)
+        runs.append((outcomes, [r.body for r in script.calls(None)], recognized))
+    (outcomes, forwarded, recognized), full = runs
+    assert recognized == len(bodies) - 2, outcomes
+    assert (outcomes, forwarded) == full[:2]
+    assert len({session for _, session in outcomes}) == 2
