@@ -104,15 +104,32 @@ async def test_a_recognized_body_gets_the_digests_and_counts_of_a_full_computati
 
 async def test_a_body_that_does_not_continue_the_known_one_is_not_recognized() -> None:
     known = KnownRequests(max_bytes=1 << 30, min_body_bytes=0)
-    first = long_history(3)
+    first = long_history(12)
     body = orjson.dumps({"model": "m", "messages": first})
     key = known.conversation_key("scope", body)
     assert key is not None
     await known.learn(key, body, len(first), seed=b"s", opening=first[:2], **CHAT_ITEMS)
-    shorter = orjson.dumps({"model": "m", "messages": [*first[:-2], f.user("other")]})
-    assert known.recognize(key, shorter, "messages") is None
+    # An edit further back than the last few items: not recognized.
+    edited = [*first[:3], f.assistant("another answer"), *first[4:]]
+    assert (
+        known.recognize(key, orjson.dumps({"model": "m", "messages": edited}), "messages") is None
+    )
     other_model = orjson.dumps({"model": "n", "messages": grown(first, 1)})
     assert known.recognize(key, other_model, "messages") is None
+
+
+async def test_a_body_that_took_back_its_last_items_is_recognized_up_to_them() -> None:
+    known = KnownRequests(max_bytes=1 << 30, min_body_bytes=0)
+    seed = conversation_seed("tenant", "session")
+    first = long_history(12)
+    body = orjson.dumps({"model": "m", "messages": first})
+    key = known.conversation_key("scope", body)
+    assert key is not None
+    await known.learn(key, body, len(first), seed=seed, opening=first[:2], **CHAT_ITEMS)
+    shorter = [*first[:-2], f.user("other")]
+    seen = known.recognize(key, orjson.dumps({"model": "m", "messages": shorter}), "messages")
+    assert seen is not None and seen.added == shorter[-1:]
+    assert known.extend(key, seen).request_digests() == prefix_digests(shorter, seed)
 
 
 async def test_two_continuations_of_one_request_each_get_their_own_digests() -> None:
