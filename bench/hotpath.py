@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.hotpath [--only abcde] [--big-mb 50] [--wrk-duration 4]
                                       [--windows 1,2,5,10,20] [--dialect chat|responses|anthropic|all]
+                                      [--marked]
 
 The proxy runs through its CLI (default config, uvloop, JSON access log on) in its own process,
 against a stand-in upstream in another that answers everything at once (summaries included); the
@@ -14,7 +15,8 @@ client runs here. Histories are real prose (bench.history). One run prints:
     window histories, medians, with the floor measured in the same run: a bare aiohttp server's
     time to read the same body off the socket. Targets: own time minus floor <= 5 ms at 10x,
     growth 1x -> 10x <= 2.5x. `--dialect` runs it in the Responses or Anthropic shape too
-    (bench.reuse). Then the same requests in this process without HTTP: the hook's `prepare`.
+    (bench.reuse). Then the same requests in this process without HTTP: the hook's `prepare`
+    (`--marked`: Anthropic bodies whose cache_control marks move to the newest turns).
 (c) CPU (process time) of the library per 128k tokens folded, in this process, prose and coding
     histories of 1x and 4x a window; the summarizer answers at once. Target <= 20 ms, linear.
 (d) pass-through req/s and added median against a minimal aiohttp forwarder, with wrk
@@ -220,6 +222,7 @@ async def run(
     wrk_duration: int,
     windows: tuple[int, ...],
     dialects: tuple[str, ...] = ("chat",),
+    marked: bool = False,
 ) -> None:
     up, prx, flr = free_port(), free_port(), free_port()
     upstream, proxy, floor = (f"http://127.0.0.1:{p}" for p in (up, prx, flr))
@@ -259,7 +262,7 @@ async def run(
             process.wait(timeout=30)
         memory.cleanup()
     if "b" in only:  # in this process, once the servers are gone
-        await prepare_figures(windows, dialects)
+        await prepare_figures(windows, dialects, marked=marked)
     if "d" in only:
         await passthrough_figures(wrk_duration)
 
@@ -284,6 +287,11 @@ def main() -> None:
         choices=[*DIALECTS, "all"],
         help="(b) the API shape of the reused requests (default chat)",
     )
+    parser.add_argument(
+        "--marked",
+        action="store_true",
+        help="(b) in-process table: Anthropic bodies whose cache_control marks move each request",
+    )
     options = parser.parse_args()
     if options.mode == "serve-upstream":
         serve_upstream(int(options.args[0]))
@@ -293,7 +301,16 @@ def main() -> None:
         with asyncio.Runner(loop_factory=_loop) as runner:
             windows = tuple(int(w) for w in options.windows.split(","))
             dialects = DIALECTS if options.dialect == "all" else (options.dialect,)
-            runner.run(run(options.only, options.big_mb, options.wrk_duration, windows, dialects))
+            runner.run(
+                run(
+                    options.only,
+                    options.big_mb,
+                    options.wrk_duration,
+                    windows,
+                    dialects,
+                    options.marked,
+                )
+            )
 
 
 if __name__ == "__main__":

@@ -41,10 +41,18 @@ _HEADERS = {
 }
 
 
-def body_of(dialect: str, messages: list[dict[str, Any]]) -> bytes:
+def body_of(dialect: str, messages: list[dict[str, Any]], *, marked: bool = False) -> bytes:
+    """`marked` (Anthropic): cache_control on the last block of the last two user turns, as
+    Anthropic documents for multi-turn clients (the marks move every request)."""
     if dialect == "chat":
         return orjson.dumps({"model": "gpt-4o", "messages": messages})
-    return orjson.dumps({**WIRES[dialect].body(messages, None), "model": "gpt-4o"})
+    payload = {**WIRES[dialect].body(messages, None), "model": "gpt-4o"}
+    if marked and dialect == "anthropic":
+        for turn in [t for t in payload["messages"] if t["role"] == "user"][-2:]:
+            if isinstance(turn["content"], list):
+                mark = {"cache_control": {"type": "ephemeral"}}
+                turn["content"][-1] = {**turn["content"][-1], **mark}
+    return orjson.dumps(payload)
 
 
 def answer_of(path: str, text: str) -> bytes:
@@ -127,10 +135,15 @@ class _InstantLLM:
 
 
 async def prepare_figures(
-    windows_list: tuple[int, ...], dialects: tuple[str, ...], repeats: int = 15
+    windows_list: tuple[int, ...],
+    dialects: tuple[str, ...],
+    repeats: int = 15,
+    *,
+    marked: bool = False,
 ) -> None:
     """The compacting hook's `prepare` for the same reused requests, in this process: default
-    settings (SQLite state), compactions inline, the summarizer answering at once."""
+    settings (SQLite state), compactions inline, the summarizer answering at once (`marked`:
+    Anthropic bodies with moving cache_control marks, see body_of)."""
     print("(b) the same in this process, without HTTP: the hook's prepare (ms, medians)")
     print(
         f"    {'dialect':>9} {'history':>8} {'MiB':>6} {'reused':>7} {'known':>6} "
@@ -153,9 +166,11 @@ async def prepare_figures(
                 route = "messages" if dialect == "anthropic" else dialect
                 ctx = RequestContext(route, "prepare", "Bearer sk-bench", "/", headers)
                 base = history(windows * WINDOW, tag=f"p{windows}{dialect}-")
-                await hook.prepare(ctx, body_of(dialect, base))
+                await hook.prepare(ctx, body_of(dialect, base, marked=marked))
                 took, statuses = [], []
-                bodies = [body_of(dialect, messages) for messages in grown(base, repeats)]
+                bodies = [
+                    body_of(dialect, messages, marked=marked) for messages in grown(base, repeats)
+                ]
                 for body in bodies:
                     started = time.perf_counter()
                     exchange = await hook.prepare(ctx, body)
