@@ -27,6 +27,7 @@ from compaction.mentions import MentionCache
 from compaction.messages import CHAT, Shape
 from compaction.offload import Inline, Offload
 from compaction.plan import should_compact
+from compaction.reading import LastRead
 from compaction.settings import CompactionSettings
 from compaction.stages import (
     FinishJob,
@@ -72,6 +73,7 @@ class Compactor:
         self.memory = memory
         self.clock = clock
         self.mentions = mentions if mentions is not None else MentionCache()
+        self.last_read = LastRead()  # inline: what plan() read, for the run() after it
 
     # ------------------------------------------------------------ deciding
 
@@ -127,18 +129,20 @@ class Compactor:
     def _plan_job(self, messages: Sequence[Any], window: int, *rest: Any) -> PlanJob:
         tools, max_output_tokens, estimator, target_ratio = rest
         estimator = estimator or self.estimator
+        # A request's own HeuristicEstimator also says how its messages read (its shape).
+        shape = getattr(estimator, "shape", self.shape)
         return PlanJob(
             messages=Packed.of(messages, crossing=self.crossing),
             tools=tools,
             estimator=estimator,
-            # A request's own HeuristicEstimator also says how its messages read (its shape).
-            shape=getattr(estimator, "shape", self.shape),
+            shape=shape,
             window=window,
             target_ratio=target_ratio or self.settings.target_ratio,
             keep_recent_rounds=self.settings.keep_recent_rounds,
             summary_budget_tokens=self.summary_budget(window),
             max_output_tokens=max_output_tokens,
             strict_alternation=self.settings.strict_alternation,
+            items=None if self.crossing else self.last_read.read(messages, shape),
         )
 
     # ------------------------------------------------------------ running
@@ -230,6 +234,9 @@ class _Run:
                 settings=self.settings,
                 summary_budget_tokens=plan.summary_budget_tokens,
                 mentions=None if crossing else self.compactor.mentions,
+                items=None
+                if crossing
+                else self.compactor.last_read.items_of(messages, folded, shape),
             ),
         )
         if prepared.too_little:

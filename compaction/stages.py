@@ -25,7 +25,7 @@ from compaction.extract import extract_memory_items
 from compaction.invariants import check_compacted
 from compaction.ledger import Ledger, build_ledger
 from compaction.mentions import MentionCache, scan_prose
-from compaction.messages import Shape, read_items
+from compaction.messages import Item, Shape, read_items
 from compaction.plan import plan_compaction
 from compaction.sections import Body
 from compaction.segment import split
@@ -75,10 +75,13 @@ class PlanJob:
     summary_budget_tokens: int
     max_output_tokens: int | None
     strict_alternation: bool
+    items: list[Item] | None = None
+    """The messages already read (inline only: Items do not travel)."""
 
 
 def make_plan(job: PlanJob) -> Plan:
-    segments = split(job.messages.unpack(), job.estimator, job.tools, shape=job.shape)
+    messages = job.messages.unpack()
+    segments = split(messages, job.estimator, job.tools, shape=job.shape, items=job.items)
     return plan_compaction(
         segments,
         window=job.window,
@@ -100,6 +103,8 @@ class FoldJob:
     summary_budget_tokens: int
     mentions: MentionCache | None = None
     """What earlier folds found in the same texts (only in process: a cache does not travel)."""
+    items: list[Item] | None = None
+    """The folded messages already read by the plan (only in process)."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +126,7 @@ def fold(job: FoldJob) -> Fold:
     counts = [estimator.count_message(m) for m in folded]  # once: the sums below share them
     if is_too_little(sum(counts), framing):
         return Fold(True, "", None, False, "", build_ledger([], []), 0)
-    items = read_items(folded, shape)
+    items = job.items if job.items is not None else read_items(folded, shape)
     previous_summary, previous = read_previous(folded, items, range(len(folded)), shape)
     fresh = [i for i, item in enumerate(items) if item.kind != "summary"]
     prose = [items[i].text for i in fresh if items[i].is_prose]
