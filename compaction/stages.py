@@ -26,6 +26,7 @@ from compaction.invariants import check_compacted
 from compaction.ledger import Ledger, build_ledger
 from compaction.mentions import MentionCache, scan_prose
 from compaction.messages import Item, Shape, read_items
+from compaction.offload import collector_paused
 from compaction.plan import plan_compaction
 from compaction.sections import Body
 from compaction.segment import split
@@ -80,6 +81,11 @@ class PlanJob:
 
 
 def make_plan(job: PlanJob) -> Plan:
+    with collector_paused():
+        return _make_plan(job)
+
+
+def _make_plan(job: PlanJob) -> Plan:
     messages = job.messages.unpack()
     segments = split(messages, job.estimator, job.tools, shape=job.shape, items=job.items)
     return plan_compaction(
@@ -121,6 +127,11 @@ class Fold:
 
 
 def fold(job: FoldJob) -> Fold:
+    with collector_paused():
+        return _fold(job)
+
+
+def _fold(job: FoldJob) -> Fold:
     shape, estimator, folded = job.shape, job.estimator, job.folded.unpack()
     framing = estimator.count_message(summary_message("", shape))
     counts = [estimator.count_message(m) for m in folded]  # once: the sums below share them
@@ -174,6 +185,11 @@ class Finish:
 
 
 def finish(job: FinishJob) -> Finish:
+    with collector_paused():
+        return _finish(job)
+
+
+def _finish(job: FinishJob) -> Finish:
     plan, shape, folded, messages = job.plan, job.shape, job.fold, job.messages.unpack()
     # Read again here, and only if the model's answer holds no items: cheaper than carrying
     # the folded items from one job to the next.
