@@ -75,8 +75,6 @@ class Compactor:
         self.mentions = mentions if mentions is not None else MentionCache()
         self.last_read = LastRead()  # inline: what plan() read, for the run() after it
 
-    # ------------------------------------------------------------ deciding
-
     def estimate(
         self, messages: Sequence[Any], tools: Any = None, *, estimator: TokenEstimator | None = None
     ) -> int:
@@ -129,23 +127,20 @@ class Compactor:
     def _plan_job(self, messages: Sequence[Any], window: int, *rest: Any) -> PlanJob:
         tools, max_output_tokens, estimator, target_ratio = rest
         estimator = estimator or self.estimator
-        # A request's own HeuristicEstimator also says how its messages read (its shape).
-        shape = getattr(estimator, "shape", self.shape)
         return PlanJob(
             messages=Packed.of(messages, crossing=self.crossing),
             tools=tools,
             estimator=estimator,
-            shape=shape,
+            # A request's own HeuristicEstimator also says how its messages read (its shape).
+            shape=getattr(estimator, "shape", self.shape),
             window=window,
             target_ratio=target_ratio or self.settings.target_ratio,
             keep_recent_rounds=self.settings.keep_recent_rounds,
             summary_budget_tokens=self.summary_budget(window),
             max_output_tokens=max_output_tokens,
             strict_alternation=self.settings.strict_alternation,
-            items=None if self.crossing else self.last_read.read(messages, shape),
+            reading=None if self.crossing else self.last_read,
         )
-
-    # ------------------------------------------------------------ running
 
     async def flush_memory(
         self, session_id: str | None, compaction_id: str, items: Sequence[MemoryItem]
@@ -234,9 +229,7 @@ class _Run:
                 settings=self.settings,
                 summary_budget_tokens=plan.summary_budget_tokens,
                 mentions=None if crossing else self.compactor.mentions,
-                items=None
-                if crossing
-                else self.compactor.last_read.items_of(messages, folded, shape),
+                items=None if crossing else self.compactor.last_read.take(messages, folded, shape),
             ),
         )
         if prepared.too_little:

@@ -24,19 +24,21 @@ class LastRead:
         self._shape: Shape | None = None
 
     def read(self, messages: Sequence[Any], shape: Shape) -> list[Item]:
-        """`read_items(messages, shape)`, kept for `items_of`."""
+        """`read_items(messages, shape)`, kept for `take`."""
         items = read_items(messages, shape)
         self._messages, self._items, self._shape = tuple(messages), items, shape
         return items
 
-    def items_of(
+    def take(
         self, messages: Sequence[Any], indices: Iterable[int], shape: Shape
     ) -> list[Item] | None:
         """The Items of `messages[i]` for each of `indices` if `messages` holds the objects
-        read last, in the same places and shape; else None (the caller reads them)."""
-        known = self._messages
+        read last, in the same places and shape; else None (the caller reads them). Either way
+        they are let go: one plan's reading serves one run, and holds no history longer."""
+        known, items = self._messages, self._items
+        self._messages, self._items = (), []
         if shape is not self._shape or len(messages) != len(known):
             return None
         if not all(map(is_, messages, known)):
             return None
-        return [self._items[i] for i in indices]
+        return [items[i] for i in indices]

@@ -28,6 +28,7 @@ from compaction.mentions import MentionCache, scan_prose
 from compaction.messages import Item, Shape, read_items
 from compaction.offload import collector_paused
 from compaction.plan import plan_compaction
+from compaction.reading import LastRead
 from compaction.sections import Body
 from compaction.segment import split
 from compaction.settings import CompactionSettings
@@ -76,8 +77,8 @@ class PlanJob:
     summary_budget_tokens: int
     max_output_tokens: int | None
     strict_alternation: bool
-    items: list[Item] | None = None
-    """The messages already read (inline only: Items do not travel)."""
+    reading: LastRead | None = None
+    """Keeps the Items read here for the run that follows (in process only: Items stay)."""
 
 
 def make_plan(job: PlanJob) -> Plan:
@@ -87,7 +88,8 @@ def make_plan(job: PlanJob) -> Plan:
 
 def _make_plan(job: PlanJob) -> Plan:
     messages = job.messages.unpack()
-    segments = split(messages, job.estimator, job.tools, shape=job.shape, items=job.items)
+    items = job.reading.read(messages, job.shape) if job.reading is not None else None
+    segments = split(messages, job.estimator, job.tools, shape=job.shape, items=items)
     return plan_compaction(
         segments,
         window=job.window,

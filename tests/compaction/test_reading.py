@@ -61,15 +61,15 @@ async def test_runs_reuse_the_plans_items_with_the_same_result_on_corpus_convers
     assert compared >= 6
 
 
-def test_items_are_handed_on_only_for_the_list_that_was_read() -> None:
+def test_items_are_handed_on_once_and_only_for_the_list_that_was_read() -> None:
     messages = [system(), user("one"), assistant("two"), user("three")]
     last = LastRead()
     items = last.read(messages, CHAT)
-    assert last.items_of(messages, [1, 3], CHAT) == [items[1], items[3]]
-    assert last.items_of(list(messages), [2], CHAT) == [
-        items[2]
-    ]  # a copy of the list: same objects
+    assert last.take(messages, [1, 3], CHAT) == [items[1], items[3]]
+    assert last.take(messages, [1, 3], CHAT) is None  # let go once taken
+    items = last.read(messages, CHAT)
+    assert last.take(list(messages), [2], CHAT) == [items[2]]  # a copy of the list: same objects
     replaced = [*messages[:2], assistant("two"), messages[3]]
-    assert last.items_of(replaced, [2], CHAT) is None
-    assert last.items_of(messages[:3], [2], CHAT) is None
-    assert last.items_of(messages, [2], RESPONSES) is None
+    for other, shape in ((replaced, CHAT), (messages[:3], CHAT), (messages, RESPONSES)):
+        last.read(messages, CHAT)
+        assert last.take(other, [2], shape) is None
