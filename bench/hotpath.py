@@ -1,6 +1,7 @@
 """The hot path: does one conversation's compaction or size cost anyone else, or cost per request?
 
     .venv/bin/python -m bench.hotpath [--only abcde] [--big-mb 50] [--wrk-duration 4]
+                                      [--windows 1,2,5,10,20] [--dialect chat|responses|anthropic|all]
 
 The proxy runs through its CLI (default config, uvloop, JSON access log on) in its own process,
 against a stand-in upstream in another that answers everything at once (summaries included); the
@@ -12,7 +13,8 @@ client runs here. Histories are real prose (bench.history). One run prints:
 (b) the proxy's own time (`x-compaction-proxy-overhead-ms`) for `reused` requests of 1x ... 20x
     window histories, medians, with the floor measured in the same run: a bare aiohttp server's
     time to read the same body off the socket. Targets: own time minus floor <= 5 ms at 10x,
-    growth 1x -> 10x <= 2.5x.
+    growth 1x -> 10x <= 2.5x. `--dialect` runs it in the Responses or Anthropic shape too
+    (bench.reuse). Then the same requests in this process without HTTP: the hook's `prepare`.
 (c) CPU (process time) of the library per 128k tokens folded, in this process, prose and coding
     histories of 1x and 4x a window; the summarizer answers at once. Target <= 20 ms, linear.
 (d) pass-through req/s and added median against a minimal aiohttp forwarder, with wrk
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import tempfile
 import time
 import uuid
@@ -38,6 +39,7 @@ from aiohttp import web
 
 from bench.history import history, source_label
 from bench.passthrough import COMPLETION, _loop, free_port, spawn, wait_ready
+from bench.reuse import DIALECTS, answer_of, prepare_figures, reuse_figures
 from bench.wrk import passthrough_figures
 from compaction import Compactor, HeuristicEstimator
 
@@ -67,13 +69,18 @@ def _reply(content: str) -> bytes:
 
 
 def serve_upstream(port: int) -> None:
-    """Answers chat requests, summaries and memory extractions at once."""
+    """Answers requests, summaries and memory extractions at once, in the API's shape."""
+    texts = {"summary": _SUMMARY, "memory": _MEMORY}
     answers = {"summary": _reply(_SUMMARY), "memory": _reply(_MEMORY)}
     plain = _reply("ok")
 
     async def chat(request: web.Request) -> web.Response:
         await request.read()
-        body = answers.get(request.headers.get("X-Compaction-Purpose", ""), plain)
+        purpose = request.headers.get("X-Compaction-Purpose", "")
+        if request.path.endswith(("/responses", "/messages")):
+            body = answer_of(request.path, texts.get(purpose, "ok"))
+        else:
+            body = answers.get(purpose, plain)
         return web.Response(body=body, content_type="application/json")
 
     _serve(port, chat)
@@ -155,63 +162,6 @@ async def stall_figures(session: aiohttp.ClientSession, proxy: str, run_id: str)
         print(" ".join(line))
 
 
-# --- (b) reused requests ----------------------------------------------------------------------
-
-
-async def _post(
-    session: aiohttp.ClientSession, url: str, body: bytes, sid: str
-) -> tuple[str, float]:
-    headers = {**_AUTH, "X-Session-Id": sid}
-    async with session.post(url, data=body, headers=headers) as response:
-        await response.read()
-        assert response.status == 200, response.status
-        return response.headers.get(STATUS, "-"), float(response.headers[OVERHEAD])
-
-
-async def reuse_figures(
-    session: aiohttp.ClientSession,
-    proxy: str,
-    floor: str,
-    run_id: str,
-    windows_list: tuple[int, ...] = (1, 2, 5, 10, 20),
-    repeats: int = 15,
-) -> None:
-    print("(b) reused requests: the proxy's own time (x-compaction-proxy-overhead-ms), medians")
-    print(
-        f"    {'history':>8} {'MiB':>6} {'first':>16} {'reused':>7} {'proxy ms':>9} "
-        f"{'floor ms':>9} {'own ms':>7} {'vs 1x':>6}"
-    )
-    chat_url, floor_url = f"{proxy}/v1/chat/completions", f"{floor}/v1/chat/completions"
-    first_own = None
-    for windows in windows_list:
-        base = history(windows * WINDOW, tag=f"b{windows}{run_id}-")
-        sid = f"reuse-{windows}-{run_id}"
-        started = time.perf_counter()
-        first, _ = await _post(session, chat_url, _chat(base), sid)
-        first_s = time.perf_counter() - started
-        bodies = []
-        for k in range(repeats):
-            base += [
-                {"role": "assistant", "content": f"Noted, step {k}."},
-                {"role": "user", "content": f"And what about step {k + 1}?"},
-            ]
-            bodies.append(_chat(base))
-        statuses, proxy_ms, floor_ms = [], [], []
-        for body in bodies:
-            status, took = await _post(session, chat_url, body, sid)
-            statuses.append(status)
-            proxy_ms.append(took)
-            floor_ms.append((await _post(session, floor_url, body, sid))[1])
-        own = statistics.median(proxy_ms) - statistics.median(floor_ms)
-        first_own = own if first_own is None else first_own
-        reused = sum(s == "reused" for s in statuses)
-        print(
-            f"    {windows:>6}x {len(bodies[0]) / 2**20:6.1f} {first:>8} {first_s:6.1f} s "
-            f"{reused:>3}/{repeats:<3} {statistics.median(proxy_ms):9.2f} "
-            f"{statistics.median(floor_ms):9.2f} {own:7.2f} {own / first_own:5.1f}x"
-        )
-
-
 # --- (c) CPU per 128k tokens folded -----------------------------------------------------------
 
 
@@ -264,7 +214,13 @@ async def big_figures(session: aiohttp.ClientSession, proxy: str, mb: float, run
 # --- orchestration ----------------------------------------------------------------------------
 
 
-async def run(only: str, big_mb: float, wrk_duration: int, windows: tuple[int, ...]) -> None:
+async def run(
+    only: str,
+    big_mb: float,
+    wrk_duration: int,
+    windows: tuple[int, ...],
+    dialects: tuple[str, ...] = ("chat",),
+) -> None:
     up, prx, flr = free_port(), free_port(), free_port()
     upstream, proxy, floor = (f"http://127.0.0.1:{p}" for p in (up, prx, flr))
     memory = tempfile.TemporaryDirectory()
@@ -277,6 +233,7 @@ async def run(only: str, big_mb: float, wrk_duration: int, windows: tuple[int, .
                 *("--config", str(ROOT / "config.yaml")),
             ],
             COMPACTION_PROXY__MEMORY__DIR=memory.name,
+            COMPACTION_PROXY__UPSTREAM__ANTHROPIC_BASE_URL=f"{upstream}/v1",
         ),
     ]
     run_id = uuid.uuid4().hex[:6]
@@ -290,7 +247,7 @@ async def run(only: str, big_mb: float, wrk_duration: int, windows: tuple[int, .
             if "a" in only:
                 await stall_figures(session, proxy, run_id)
             if "b" in only:
-                await reuse_figures(session, proxy, floor, run_id, windows)
+                await reuse_figures(session, proxy, floor, run_id, windows, dialects)
             if "c" in only:
                 await cpu_figures()
             if "e" in only and big_mb > 0:
@@ -301,6 +258,8 @@ async def run(only: str, big_mb: float, wrk_duration: int, windows: tuple[int, .
         for process in processes:
             process.wait(timeout=30)
         memory.cleanup()
+    if "b" in only:  # in this process, once the servers are gone
+        await prepare_figures(windows, dialects)
     if "d" in only:
         await passthrough_figures(wrk_duration)
 
@@ -319,6 +278,12 @@ def main() -> None:
         default="1,2,5,10,20",
         help="(b) history sizes, in windows (default 1,2,5,10,20)",
     )
+    parser.add_argument(
+        "--dialect",
+        default="chat",
+        choices=[*DIALECTS, "all"],
+        help="(b) the API shape of the reused requests (default chat)",
+    )
     options = parser.parse_args()
     if options.mode == "serve-upstream":
         serve_upstream(int(options.args[0]))
@@ -327,7 +292,8 @@ def main() -> None:
     else:
         with asyncio.Runner(loop_factory=_loop) as runner:
             windows = tuple(int(w) for w in options.windows.split(","))
-            runner.run(run(options.only, options.big_mb, options.wrk_duration, windows))
+            dialects = DIALECTS if options.dialect == "all" else (options.dialect,)
+            runner.run(run(options.only, options.big_mb, options.wrk_duration, windows, dialects))
 
 
 if __name__ == "__main__":

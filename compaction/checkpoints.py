@@ -177,13 +177,18 @@ class MemoryCheckpointStore:
 
     def longest(self, digests: Sequence[bytes]) -> Checkpoint | None:
         """`longest_of(self.get, digests)`, looking up only the digests ever put."""
-        best: Checkpoint | None = None
-        for key in self._keys.intersection(digests):  # a few: this conversation's checkpoints
-            cut = digests.index(key) + 1  # chained digests never repeat within a request
+        # Longest first: the digests never put are skipped at C speed, and the walk stops at the
+        # first live checkpoint (a reused request's ends a window's worth of items from the end).
+        # A key found is checked where its cut says (chained digests never repeat in a request).
+        for key in filter(self._keys.__contains__, reversed(digests)):
             found = self._cache.get(key)
-            if found is not None and found.cut == cut and (best is None or cut > best.cut):
-                best = found
-        return best
+            if (
+                found is not None
+                and 0 < found.cut <= len(digests)
+                and digests[found.cut - 1] == key
+            ):
+                return found
+        return None
 
     def __len__(self) -> int:
         return len(self._cache)

@@ -87,13 +87,26 @@ class RequestInfo:
 _access = logging.getLogger(ACCESS_LOGGER)
 
 
+# What `LogRecord.__init__` sets that differs from one access line to the next.
+_PER_LINE = ("created", "msecs", "relativeCreated")
+_LOGGING_STARTED = time.time()
+
+
 class _AccessRecord(logging.LogRecord):
     """The access line's record. `LogRecord.__init__` works out some twenty attributes per call
     (the caller's file name split three ways, thread and process names), a visible share of a
-    pass-through request's CPU, and they are the same for every line `log_request` writes: they
-    are worked out once and copied in (a formatter reads them from the instance's __dict__)."""
+    pass-through request's CPU, and they are the same for every line `log_request` writes (in
+    the loop's thread): worked out once, copied in (formatters read a record's __dict__)."""
 
-    _constant: ClassVar[dict[str, Any]] = {}
+    _constant: ClassVar[dict[str, Any]] = {
+        key: value
+        for key, value in vars(
+            logging.LogRecord(
+                ACCESS_LOGGER, logging.INFO, __file__, 0, "request", (), None, "log_request"
+            )
+        ).items()
+        if key not in _PER_LINE
+    }
 
     def __init__(self, fields: dict[str, Any]) -> None:  # no super(): that is the point
         created = time.time()
@@ -103,18 +116,6 @@ class _AccessRecord(logging.LogRecord):
         self.relativeCreated = (created - _LOGGING_STARTED) * 1000
         self.__dict__.update(fields)
         self._fields = fields
-
-
-_LOGGING_STARTED = time.time()
-_AccessRecord._constant = {
-    key: value
-    for key, value in vars(
-        logging.LogRecord(
-            ACCESS_LOGGER, logging.INFO, __file__, 0, "request", (), None, "log_request"
-        )
-    ).items()
-    if key not in ("created", "msecs", "relativeCreated")
-}
 
 
 def log_request(method: str, path: str, status: int, info: RequestInfo) -> None:

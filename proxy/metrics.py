@@ -92,6 +92,13 @@ class CompactionMetrics:
             ("status", "dialect"),
             registry=r,
         )
+        self.recognized = Counter(
+            "compaction_proxy_recognized_requests",
+            "Requests recognized as the continuation of their conversation's last one, by who "
+            "decided (known: from what is remembered; full: the full path) and dialect.",
+            ("decision", "dialect"),
+            registry=r,
+        )
         self.compactions = Counter(
             "compaction_proxy_compactions",
             "Compactions run, by reason (trigger, precompute, overflow) and path (llm, "

@@ -21,6 +21,8 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.utils import floatToGoString
 
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
 
 class _Histogram:
     """One label set's buckets: `counts[i]` values at most `bounds[i]`, the last `+Inf`."""
@@ -44,7 +46,9 @@ class Traffic:
         self._latency: dict[str, _Histogram] = {}
 
     def count_request(self, route: str, method: str, status: int) -> None:
-        self._requests[route, method, str(status)] += 1
+        # A client may send any token as its method: one series per made-up method would let
+        # it grow the exposition without bound.
+        self._requests[route, method if method in _METHODS else "other", str(status)] += 1
 
     def add_request_bytes(self, route: str, size: int) -> None:
         self._request_bytes[route] += size

@@ -106,7 +106,7 @@ class Conversations:
         if reserve is not None:
             view = View.of(req.messages, reserve)
             tokens = self.estimate(req, view.messages)
-            await self._flush_reserve(req, reserve)
+            await self.flush_reserve(req, reserve)
         return await self._compact_view(req, view, tokens, digests, before, deadline, "overflow")
 
     # -- shared with proxy.compacting.precompute and recall -------------------------------------
@@ -136,7 +136,7 @@ class Conversations:
         parent_view = View.of(req.messages, parent)
         parent_tokens = self.estimate(req, parent_view.messages)
         if self.needs(req, parent_tokens):
-            await self._flush_reserve(req, newest)
+            await self.flush_reserve(req, newest)
             return view, self.estimate(req, view.messages), None
         return parent_view, parent_tokens, newest
 
@@ -212,6 +212,12 @@ class Conversations:
         if not isinstance(result, Checkpoint) and result.path == "unchanged":
             return await self._as_is(view, before, tokens)
         await self._forwarded.add(result.compaction_id)
+        # What goes out may be a reserve: stored by another replica (met through the lease) or
+        # by a precompute here that this request joined. Its memory items are due now.
+        key = plan_key(view, plan, digests)
+        reserve = result if isinstance(result, Checkpoint) else await self.stored(digests, key)
+        if reserve and reserve.precomputed and reserve.compaction_id == result.compaction_id:
+            await self.flush_reserve(req, reserve)
         if isinstance(result, Checkpoint):  # another process compacted it
             done = View.of(req.messages, result)
             tokens = self.estimate(req, done.messages)
@@ -280,8 +286,9 @@ class Conversations:
             flush_memory=flush,
         )
 
-    async def _flush_reserve(self, req: ParsedRequest, reserve: Checkpoint) -> None:
-        """A precomputed checkpoint is being applied: its memory items are due now (once)."""
+    async def flush_reserve(self, req: ParsedRequest, reserve: Checkpoint) -> None:
+        """A precomputed checkpoint is being applied: its memory items are due now (once per
+        process; across replicas the memory writer's claims keep them to one write)."""
         if reserve.compaction_id in self._flushed or not reserve.memory_items:
             return
         self._flushed[reserve.compaction_id] = None

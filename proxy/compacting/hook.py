@@ -3,18 +3,18 @@
 Bodies that cannot reach the lowest ratio are not parsed; below the trigger the original bytes go
 upstream untouched. At the trigger the conversations (proxy.compacting.conversations) give the
 view to forward: a remembered checkpoint, or a new compaction. Each hooked route has its dialect
-(proxy.compacting.dialects); a parsed request becomes a CompactedExchange
-(proxy.compacting.exchange), which owns the retry and the calibration.
+(proxy.compacting.dialects); a long conversation's next request is recognized from its last one
+and mostly decided from what is remembered (proxy.compacting.recall); a parsed request becomes a
+CompactedExchange (proxy.compacting.exchange), which owns the retry and the calibration.
 Anything that fails here forwards the original request; it never fails the agent's request.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from compaction import Compactor, HeuristicEstimator, MemoryWriter
-from compaction.checkpoints import CheckpointStore, conversation_seed
+from compaction import Compactor, MemoryWriter
+from compaction.checkpoints import CheckpointStore
 from compaction.offload import Offload
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations
@@ -26,18 +26,13 @@ from proxy.compacting.exchange import (
     UnparsedExchange,
     describe,
 )
-from proxy.compacting.known import Known, KnownRequests, splice_view, view_parts
+from proxy.compacting.known import Known, KnownRequests
 from proxy.compacting.llm_client import LLMFactory, UpstreamLLMFactory
 from proxy.compacting.overflow import LearnedWindows, parse_overflow
+from proxy.compacting.parts import splice_view, view_parts
 from proxy.compacting.precompute import Precompute
 from proxy.compacting.recall import Recall, estimate_known
-from proxy.compacting.request import (
-    Decision,
-    ParsedRequest,
-    fingerprint,
-    may_need_parsing,
-    model_of,
-)
+from proxy.compacting.request import Decision, ParsedRequest, RequestBuilder, may_need_parsing
 from proxy.compacting.stores.backend import StateBackend
 from proxy.compacting.stores.memory import MemoryStore
 from proxy.hook import Exchange, Passthrough, RequestContext
@@ -49,9 +44,6 @@ from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
-# Headers that identify the caller to the upstream besides Authorization (Azure-style keys,
-# OpenAI organisation and project): they go with the proxy's own summary calls and scope reuse.
-_AUTH_HEADERS = ("api-key", "x-api-key", "OpenAI-Organization", "OpenAI-Project")
 # How much longer than a waiting request the summarizer call itself may take.
 _BACKGROUND_TIMEOUT_FACTOR = 3
 # Below this a body is parsed whole in well under a millisecond: not worth remembering.
@@ -75,8 +67,10 @@ class CompactingHook:
         self._metrics = metrics
         self.calibration = Calibration()
         self.learned = LearnedWindows()
+        self._builder = RequestBuilder(settings.models, self.calibration, self.learned)
         self._recall = Recall(
             known or KnownRequests(max_bytes=0, min_body_bytes=0),
+            builder=self._builder,
             conversations=conversations,
             precompute=precompute,
             metrics=metrics,
@@ -102,22 +96,14 @@ class CompactingHook:
                 untouched,
                 lambda status, error: self._retry_unparsed(ctx, dialect, body, status, error),
             )
-        # Long conversations are remembered; for now in the chat dialect only.
-        key = self._recall.key(ctx, body) if dialect.name == "chat" else None
+        key = self._recall.key(ctx, dialect, body)  # long conversations are remembered
         known = None
         if key is not None:
-            recalled, known = await self._recall.recall(
-                key,
-                body,
-                lambda fields, opening, fp: self._request_of(
-                    ctx, dialect, body, fields, [], opening, fp
-                ),
-                lambda: self._parse(ctx, dialect, body),
-            )
+            recalled, known = await self._recall.recall(key, ctx, dialect, body)
             if recalled is not None:
                 return recalled
         try:
-            request = self._parse(ctx, dialect, body)
+            request = self._builder.parse(ctx, dialect, body)
         except NotCompactable:
             return untouched
         if key is not None and known is None:
@@ -150,60 +136,13 @@ class CompactingHook:
         if parse_overflow(status, error) is None:
             return None
         try:
-            request = self._parse(ctx, dialect, body)
+            request = self._builder.parse(ctx, dialect, body)
         except NotCompactable:
             return None
         tokens = self._conversations.estimate(request, request.messages)
         unchanged = Decision(request.messages, "none", tokens, tokens, None)
         exchange = self._exchange(body, request, unchanged)
         return exchange if await exchange.retry_after_error(status, error) else None
-
-    def _parse(self, ctx: RequestContext, dialect: Dialect, body: bytes) -> ParsedRequest:
-        payload, messages = dialect.parse(body)
-        return self._request_of(ctx, dialect, body, payload, messages, messages, None)
-
-    def _request_of(
-        self,
-        ctx: RequestContext,
-        dialect: Dialect,
-        body: bytes,
-        payload: dict[str, Any],
-        messages: list[Any],
-        opening_messages: list[Any],
-        opening: str | None,
-    ) -> ParsedRequest:
-        """The request from its payload; `opening_messages` holds at least its messages up to
-        the first user message (all a fingerprint reads); `opening`, their fingerprint if known."""
-        model = model_of(payload)
-        auth = {name: ctx.headers[name] for name in _AUTH_HEADERS if name in ctx.headers}
-        tenant = conversation_seed(ctx.credential or "", *auth.values())
-        # Headers the summary call needs but that do not name the caller (anthropic-version).
-        auth.update(
-            {name: ctx.headers[name] for name in dialect.call_headers if name in ctx.headers}
-        )
-        if opening is None:  # hashing the opening costs as much as the first user message is long
-            opening = fingerprint(dialect.opening(payload, opening_messages), tenant)
-        session_id = ctx.explicit_session or opening
-        factor = self.calibration.factor(model)
-        return ParsedRequest(
-            dialect=dialect,
-            body=body,
-            payload=payload,
-            messages=messages,
-            extras=dialect.extras(payload),
-            model=model,
-            window=self.learned.window(model, self._settings.models.context_window_for(model)),
-            max_output_tokens=dialect.max_output(payload),
-            session_id=session_id,
-            opening=opening,
-            # The client's own: the summarizer adds the key of the upstream it calls.
-            credential=ctx.headers.get("Authorization"),
-            auth_headers=auth,
-            tenant=tenant,
-            seed=conversation_seed(tenant.hex(), session_id),
-            factor=factor,
-            estimator=HeuristicEstimator(factor, shape=dialect.shape),
-        )
 
     async def _prepare(self, body: bytes, request: ParsedRequest, known: Known | None) -> Exchange:
         if known is not None:  # counted off the loop already
@@ -222,15 +161,15 @@ class CompactingHook:
     def _exchange(
         self, body: bytes, request: ParsedRequest, decision: Decision, known: Known | None = None
     ) -> CompactedExchange:
+        dialect = request.dialect
         if decision.messages is request.messages:
             forwarded = body
         elif known is not None:
-            forwarded = known.splice(view_parts(request.messages, decision.messages))
+            forwarded = known.splice(view_parts(request.messages, dialect.wire(decision.messages)))
         else:
-            # Chat's kept messages go out as the client's bytes on both paths (see splice_view).
-            spliced = None
-            if request.dialect.name == "chat":
-                spliced = splice_view(body, b'"messages"', request.messages, decision.messages)
+            # Kept items go out as the client's bytes whether or not the body is remembered.
+            wire = dialect.wire(decision.messages)
+            spliced = splice_view(body, dialect.items_key, request.messages, wire)
             forwarded = spliced or request.serialize(decision.messages)
         return CompactedExchange(
             request,

@@ -2,16 +2,17 @@
 of it costs what is new in it, not its whole history.
 
 Agents resend their whole history each time. For a body at least `min_body_bytes` long, the
-proxy keeps its bytes with, per item of its items array (chat's `messages`): where it sits in the
+proxy keeps its bytes with, per item of its items array (chat's and Anthropic's `messages`,
+Responses' `input`): where it sits in the
 body, the chained prefix digest (compaction.checkpoints.prefix_digests) and the cumulative token
 estimate. The next body of the conversation is recognized when it starts with the same bytes up
 to the end of the last item (one memcmp): only the items after it are scanned, parsed, hashed and
 counted, and the other top-level fields are parsed without the array. Anything that does not
 match exactly is simply not recognized, and the request takes the full path.
 
-Forwarded bodies are spliced (kept items as the client's bytes, new ones serialized), by
-`splice_view` too for bodies not remembered, so a prefix stays byte-identical from request to
-request. Dialect-neutral: it works on a JSON array of items under one top-level key.
+Forwarded bodies are spliced (proxy.compacting.parts: kept items as the client's bytes, new
+ones serialized), so a prefix stays byte-identical from request to request. Dialect-neutral: it
+works on a JSON array of items under one top-level key, counted in the dialect's shape.
 """
 
 from __future__ import annotations
@@ -27,18 +28,18 @@ from cachetools import LRUCache
 
 from compaction import HeuristicEstimator
 from compaction.checkpoints import prefix_digests
+from compaction.messages import Shape
 from compaction.offload import Inline, Offload
+from proxy.compacting.parts import Part, is_same, splice
 from proxy.compacting.spans import Items, locate_value, scan_items
-
-Part = int | bytes
-"""A piece of a spliced array: the index of an original item, or the bytes of a new one."""
 
 
 @dataclass(frozen=True)
 class Known:
     """One request of a conversation as seen, with `count` items: `tokens[i]` is the estimate
-    (calibration 1) of items[:i]; `digests[i]` identifies items[:i + 1] under `seed`; `opening`
-    holds the items up to the first user message (what a fingerprint session id is made of).
+    (calibration 1, in `shape`) of items[:i]; `digests[i]` identifies items[:i + 1] under `seed`;
+    `opening` holds the items up to the first user message (what a fingerprint session id is
+    made of).
 
     The lists may run past `count`: a continuation appends to them in place (so a request costs
     what it adds, not a copy of the history), and only indices below `count` are this request's.
@@ -50,10 +51,12 @@ class Known:
     digests: list[bytes]
     tokens: list[int]
     seed: bytes
+    shape: Shape
     opening: list[Any]
     count: int
     fingerprint: tuple[Any, str] | None = None
-    """The `tools` of the request and the fingerprint of its opening with them."""
+    """The opening as its dialect reads it (Dialect.opening: head, tool names, first user
+    message) and its fingerprint: unchanged opening, same fingerprint, no hashing."""
 
     @property
     def size(self) -> int:
@@ -67,6 +70,10 @@ class Known:
         """The body with its items array replaced by `parts`; runs of consecutive original items
         are copied as one slice (separators included)."""
         return splice(self.body, self.open_at, self.items, parts)
+
+    def item(self, index: int) -> Any:
+        """Item `index`, parsed from its bytes (for the few a decision must read)."""
+        return orjson.loads(self.body[self.items.starts[index] : self.items.ends[index]])
 
 
 @dataclass(frozen=True)
@@ -87,15 +94,12 @@ class KnownRequests:
         *,
         max_bytes: int,
         min_body_bytes: int,
-        key: bytes = b'"messages"',
         offload: Offload | None = None,
     ) -> None:
         self._offload: Offload = offload or Inline()
         self._cache: LRUCache[bytes, Known] = LRUCache(max(1, max_bytes), getsizeof=_size_of)
         self._max_bytes = max_bytes
         self._min_body_bytes = min_body_bytes
-        self._key = key
-        self._count = HeuristicEstimator().count_message
 
     def conversation_key(self, scope: str, body: bytes) -> bytes | None:
         """The cache key of the conversation `body` belongs to (None: too small to remember).
@@ -105,8 +109,9 @@ class KnownRequests:
             return None
         return hashlib.blake2b(scope.encode() + b"\x00" + body[:4096], digest_size=16).digest()
 
-    def recognize(self, key: bytes, body: bytes) -> Recognized | None:
-        """`body` as the continuation of the conversation's last known request, or None."""
+    def recognize(self, key: bytes, body: bytes, items_key: str) -> Recognized | None:
+        """`body` as the continuation of the conversation's last known request, or None (its
+        items array under `items_key`)."""
         known = self._cache.get(key)
         if known is None:
             return None
@@ -122,16 +127,21 @@ class KnownRequests:
             added = [orjson.loads(body[s:e]) for s, e in zip(tail.starts, tail.ends, strict=True)]
         except orjson.JSONDecodeError:
             return None
-        if not isinstance(fields, dict):
+        # A second `items_key` after the array would be the one a parser keeps: not followed.
+        if not isinstance(fields, dict) or fields.get(items_key) != []:
             return None
         return Recognized(known, body, fields, added, tail)
 
-    def extend(self, key: bytes, seen: Recognized) -> Known:
-        """Remember the recognized body: only its added items are hashed and counted."""
+    def extend(
+        self, key: bytes, seen: Recognized, fingerprint: tuple[Any, str] | None = None
+    ) -> Known:
+        """Remember the recognized body: only its added items are hashed and counted;
+        `fingerprint` replaces the known one (the opening changed outside the list)."""
         known, tail, count = seen.known, seen.tail, seen.known.count
         last = known.digests[count - 1] if count else known.seed
+        count_message = HeuristicEstimator(shape=known.shape).count_message
         counts = itertools.accumulate(
-            (self._count(m) for m in seen.added), initial=known.tokens[count]
+            (count_message(m) for m in seen.added), initial=known.tokens[count]
         )
         starts, ends, digests, tokens = (
             known.items.starts,
@@ -157,9 +167,10 @@ class KnownRequests:
             digests=digests,
             tokens=tokens,
             seed=known.seed,
+            shape=known.shape,
             opening=known.opening,
             count=count + len(seen.added),
-            fingerprint=known.fingerprint,
+            fingerprint=fingerprint or known.fingerprint,
         )
         self._put(key, extended)
         return extended
@@ -170,14 +181,17 @@ class KnownRequests:
         body: bytes,
         count: int,
         *,
+        items_key: str,
+        shape: Shape,
         seed: bytes,
         opening: list[Any],
         fingerprint: tuple[Any, str] | None = None,
     ) -> Known | None:
-        """Remember a body the caller parsed (`count` items); None if its bytes cannot be
-        followed (then it is not remembered). The scan, the digests and the counts run through
-        the offload: their cost grows with the whole body."""
-        found = await self._offload.run(learn_body, LearnJob(body, self._key, seed))
+        """Remember a body the caller parsed (`count` items under `items_key`, counted in
+        `shape`); None if its bytes cannot be followed (then it is not remembered). The scan,
+        the digests and the counts run through the offload: their cost grows with the body."""
+        job = LearnJob(body, orjson.dumps(items_key), seed, shape)
+        found = await self._offload.run(learn_body, job)
         if found is None or len(found.digests) != count:
             return None
         known = Known(
@@ -187,6 +201,7 @@ class KnownRequests:
             digests=found.digests,
             tokens=found.tokens,
             seed=seed,
+            shape=shape,
             opening=opening,
             count=count,
             fingerprint=fingerprint,
@@ -206,6 +221,7 @@ class LearnJob:
     body: bytes
     key: bytes
     seed: bytes
+    shape: Shape
 
 
 @dataclass(frozen=True)
@@ -229,69 +245,15 @@ def learn_body(job: LearnJob) -> Learned | None:
     items = scan_items(body, open_at) if open_at is not None else None
     if not isinstance(messages, list) or open_at is None or items is None:
         return None
-    if len(items.starts) != len(messages) or (messages and not _same(body, items, messages)):
+    if len(items.starts) != len(messages) or (messages and not is_same(body, items, messages)):
         return None
-    count = HeuristicEstimator().count_message
+    count = HeuristicEstimator(shape=job.shape).count_message
     return Learned(
         open_at=open_at,
         items=items,
         digests=prefix_digests(messages, job.seed),
         tokens=list(itertools.accumulate((count(m) for m in messages), initial=0)),
     )
-
-
-def splice(body: bytes, open_at: int, items: Items, parts: Sequence[Part]) -> bytes:
-    pieces: list[bytes] = []
-    run_start = run_end = -1
-    for part in parts:
-        if isinstance(part, int):
-            if part == run_end + 1 and run_start >= 0:
-                run_end = part
-                continue
-            if run_start >= 0:
-                pieces.append(body[items.starts[run_start] : items.ends[run_end]])
-            run_start = run_end = part
-            continue
-        if run_start >= 0:
-            pieces.append(body[items.starts[run_start] : items.ends[run_end]])
-            run_start = run_end = -1
-        pieces.append(part)
-    if run_start >= 0:
-        pieces.append(body[items.starts[run_start] : items.ends[run_end]])
-    return b"".join((body[: open_at + 1], b",".join(pieces), body[items.close :]))
-
-
-def splice_view(body: bytes, key: bytes, original: list[Any], view: Sequence[Any]) -> bytes | None:
-    """`body` with its `key` array replaced by `view`, as a remembered body's splice does it (a
-    prefix keeps its bytes once a conversation is remembered); None when it cannot be followed."""
-    open_at = locate_value(body, key)
-    items = scan_items(body, open_at) if open_at is not None else None
-    if open_at is None or items is None or not original or len(items.starts) != len(original):
-        return None
-    if not _same(body, items, original):
-        return None
-    return splice(body, open_at, items, view_parts(original, view))
-
-
-def view_parts(original: Sequence[Any], view: Sequence[Any]) -> list[Part]:
-    """The parts of a view of `original` (kept items are the same objects; others serialized)."""
-    index = {id(item): i for i, item in enumerate(original)}
-    parts: list[Part] = []
-    for item in view:
-        found = index.get(id(item))
-        parts.append(found if found is not None else orjson.dumps(item))
-    return parts
-
-
-def _same(body: bytes, items: Items, messages: list[Any]) -> bool:
-    """Spot check that the scanned items are the parsed ones (first and last)."""
-    for i in {0, len(messages) - 1}:
-        try:
-            if orjson.loads(body[items.starts[i] : items.ends[i]]) != messages[i]:
-                return False
-        except orjson.JSONDecodeError:
-            return False
-    return True
 
 
 def _size_of(known: Known) -> int:

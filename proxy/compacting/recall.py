@@ -1,18 +1,20 @@
 """The decision for a request recognized as the continuation of a known one (proxy.compacting.
 known), made from what is remembered: no full parse, no re-hashing, no re-counting.
 
-It settles the two cases that are most requests of a long conversation: below the trigger with
-nothing to do (`none`), and a remembered checkpoint whose view fits (`reused`). Everything else
-(a compaction to run, a precompute to start, a reserve checkpoint, an estimate too close to the
-trigger to trust the per-item rounding) is left to the full path: `decide` returns None.
+It settles what most requests of a long conversation are: below the trigger with nothing to do
+(`none`), and a remembered checkpoint whose view fits (`reused`, or `applied` the first time it
+goes out), a reserve checkpoint included once the view it extends reaches the trigger (its memory
+items are written then, once, as the full path writes them). Everything else (a compaction to
+run, a precompute to start, an estimate too close to the trigger to trust the per-item
+rounding) is left to the full path: `decide` returns None. Any dialect: the forwarded list is
+spliced from the client's bytes as the full path splices it (Anthropic's joined summary turn
+included).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
@@ -21,24 +23,30 @@ from compaction.checkpoints import Checkpoint
 from compaction.tokens import REPLY_PRIMING_TOKENS
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations
+from proxy.compacting.dialects import Dialect, NotCompactable
 from proxy.compacting.exchange import CompactedExchange, describe
-from proxy.compacting.known import Known, KnownRequests, Part
+from proxy.compacting.known import Known, KnownRequests
 from proxy.compacting.overflow import LearnedWindows
+from proxy.compacting.parts import Part
 from proxy.compacting.precompute import Precompute
-from proxy.compacting.request import Decision, ParsedRequest
+from proxy.compacting.request import (
+    SCOPE_HEADERS,
+    Decision,
+    ParsedRequest,
+    RequestBuilder,
+    opening_of,
+)
 from proxy.hook import RequestContext
 from proxy.metrics import CompactionMetrics
 
 log = logging.getLogger(__name__)
 
-# Headers that scope a conversation besides Authorization (as proxy.compacting.hook sends them).
-_SCOPE_HEADERS = ("api-key", "x-api-key", "OpenAI-Organization", "OpenAI-Project")
-ChatOf = Callable[[dict[str, Any], list[Any], str | None], ParsedRequest]
-"""The hook's request from (fields without the messages, opening messages, known fingerprint)."""
-
 # The remembered counts are per item at calibration 1 and scaled as a sum, the full path rounds
 # per item: within this margin of the trigger the full path decides.
 _TRIGGER_MARGIN = 1.01
+# Anthropic's wire joins the summary with the user turns after it; turns alternate, so there are
+# a few. More than this (a client that does not alternate) is left to the full path.
+_MAX_JOINED = 16
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,7 @@ class Recall:
         self,
         known: KnownRequests,
         *,
+        builder: RequestBuilder,
         conversations: Conversations,
         precompute: Precompute,
         metrics: CompactionMetrics,
@@ -65,68 +74,83 @@ class Recall:
         learned: LearnedWindows,
     ) -> None:
         self._known = known
+        self._builder = builder
         self._conversations = conversations
         self._precompute = precompute
         self._metrics = metrics
         self._calibration = calibration
         self._learned = learned
 
-    def key(self, ctx: RequestContext, body: bytes) -> bytes | None:
-        """The conversation `body` belongs to: the caller's credentials and named session."""
-        auth = [ctx.headers.get(name, "") for name in _SCOPE_HEADERS]
-        scope = "\x00".join([ctx.credential or "", ctx.explicit_session or "", *auth])
-        return self._known.conversation_key(scope, body)
+    def key(self, ctx: RequestContext, dialect: Dialect, body: bytes) -> bytes | None:
+        """The conversation `body` belongs to: its API, the caller's credentials and named
+        session (None: too small to remember)."""
+        auth = [ctx.headers.get(name, "") for name in SCOPE_HEADERS]
+        scope = [dialect.name, ctx.credential or "", ctx.explicit_session or "", *auth]
+        return self._known.conversation_key("\x00".join(scope), body)
 
     async def recall(
-        self, key: bytes, body: bytes, chat_of: ChatOf, parse: Callable[[], ParsedRequest]
+        self, key: bytes, ctx: RequestContext, dialect: Dialect, body: bytes
     ) -> tuple[CompactedExchange | None, Known | None]:
         """The exchange decided from what is known (None: the full path decides) and what is
         known of `body` (None: not recognized)."""
-        seen = self._known.recognize(key, body)
+        seen = self._known.recognize(key, body, dialect.items_key)
         if seen is None:
             return None, None
-        tools, opening = seen.known.fingerprint or (None, None)
-        chat = chat_of(
-            seen.fields, seen.known.opening, opening if seen.fields.get("tools") == tools else None
-        )
-        if chat.seed != seen.known.seed:
-            return None, None
-        known = self._known.extend(key, seen)
         try:
-            recalled = await decide(chat, known, self._conversations, self._precompute)
+            dialect.items(seen.fields)  # e.g. a `previous_response_id` after the list
+        except NotCompactable:
+            return None, None
+        remembered, opening = seen.known.fingerprint or (None, None)
+        now = dialect.opening(seen.fields, seen.known.opening)
+        unchanged = now == remembered
+        request = self._builder.build(
+            ctx, dialect, body, seen.fields, [], seen.known.opening, opening if unchanged else None
+        )
+        if request.seed != seen.known.seed:
+            return None, None
+        known = self._known.extend(key, seen, None if unchanged else (now, request.opening))
+        try:
+            recalled = await decide(request, known, self._conversations, self._precompute)
         except Exception:  # the full path decides instead
             log.exception("deciding from a known request failed; taking the full path")
-            return None, known
+            recalled = None
+        self._metrics.recognized.labels(
+            decision="full" if recalled is None else "known", dialect=dialect.name
+        ).inc()
         if recalled is None:
             return None, known
-        self._metrics.decisions.labels(status=recalled.status, dialect=chat.dialect.name).inc()
+        self._metrics.decisions.labels(status=recalled.status, dialect=dialect.name).inc()
         compaction_id = recalled.checkpoint.compaction_id if recalled.checkpoint else None
         decision = Decision(
             [], recalled.status, recalled.tokens_before, recalled.tokens_after, compaction_id
         )
         exchange = CompactedExchange(
-            chat,
+            request,
             body=recalled.body,
             tokens=recalled.tokens_after,
-            headers=describe(chat, decision),
+            headers=describe(request, decision),
             conversations=self._conversations,
             calibration=self._calibration,
             learned=self._learned,
             metrics=self._metrics,
-            full=parse,
+            full=lambda: self._builder.parse(ctx, dialect, body),
         )
         return exchange, known
 
-    async def learn(self, key: bytes, body: bytes, chat: ParsedRequest) -> Known | None:
+    async def learn(self, key: bytes, body: bytes, request: ParsedRequest) -> Known | None:
         """Remember a parsed request (the next of its conversation is then recognized)."""
+        dialect = request.dialect
+        opening = opening_of(request.messages)
         try:
             return await self._known.learn(
                 key,
                 body,
-                len(chat.messages),
-                seed=chat.seed,
-                opening=opening_of(chat.messages),
-                fingerprint=(chat.payload.get("tools"), chat.opening),
+                len(request.messages),
+                items_key=dialect.items_key,
+                shape=dialect.shape,
+                seed=request.seed,
+                opening=opening,
+                fingerprint=(dialect.opening(request.payload, opening), request.opening),
             )
         except Exception:  # only the next request's speed depends on it
             log.exception("remembering a long request failed")
@@ -134,73 +158,104 @@ class Recall:
 
 
 async def decide(
-    chat: ParsedRequest, known: Known, conversations: Conversations, precompute: Precompute
+    request: ParsedRequest, known: Known, conversations: Conversations, precompute: Precompute
 ) -> Recalled | None:
-    fixed = chat.estimator.count_tools(chat.extras) + REPLY_PRIMING_TOKENS
-    before = estimate_known(chat, known)
+    """What the full path (CompactingHook._prepare, Conversations.compact and view) would
+    decide for `request`, or None when that takes more than what is remembered."""
+    before = estimate_known(request, known)
+    over = _over(conversations, request, before)
+    if over is None:
+        return None
+    if not over:
+        if precompute.would_start(request, before, before):
+            return None
+        return Recalled("none", before, before, None, known.body)
     checkpoint = await conversations.latest(known.digests, known.count)
     if checkpoint is not None and checkpoint.precomputed:
-        # Held in reserve until the view it extends reaches the trigger (Conversations.view):
-        # that view is what goes out meanwhile; the reserve's turn is the full path's.
-        digests = known.request_digests()
-        checkpoint = await conversations.stored(digests, checkpoint.parent)
-        parent_after = _after(chat, known, checkpoint, before, fixed)
-        if conversations.needs(chat, parent_after):
+        # Held in reserve until the view it extends reaches the trigger (Conversations.view);
+        # from then on it is the view, and its memory items are due (written once).
+        parent = await conversations.stored(known.request_digests(), checkpoint.parent)
+        parent_over = _over(conversations, request, _view_estimate(request, known, parent))
+        if parent_over is None:
             return None
-    if checkpoint is None:
-        after, parts = before, None
-    elif checkpoint.cut > known.count:
+        if parent_over:
+            await conversations.flush_reserve(request, checkpoint)
+        else:
+            checkpoint = parent
+    if checkpoint is None or checkpoint.cut > known.count:
+        return None  # a compaction to run
+    after = _view_estimate(request, known, checkpoint)
+    if _over(conversations, request, after) is not False:
+        return None  # still over: a compaction to run (or too close to tell)
+    if precompute.would_start(request, after, before):
         return None
-    else:
-        after = round(_view_tokens(known, checkpoint) * chat.factor) + fixed
-        parts = _view_parts(known, checkpoint)
-    if checkpoint is None and conversations.needs(chat, before):
-        return None
-    if conversations.needs(chat, int(after * _TRIGGER_MARGIN) + 1):
-        return None
-    if precompute.would_start(chat, after, before):
-        return None
+    parts = _wire_parts(known, checkpoint, request.dialect)
     if parts is None:
-        return Recalled("none", before, after, None, known.body)
-    status = await conversations.substituted(checkpoint.compaction_id)  # type: ignore[union-attr]
+        return None
+    status = await conversations.substituted(checkpoint.compaction_id)
     return Recalled(status, before, after, checkpoint, known.splice(parts))
 
 
-def _after(
-    chat: ParsedRequest, known: Known, checkpoint: Checkpoint | None, before: int, fixed: int
-) -> int:
-    if checkpoint is None:
-        return before
-    return round(_view_tokens(known, checkpoint) * chat.factor) + fixed
+def _over(conversations: Conversations, request: ParsedRequest, tokens: int) -> bool | None:
+    """Whether `tokens` needs a compaction, None when too close to the trigger to tell from
+    counts rounded unlike the full path's."""
+    if conversations.needs(request, int(tokens / _TRIGGER_MARGIN) - 1):
+        return True
+    if not conversations.needs(request, int(tokens * _TRIGGER_MARGIN) + 1):
+        return False
+    return None
 
 
-def estimate_known(chat: ParsedRequest, known: Known) -> int:
+def estimate_known(request: ParsedRequest, known: Known) -> int:
     """The request's estimate from the remembered counts (the full path's, up to rounding)."""
-    fixed = chat.estimator.count_tools(chat.extras) + REPLY_PRIMING_TOKENS
-    return round(known.tokens[known.count] * chat.factor) + fixed
+    fixed = request.estimator.count_tools(request.extras) + REPLY_PRIMING_TOKENS
+    return round(known.tokens[known.count] * request.factor) + fixed
 
 
-def _view_tokens(known: Known, checkpoint: Checkpoint) -> int:
+def _view_estimate(request: ParsedRequest, known: Known, checkpoint: Checkpoint | None) -> int:
+    """The estimate of the view `checkpoint` gives (None: the original request)."""
+    if checkpoint is None:
+        return estimate_known(request, known)
     tokens = known.tokens
     pinned = sum(tokens[i + 1] - tokens[i] for i in checkpoint.pinned)
-    summary = HeuristicEstimator().count_message(checkpoint.summary_message)
+    summary = HeuristicEstimator(shape=request.dialect.shape).count_message(
+        checkpoint.summary_message
+    )
     kept = tokens[known.count] - tokens[checkpoint.cut]
-    return tokens[checkpoint.head_end] + summary + pinned + kept
+    raw = tokens[checkpoint.head_end] + summary + pinned + kept
+    fixed = request.estimator.count_tools(request.extras) + REPLY_PRIMING_TOKENS
+    return round(raw * request.factor) + fixed
 
 
-def _view_parts(known: Known, checkpoint: Checkpoint) -> list[Part]:
-    """Checkpoint.apply, as splice parts (the same bytes the full path would splice)."""
-    return [
-        *range(checkpoint.head_end),
-        orjson.dumps(checkpoint.summary_message),
-        *checkpoint.pinned,
-        *range(checkpoint.cut, known.count),
-    ]
-
-
-def opening_of(messages: list[Any]) -> list[Any]:
-    """The messages a fingerprint reads: up to and including the first user message."""
-    for i, message in enumerate(messages):
-        if isinstance(message, dict) and message.get("role") == "user":
-            return messages[: i + 1]
-    return messages
+def _wire_parts(known: Known, checkpoint: Checkpoint, dialect: Dialect) -> list[Part] | None:
+    """Checkpoint.apply then Dialect.wire, as splice parts: the bytes the full path splices."""
+    summary = checkpoint.summary_message
+    if not dialect.joins_summary:
+        return [
+            range(checkpoint.head_end),
+            orjson.dumps(summary),
+            *checkpoint.pinned,
+            range(checkpoint.cut, known.count),
+        ]
+    # The wire joins the summary with the user turns right after it: only those are read. A head
+    # before the summary would have to be read too (Anthropic's head is its top-level `system`).
+    if checkpoint.head_end:
+        return None
+    taken = list(checkpoint.pinned)
+    turns = [known.item(i) for i in taken]
+    end = checkpoint.cut
+    while end < known.count:
+        if len(taken) >= _MAX_JOINED:
+            return None
+        turn = known.item(end)
+        if not (isinstance(turn, dict) and turn.get("role") == "user"):
+            break
+        taken.append(end)
+        turns.append(turn)
+        end += 1
+    index = {id(turn): i for turn, i in zip(turns, taken, strict=True)}
+    parts: list[Part] = []
+    for item in dialect.wire([summary, *turns]):
+        found = index.get(id(item))
+        parts.append(found if found is not None else orjson.dumps(item))
+    return [*parts, range(end, known.count)]

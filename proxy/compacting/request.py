@@ -1,4 +1,6 @@
-"""A request as the compacting hook sees it: parsed once by its dialect, with its budget.
+"""A request as the compacting hook sees it: parsed once by its dialect, with its budget
+(`RequestBuilder`: session, seed, credentials, window and calibration, from the whole body or,
+for a recognized continuation, from its fields without the list).
 
 Parsing is the expensive part of the decision, so `may_need_parsing` first bounds the prompt from
 the byte length alone (the estimate never exceeds one token per byte; images and audio are the
@@ -16,8 +18,17 @@ from typing import Any
 import orjson
 
 from compaction import HeuristicEstimator
+from compaction.checkpoints import conversation_seed
+from proxy.compacting.calibration import Calibration
 from proxy.compacting.dialects import Dialect
 from proxy.compacting.llm_client import LLMRequest
+from proxy.compacting.overflow import LearnedWindows
+from proxy.hook import RequestContext
+from proxy.settings import ModelsSettings
+
+SCOPE_HEADERS = ("api-key", "x-api-key", "OpenAI-Organization", "OpenAI-Project")
+"""Headers that identify the caller to the upstream besides Authorization (Azure-style keys,
+OpenAI organisation and project): they go with the proxy's own summary calls and scope reuse."""
 
 # Keys of parts with a fixed token cost (images, audio, files). One compiled search, not one
 # `in` scan per key: on a small body that is most of the decision's time.
@@ -112,3 +123,76 @@ def fingerprint(opening: Mapping[str, Any], tenant: bytes = b"") -> str:
     except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits from a lenient parser
         canonical = repr(named).encode()
     return f"fp-{hashlib.sha256(canonical).hexdigest()[:32]}"
+
+
+def opening_of(messages: list[Any]) -> list[Any]:
+    """The messages a fingerprint reads (Dialect.opening): up to and including the first user
+    message (a Responses message item; any longer prefix would do too)."""
+    for i, message in enumerate(messages):
+        if (
+            isinstance(message, dict)
+            and message.get("role") == "user"
+            and message.get("type", "message") == "message"
+        ):
+            return messages[: i + 1]
+    return messages
+
+
+class RequestBuilder:
+    """ParsedRequests from a request's context and payload, under the budget known now (the
+    model's window, learned limits, calibration)."""
+
+    def __init__(
+        self, models: ModelsSettings, calibration: Calibration, learned: LearnedWindows
+    ) -> None:
+        self._models = models
+        self._calibration = calibration
+        self._learned = learned
+
+    def parse(self, ctx: RequestContext, dialect: Dialect, body: bytes) -> ParsedRequest:
+        """The whole request (NotCompactable when the dialect does not compact it)."""
+        payload, messages = dialect.parse(body)
+        return self.build(ctx, dialect, body, payload, messages, messages, None)
+
+    def build(
+        self,
+        ctx: RequestContext,
+        dialect: Dialect,
+        body: bytes,
+        payload: dict[str, Any],
+        messages: list[Any],
+        opening_messages: list[Any],
+        opening: str | None,
+    ) -> ParsedRequest:
+        """The request from its payload; `opening_messages` holds at least its messages up to
+        the first user message (all a fingerprint reads); `opening`, their fingerprint if known."""
+        model = model_of(payload)
+        auth = {name: ctx.headers[name] for name in SCOPE_HEADERS if name in ctx.headers}
+        tenant = conversation_seed(ctx.credential or "", *auth.values())
+        # Headers the summary call needs but that do not name the caller (anthropic-version).
+        auth.update(
+            {name: ctx.headers[name] for name in dialect.call_headers if name in ctx.headers}
+        )
+        if opening is None:  # hashing the opening costs as much as the first user message is long
+            opening = fingerprint(dialect.opening(payload, opening_messages), tenant)
+        session_id = ctx.explicit_session or opening
+        factor = self._calibration.factor(model)
+        return ParsedRequest(
+            dialect=dialect,
+            body=body,
+            payload=payload,
+            messages=messages,
+            extras=dialect.extras(payload),
+            model=model,
+            window=self._learned.window(model, self._models.context_window_for(model)),
+            max_output_tokens=dialect.max_output(payload),
+            session_id=session_id,
+            opening=opening,
+            # The client's own: the summarizer adds the key of the upstream it calls.
+            credential=ctx.headers.get("Authorization"),
+            auth_headers=auth,
+            tenant=tenant,
+            seed=conversation_seed(tenant.hex(), session_id),
+            factor=factor,
+            estimator=HeuristicEstimator(factor, shape=dialect.shape),
+        )

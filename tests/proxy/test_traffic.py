@@ -125,3 +125,17 @@ def test_the_access_record_carries_every_attribute_a_formatter_may_ask_for() -> 
         "upstream_status": 200,
         "outcome": "complete",
     }
+
+
+def test_made_up_methods_share_one_series() -> None:
+    registry = CollectorRegistry()
+    traffic = Traffic(BUCKETS)
+    registry.register(traffic)
+    for i in range(50):
+        traffic.count_request("forward", f"M{i}", 405)
+    traffic.count_request("forward", "GET", 200)
+    lines = [line for line in _lines(registry) if line.startswith("compaction_proxy_requests_")]
+    assert sorted(lines) == [
+        'compaction_proxy_requests_total{method="GET",route="forward",status="200"} 1.0',
+        'compaction_proxy_requests_total{method="other",route="forward",status="405"} 50.0',
+    ]

@@ -39,8 +39,28 @@ class Dialect(Protocol):
         """Client headers a summary call of this API needs besides the credentials."""
         ...
 
+    @property
+    def items_key(self) -> str:
+        """The top-level field holding the list: `messages`, or Responses' `input`."""
+        ...
+
+    @property
+    def joins_summary(self) -> bool:
+        """True when `wire` joins the summary with the user turns right after it (Anthropic)."""
+        ...
+
     def parse(self, body: bytes) -> tuple[dict[str, Any], list[Any]]:
         """The payload and its list of messages; NotCompactable when it has none to compact."""
+        ...
+
+    def items(self, payload: dict[str, Any]) -> list[Any]:
+        """The payload's list; NotCompactable when the payload is not one this dialect compacts
+        (a recognized request's fields are checked with it, its list being empty)."""
+        ...
+
+    def wire(self, messages: list[Any]) -> list[Any]:
+        """The list as it goes upstream (`serialize` sends this): kept items stay the same
+        objects, new ones are new objects."""
         ...
 
     def extras(self, payload: dict[str, Any]) -> Any:

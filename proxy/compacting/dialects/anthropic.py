@@ -31,10 +31,18 @@ class AnthropicMessages:
     shape: Shape = ANTHROPIC
     summary_path = "messages"
     call_headers: tuple[str, ...] = ("anthropic-version", "anthropic-beta")
+    items_key = "messages"
+    joins_summary = True
 
     def parse(self, body: bytes) -> tuple[dict[str, Any], list[Any]]:
         payload = load_object(body)
-        return payload, list_field(payload, "messages")
+        return payload, self.items(payload)
+
+    def items(self, payload: dict[str, Any]) -> list[Any]:
+        return list_field(payload, "messages")
+
+    def wire(self, messages: list[Any]) -> list[Any]:
+        return join_summary(messages)
 
     def extras(self, payload: dict[str, Any]) -> Any:
         parts = [payload.get(key) for key in ("system", "tools")]
@@ -51,7 +59,7 @@ class AnthropicMessages:
         return {"head": payload.get("system"), "tools": tool_names(payload), "user": first_user}
 
     def serialize(self, body: bytes, payload: dict[str, Any], messages: list[Any]) -> bytes:
-        return replace_field(body, payload, "messages", join_summary(messages))
+        return replace_field(body, payload, "messages", self.wire(messages))
 
     def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
         # Anthropic's input_tokens leaves out what the prompt cache read or wrote.

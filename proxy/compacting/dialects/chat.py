@@ -26,10 +26,18 @@ class ChatCompletions:
     shape: Shape = CHAT
     summary_path = "chat/completions"
     call_headers: tuple[str, ...] = ()
+    items_key = "messages"
+    joins_summary = False
 
     def parse(self, body: bytes) -> tuple[dict[str, Any], list[Any]]:
         payload = load_object(body)
-        return payload, list_field(payload, "messages")
+        return payload, self.items(payload)
+
+    def items(self, payload: dict[str, Any]) -> list[Any]:
+        return list_field(payload, "messages")
+
+    def wire(self, messages: list[Any]) -> list[Any]:
+        return messages
 
     def extras(self, payload: dict[str, Any]) -> Any:
         return payload.get("tools")
@@ -49,7 +57,7 @@ class ChatCompletions:
         return {"head": _head_contents(messages), "tools": tool_names(payload), "user": first_user}
 
     def serialize(self, body: bytes, payload: dict[str, Any], messages: list[Any]) -> bytes:
-        return replace_field(body, payload, "messages", messages)
+        return replace_field(body, payload, "messages", self.wire(messages))
 
     def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
         return int_field(usage, "prompt_tokens")

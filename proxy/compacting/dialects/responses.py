@@ -37,12 +37,20 @@ class ResponsesAPI:
     shape: Shape = RESPONSES
     summary_path = "responses"
     call_headers: tuple[str, ...] = ()
+    items_key = "input"
+    joins_summary = False
 
     def parse(self, body: bytes) -> tuple[dict[str, Any], list[Any]]:
         payload = load_object(body)
+        return payload, self.items(payload)
+
+    def items(self, payload: dict[str, Any]) -> list[Any]:
         if any(payload.get(key) is not None for key in _KEPT_UPSTREAM):
             raise NotCompactable("the history lives upstream")
-        return payload, list_field(payload, "input")
+        return list_field(payload, "input")
+
+    def wire(self, messages: list[Any]) -> list[Any]:
+        return messages
 
     def extras(self, payload: dict[str, Any]) -> Any:
         parts = [payload.get(key) for key in ("instructions", "tools")]
@@ -64,7 +72,7 @@ class ResponsesAPI:
         return {"head": head, "tools": tool_names(payload), "user": first_user}
 
     def serialize(self, body: bytes, payload: dict[str, Any], messages: list[Any]) -> bytes:
-        return replace_field(body, payload, "input", messages)
+        return replace_field(body, payload, "input", self.wire(messages))
 
     def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
         return int_field(usage, "input_tokens")

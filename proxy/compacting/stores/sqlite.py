@@ -79,10 +79,12 @@ class SqliteStore:
         await self._ensure_open()
         now = self._clock()
         index = self._index
-        for cut in range(len(digests), 0, -1):
-            key = digests[cut - 1]
-            entry = index.get(key)
-            if entry is None or entry[0] != cut or entry[1] <= now:
+        # Newest first, the digests not in the index skipped at C speed (a reused request's view
+        # keeps thousands of items after its checkpoint); a key found is checked at the position
+        # its cut names (chained digests never repeat within a request).
+        for key in filter(index.__contains__, reversed(digests)):
+            cut, expires_at = index[key]
+            if not 0 < cut <= len(digests) or digests[cut - 1] != key or expires_at <= now:
                 continue
             found = self._cache.get(key)
             if found is None:

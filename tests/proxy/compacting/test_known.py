@@ -10,12 +10,14 @@ from typing import Any
 import orjson
 
 from compaction.checkpoints import conversation_seed, prefix_digests
+from compaction.messages import CHAT
 from proxy.compacting.known import KnownRequests
 from tests import factories as f
 from tests.fakes.script import Script
 from tests.proxy.compacting.conftest import post
 
 BIG_WINDOW = 40_000  # bodies past the 64 KiB below which nothing is remembered
+CHAT_ITEMS: dict[str, Any] = {"items_key": "messages", "shape": CHAT}
 
 
 def long_history(turns: int) -> list[dict[str, Any]]:
@@ -80,17 +82,20 @@ async def test_a_recognized_body_gets_the_digests_and_counts_of_a_full_computati
     body = orjson.dumps({"model": "m", "messages": first, "stream": True})
     key = known.conversation_key("scope", body)
     assert key is not None
-    assert await known.learn(key, body, len(first), seed=seed, opening=first[:2]) is not None
+    assert (
+        await known.learn(key, body, len(first), seed=seed, opening=first[:2], **CHAT_ITEMS)
+        is not None
+    )
     second = grown(first, 1)
     body2 = orjson.dumps({"model": "m", "messages": second, "stream": True})
-    seen = known.recognize(key, body2)
+    seen = known.recognize(key, body2, "messages")
     assert seen is not None
     assert seen.fields == {"model": "m", "messages": [], "stream": True}
     assert seen.added == second[-2:]
     extended = known.extend(key, seen)
     assert extended.digests == prefix_digests(second, seed)
     learned = await KnownRequests(max_bytes=1 << 30, min_body_bytes=0).learn(
-        key, body2, len(second), seed=seed, opening=second[:2]
+        key, body2, len(second), seed=seed, opening=second[:2], **CHAT_ITEMS
     )
     assert learned is not None
     assert extended.tokens == learned.tokens
@@ -103,11 +108,11 @@ async def test_a_body_that_does_not_continue_the_known_one_is_not_recognized() -
     body = orjson.dumps({"model": "m", "messages": first})
     key = known.conversation_key("scope", body)
     assert key is not None
-    await known.learn(key, body, len(first), seed=b"s", opening=first[:2])
+    await known.learn(key, body, len(first), seed=b"s", opening=first[:2], **CHAT_ITEMS)
     shorter = orjson.dumps({"model": "m", "messages": [*first[:-2], f.user("other")]})
-    assert known.recognize(key, shorter) is None
+    assert known.recognize(key, shorter, "messages") is None
     other_model = orjson.dumps({"model": "n", "messages": grown(first, 1)})
-    assert known.recognize(key, other_model) is None
+    assert known.recognize(key, other_model, "messages") is None
 
 
 async def test_two_continuations_of_one_request_each_get_their_own_digests() -> None:
@@ -117,10 +122,10 @@ async def test_two_continuations_of_one_request_each_get_their_own_digests() -> 
     body = orjson.dumps({"model": "m", "messages": first})
     key = known.conversation_key("scope", body)
     assert key is not None
-    await known.learn(key, body, len(first), seed=seed, opening=first[:2])
+    await known.learn(key, body, len(first), seed=seed, opening=first[:2], **CHAT_ITEMS)
     one, other = grown(first, 1), grown(first, 2)
-    seen_one = known.recognize(key, orjson.dumps({"model": "m", "messages": one}))
-    seen_other = known.recognize(key, orjson.dumps({"model": "m", "messages": other}))
+    seen_one = known.recognize(key, orjson.dumps({"model": "m", "messages": one}), "messages")
+    seen_other = known.recognize(key, orjson.dumps({"model": "m", "messages": other}), "messages")
     assert seen_one is not None and seen_other is not None
     extended_one = known.extend(key, seen_one)
     extended_other = known.extend(key, seen_other)  # branches off the same request

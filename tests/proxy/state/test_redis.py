@@ -14,6 +14,7 @@ from aiohttp import web
 from tests import factories as f
 from tests.fakes.script import SUMMARY_TEXT, Script
 from tests.proxy.compacting.conftest import WINDOW, conversation_of, forwarded, post, wait_for
+from tests.proxy.compacting.test_reserve_memory import just_under_the_trigger
 from tests.proxy.state.conftest import RedisServer, SpawnProxy, free_port, redis_binary
 
 
@@ -199,3 +200,32 @@ async def test_replicas_writing_one_memory_directory_write_each_item_once(
     contents = [orjson.loads(line)["content"] for line in lines]
     assert contents.count("Ship on Friday.") == 1
     assert contents.count("Keep the standard library only.") == 1
+
+
+async def test_a_reserve_prepared_on_one_replica_writes_its_memory_once_where_it_goes_out(
+    spawn: SpawnProxy, redis_server: RedisServer, script: Script, client: Any, tmp_path: Any
+) -> None:
+    precompute = {"precompute_ratio": 0.6}
+    a = await spawn("a", state=_redis(redis_server.url), compaction=precompute)
+    b = await spawn("b", state=_redis(redis_server.url), compaction=precompute)
+    memory_file = tmp_path / "memory" / "agent-1" / "compaction_flush.jsonl"
+    messages = just_under_the_trigger()
+    assert (await post(client, a, messages)).headers["x-compaction-status"] == "none"
+    for _ in range(250):  # A prepares the reserve in the background
+        if await a.metric(client, "compaction_proxy_compactions_total") == 1:
+            break
+        await asyncio.sleep(0.02)
+    assert not memory_file.exists()  # prepared, not applied
+
+    grown = [*messages, f.assistant("Sure."), f.user("Next? " * 10)]
+    applied = await post(client, b, grown)  # over the trigger, on the other replica
+    assert applied.headers["x-compaction-status"] == "applied"
+    lines = memory_file.read_bytes().splitlines()
+    assert lines
+    assert {orjson.loads(line)["compaction_id"] for line in lines} == {
+        applied.headers["x-compaction-id"]
+    }
+    again = await post(client, a, [*grown, f.assistant("Done."), f.user("More?")])
+    assert again.headers["x-compaction-status"] == "reused"
+    assert memory_file.read_bytes().splitlines() == lines  # written once, by one replica
+    assert len(script.calls("summary")) == 1
