@@ -27,6 +27,7 @@ from compaction.mentions import MentionCache
 from compaction.messages import CHAT, Shape
 from compaction.offload import Inline, Offload
 from compaction.plan import should_compact
+from compaction.reading import LastRead
 from compaction.settings import CompactionSettings
 from compaction.stages import (
     FinishJob,
@@ -72,8 +73,7 @@ class Compactor:
         self.memory = memory
         self.clock = clock
         self.mentions = mentions if mentions is not None else MentionCache()
-
-    # ------------------------------------------------------------ deciding
+        self.last_read = LastRead()  # inline: what plan() read, for the run() after it
 
     def estimate(
         self, messages: Sequence[Any], tools: Any = None, *, estimator: TokenEstimator | None = None
@@ -139,9 +139,8 @@ class Compactor:
             summary_budget_tokens=self.summary_budget(window),
             max_output_tokens=max_output_tokens,
             strict_alternation=self.settings.strict_alternation,
+            reading=None if self.crossing else self.last_read,
         )
-
-    # ------------------------------------------------------------ running
 
     async def flush_memory(
         self, session_id: str | None, compaction_id: str, items: Sequence[MemoryItem]
@@ -230,6 +229,7 @@ class _Run:
                 settings=self.settings,
                 summary_budget_tokens=plan.summary_budget_tokens,
                 mentions=None if crossing else self.compactor.mentions,
+                items=None if crossing else self.compactor.last_read.take(messages, folded, shape),
             ),
         )
         if prepared.too_little:

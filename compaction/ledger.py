@@ -10,8 +10,10 @@ rest goes to the memory file (see composition.py), so nothing collected is silen
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
+from itertools import accumulate
 
 from compaction.mentions import Mentions, scan_prose
 from compaction.messages import Item, ToolCall
@@ -114,8 +116,10 @@ class _Collector:
     def _add_prose(self, mentions: Mentions | None) -> None:
         if mentions is not None:
             paths, values = mentions
-            self.files.update(dict.fromkeys(paths))
-            self.values.update(dict.fromkeys(values))
+            if paths:  # most prose mentions none: no empty dicts built
+                self.files.update(dict.fromkeys(paths))
+            if values:
+                self.values.update(dict.fromkeys(values))
 
     def ledger(self) -> Ledger:
         trail = (f"{c} → {o}" if o else c for c, o in zip(self.calls, self.outcomes, strict=True))
@@ -215,14 +219,17 @@ def is_overflow_item(content: str) -> bool:
     return content.startswith(tuple(f"{title}: " for title in _OVERFLOW_TITLES.values()))
 
 
-def _chunks(entries: Sequence[str], limit: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
-    size = 0
-    for entry in entries:
-        if chunk and size + len(entry) > limit:
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(entry)
-        size += len(entry) + 3
-    if chunk:
-        yield chunk
+def _chunks(entries: Sequence[str], limit: int) -> Iterator[Sequence[str]]:
+    """`entries` in runs of about `limit` characters (each entry counts 3 more, its " | "); an
+    entry longer than the limit is a run of its own.
+
+    An entry joins a run while the run's size before it plus its length stays within the limit,
+    that is while the running total of (length + 3) up to and including it stays within
+    `limit + 3` of the run's start: a bound found by bisection, one per run, not one step per
+    entry (the overflow of a long fold holds tens of thousands of entries)."""
+    ends = list(accumulate([len(entry) + 3 for entry in entries], initial=0))
+    start = 0
+    while start < len(entries):
+        stop = max(start + 1, bisect_right(ends, ends[start] + limit + 3) - 1)
+        yield entries[start:stop]
+        start = stop

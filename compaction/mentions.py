@@ -41,8 +41,10 @@ _SEPARATOR = "\n"
 # a number or an identifier has a digit (IDENTIFIER_PATTERN's lookahead needs one in the same
 # word). Each pattern runs from the first such character to the end of its word: one hit per
 # word; the second reads the reversed text, where a dot before a character comes after one.
-_WORD_END = re.compile(r"(?:\d|/|\.(?=\S))\S*")
-_WORD_START = re.compile(r"(?:\d|/|\.(?<=\S\.))\S*")
+# Both open with a plain class (the dot's condition checked after it): the engine skips to a
+# class in C, where an alternation that opens with a category is tried at every position.
+_WORD_END = re.compile(r"[\d/.](?:(?<!\.)|(?=\S))\S*")
+_WORD_START = re.compile(r"[\d/.](?:(?<!\.)|(?<=\S\.))\S*")
 
 
 Mentions = tuple[tuple[str, ...], tuple[str, ...]]

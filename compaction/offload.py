@@ -9,7 +9,9 @@ argument, returning a picklable value.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Protocol, TypeVar
 
 Job = TypeVar("Job")
@@ -27,3 +29,20 @@ class Inline:
 
     async def run(self, fn: Callable[[Job], Result], job: Job) -> Result:
         return fn(job)
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused for the duration (restored as it was).
+
+    A fold builds an object or two per message (Items, Blocks, entries) that all live until it
+    ends: the collector's passes triggered by those allocations (~190 for a 12k-message fold,
+    one of them over the whole heap) find nothing to free and cost about a tenth of the fold.
+    Cycles made meanwhile are collected by the next pass after it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -273,15 +273,22 @@ def number_in_context(prose: str, start: int, end: int) -> str:
     before = prose[line or max(0, start - _CONTEXT_CHARS) : start].split()
     if not line and start > _CONTEXT_CHARS and before:
         before = before[1:]  # the slice may open inside a word
-    stop = prose.find("\n", end, end + _CONTEXT_CHARS)
-    after = prose[end : stop if stop >= 0 else end + _CONTEXT_CHARS].split(maxsplit=3)[:3]
     prefix = before.pop() if before and not prose[start - 1].isspace() else ""
-    suffix = after.pop(0) if after and end < len(prose) and not prose[end].isspace() else ""
+    glued = end < len(prose) and not prose[end].isspace()
+    after = _words_after(prose, end) if glued or not before else []
+    suffix = after.pop(0) if after and glued else ""
     token = prefix + prose[start:end] + suffix
     words = [*before[-2:], token] if before else [token, *after[:2]]
     # ", " inside a value would split it when the ledger's inline list is read back.
     value = " ".join(words).replace(", ", " ").rstrip(".:,;/-")
     return "" if value == prose[start:end] else value
+
+
+def _words_after(prose: str, end: int) -> list[str]:
+    """The first three words after prose[end], on its line (needed only when no word comes
+    before the number, or one is glued to its end: most numbers need no second split)."""
+    stop = prose.find("\n", end, end + _CONTEXT_CHARS)
+    return prose[end : stop if stop >= 0 else end + _CONTEXT_CHARS].split(maxsplit=3)[:3]
 
 
 def first_lines(text: str, limit: int = REQUEST_CHARS) -> str:

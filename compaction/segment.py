@@ -33,12 +33,13 @@ def block_end(items: Sequence[Item], start: int) -> int:
     leading = items[first]
     if leading.kind != "assistant" and not leading.calls:
         return first + 1  # nothing for later items to answer
-    if leading.kind == "assistant" and not leading.call_ids:
+    call_ids = leading.call_ids if leading.calls else ()  # most items make no call: no tuple
+    if leading.kind == "assistant" and not call_ids:
         # An agent that acts in its text (mini-swe-agent) gets the outcome as the next user
         # message: the action and its observation stay together, like a call and its result.
         glued = first + 1
         return glued + 1 if glued < len(items) and items[glued].observation else glued
-    pending = set(items[first].call_ids)
+    pending = set(call_ids)
     end = first + 1
     i = first + 1
     answering = False
@@ -78,13 +79,18 @@ def split_blocks(items: Sequence[Item], start: int, end: int, counts: Sequence[i
     while i < end:
         stop = min(block_end(items, i), end)
         kind: Literal["tool", "message"] = "message"
-        if stop > i + 1 and any(items[k].call_ids or items[k].observation for k in range(i, stop)):
+        if stop > i + 1 and any(_acts(items[k]) for k in range(i, stop)):
             kind = "tool"
         user_led = items[i].kind in ("user", "summary")
         tokens = counts[i] if stop == i + 1 else sum(counts[i:stop])
         blocks.append(Block(i, stop, kind, tokens, user_led))
         i = stop
     return blocks
+
+
+def _acts(item: Item) -> bool:
+    """A call with an id, or a tool observation (call_ids built only when there are calls)."""
+    return bool(item.calls and item.call_ids) or item.observation
 
 
 def round_starts(items: Sequence[Item], head_end: int) -> list[int]:

@@ -25,8 +25,10 @@ from compaction.extract import extract_memory_items
 from compaction.invariants import check_compacted
 from compaction.ledger import Ledger, build_ledger
 from compaction.mentions import MentionCache, scan_prose
-from compaction.messages import Shape, read_items
+from compaction.messages import Item, Shape, read_items
+from compaction.offload import collector_paused
 from compaction.plan import plan_compaction
+from compaction.reading import LastRead
 from compaction.sections import Body
 from compaction.segment import split
 from compaction.settings import CompactionSettings
@@ -75,10 +77,19 @@ class PlanJob:
     summary_budget_tokens: int
     max_output_tokens: int | None
     strict_alternation: bool
+    reading: LastRead | None = None
+    """Keeps the Items read here for the run that follows (in process only: Items stay)."""
 
 
 def make_plan(job: PlanJob) -> Plan:
-    segments = split(job.messages.unpack(), job.estimator, job.tools, shape=job.shape)
+    with collector_paused():
+        return _make_plan(job)
+
+
+def _make_plan(job: PlanJob) -> Plan:
+    messages = job.messages.unpack()
+    items = job.reading.read(messages, job.shape) if job.reading is not None else None
+    segments = split(messages, job.estimator, job.tools, shape=job.shape, items=items)
     return plan_compaction(
         segments,
         window=job.window,
@@ -100,6 +111,8 @@ class FoldJob:
     summary_budget_tokens: int
     mentions: MentionCache | None = None
     """What earlier folds found in the same texts (only in process: a cache does not travel)."""
+    items: list[Item] | None = None
+    """The folded messages already read by the plan (only in process)."""
 
 
 @dataclass(frozen=True)
@@ -116,12 +129,17 @@ class Fold:
 
 
 def fold(job: FoldJob) -> Fold:
+    with collector_paused():
+        return _fold(job)
+
+
+def _fold(job: FoldJob) -> Fold:
     shape, estimator, folded = job.shape, job.estimator, job.folded.unpack()
     framing = estimator.count_message(summary_message("", shape))
     counts = [estimator.count_message(m) for m in folded]  # once: the sums below share them
     if is_too_little(sum(counts), framing):
         return Fold(True, "", None, False, "", build_ledger([], []), 0)
-    items = read_items(folded, shape)
+    items = job.items if job.items is not None else read_items(folded, shape)
     previous_summary, previous = read_previous(folded, items, range(len(folded)), shape)
     fresh = [i for i, item in enumerate(items) if item.kind != "summary"]
     prose = [items[i].text for i in fresh if items[i].is_prose]
@@ -169,6 +187,11 @@ class Finish:
 
 
 def finish(job: FinishJob) -> Finish:
+    with collector_paused():
+        return _finish(job)
+
+
+def _finish(job: FinishJob) -> Finish:
     plan, shape, folded, messages = job.plan, job.shape, job.fold, job.messages.unpack()
     # Read again here, and only if the model's answer holds no items: cheaper than carrying
     # the folded items from one job to the next.

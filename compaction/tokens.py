@@ -83,6 +83,19 @@ class HeuristicEstimator:
             return 0
         return round(self._raw_text(json_text(tools)) * self.calibration)
 
+    def least_tokens(self, chars: int) -> float:
+        """A lower bound of `count_text` for any text of `chars` characters (before rounding):
+        every character at the cheapest of the rates. Lets a caller skip counting a text it
+        only wants if it fits a budget."""
+        rates = self.rates
+        cheapest = min(
+            1 / rates.ascii_chars_per_token,
+            rates.cjk_tokens_per_char,
+            rates.hangul_tokens_per_char,
+            rates.other_tokens_per_char,
+        )
+        return chars * cheapest * self.calibration * (1 - 1e-9)
+
     def _raw_text(self, text: str) -> float:
         rates = self.rates
         if text.isascii():

@@ -7,11 +7,12 @@ Earlier summaries are left out: the update request carries them separately.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from compaction.messages import Item
 from compaction.settings import TOOL_OUTPUT_CLIP_CHARS
 from compaction.text import clip_middle
+from compaction.tokens import HeuristicEstimator
 from compaction.types import TokenEstimator
 
 # Successive clipping limits in characters: (tool output, assistant text, user request).
@@ -27,8 +28,9 @@ _STAGES: tuple[tuple[int, int | None, int | None], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class _Entry:
+class _Entry(NamedTuple):
+    """One transcript entry (a tuple: there is one per folded message, built in a hot loop)."""
+
     kind: str  # "user" | "assistant" | "tool" | "other"
     label: str
     text: str
@@ -52,12 +54,14 @@ _Limits = tuple[int, int | None, int | None]
 
 
 class _Stages:
-    """The entries rendered whole once; a stage renders again only the entries its limits clip
-    (found from the longest down), so a stage that clips few costs a list copy and a join."""
+    """The entries rendered whole once, when a stage is first rendered; a stage renders again
+    only the entries its limits clip (found from the longest down), so a stage that clips few
+    costs a list copy and a join. `shortest` bounds a stage's length from below without
+    rendering it, so a stage that cannot fit is neither joined nor counted."""
 
     def __init__(self, entries: Sequence[_Entry]) -> None:
         self.entries = entries
-        self.whole = [e.render((len(e.text), None, None)) for e in entries]
+        self._whole: list[str] | None = None
         by_kind: dict[str, list[tuple[int, int]]] = {}
         for i, entry in enumerate(entries):
             by_kind.setdefault(entry.kind, []).append((len(entry.text), i))
@@ -65,24 +69,50 @@ class _Stages:
         self.by_calls = sorted(
             ((len(e.calls), i) for i, e in enumerate(entries) if e.calls), reverse=True
         )
+        # Each entry's least rendered length: its label and its text without trailing spaces.
+        self.least = [len(e.label) + 2 + len(e.text.rstrip()) for e in entries]
+        self.least_total = sum(self.least) + 2 * max(len(entries) - 1, 0)
 
     def clipped(self, limits: _Limits) -> set[int]:
         """The entries `limits` clip."""
-        tool, assistant, user = limits
+        assistant = limits[1]
         clipped: set[int] = set()
         for kind, sizes in self.by_text.items():
-            limit = {"tool": tool, "assistant": assistant, "user": user}.get(kind, assistant)
+            limit = _limit(limits, kind)
             if limit is not None:
                 clipped.update(_longer(sizes, limit))
         if assistant is not None:
             clipped.update(_longer(self.by_calls, assistant))
         return clipped
 
+    def shortest(self, limits: _Limits, clipped: set[int]) -> int:
+        """A lower bound of the length of `render(limits, clipped)`.
+
+        An entry whose text is clipped keeps at least the head of it (two thirds of the limit)
+        and the marker after it, which trailing whitespace cannot be; one whose text is not
+        clipped (only its calls) keeps its text; an entry renders with its label either way."""
+        total = self.least_total
+        entries = self.entries
+        for i in clipped:
+            entry = entries[i]
+            limit = _limit(limits, entry.kind)
+            if limit is not None and len(entry.text) > limit:
+                total += len(entry.label) + 2 + max(limit, 0) * 2 // 3 - self.least[i]
+        return total
+
     def render(self, limits: _Limits, clipped: set[int]) -> str:
-        parts = list(self.whole)
+        if self._whole is None:
+            self._whole = [e.render((len(e.text), None, None)) for e in self.entries]
+        parts = list(self._whole)
         for i in clipped:
             parts[i] = self.entries[i].render(limits)
         return "\n\n".join(parts)
+
+
+def _limit(limits: _Limits, kind: str) -> int | None:
+    """The clipping limit of an entry of `kind` (malformed and other entries: the assistant's)."""
+    tool, assistant, user = limits
+    return {"tool": tool, "assistant": assistant, "user": user}.get(kind, assistant)
 
 
 def _longer(sizes: Sequence[tuple[int, int]], limit: int) -> list[int]:
@@ -96,18 +126,29 @@ def _longer(sizes: Sequence[tuple[int, int]], limit: int) -> list[int]:
 
 
 def _entry(item: Item) -> _Entry:
-    if item.is_malformed:
+    kind = item.kind
+    if kind == "other" and not item.label:  # item.is_malformed, without a property call
         return _Entry("other", "malformed item", clip_middle(item.text, 200))
-    if item.kind == "tool":
+    if kind == "tool":
         return _Entry("tool", "tool result", item.text)
     if item.observation:
         return _Entry("tool", "command output", item.text)
-    if item.kind == "user":
+    if kind == "user":
         return _Entry("user", "user", item.text)
-    if item.kind == "assistant":
+    if kind == "assistant":
+        if not item.calls:
+            return _Entry("assistant", "assistant", item.text, "")
         calls = "\n".join(f"→ {c.name}({c.arguments})" for c in item.functions)
         return _Entry("assistant", "assistant", item.text, calls)
     return _Entry("other", item.label, item.text)
+
+
+def _cannot_fit(chars: int, estimator: TokenEstimator, max_tokens: int) -> bool:
+    """True when any text of `chars` characters counts more than `max_tokens` (a bound only the
+    heuristic estimator gives; the margin covers rounding)."""
+    if not isinstance(estimator, HeuristicEstimator):
+        return False
+    return estimator.least_tokens(chars) > max_tokens + 1
 
 
 def render_transcript(
@@ -131,9 +172,10 @@ def render_transcript(
         clipped = rendered.clipped(limits)
         if whole_too_long and not clipped:
             continue  # the same text as a stage that did not fit
-        text = rendered.render(limits, clipped)
-        if estimator.count_text(text) <= max_tokens:
-            return text
+        if not _cannot_fit(rendered.shortest(limits, clipped), estimator, max_tokens):
+            text = rendered.render(limits, clipped)
+            if estimator.count_text(text) <= max_tokens:
+                return text
         whole_too_long = whole_too_long or not clipped
     users = [e.render(_STAGES[-1]) for e in entries if e.kind == "user"]
     omitted = len(entries) - len(users)

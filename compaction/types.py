@@ -68,7 +68,7 @@ class TokenEstimator(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: one is built per message; a third cheaper
 class Block:
     """Messages [start, end) that are kept or folded together.
 
@@ -85,7 +85,7 @@ class Block:
     when roles must alternate."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Round:
     """A user item (at `start`) and everything after it up to the next user item.
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from hypothesis import given
+from hypothesis import strategies as st
+
 from compaction import HeuristicEstimator, MemoryItem, read_items
-from compaction.ledger import Ledger, build_ledger, is_overflow_item, overflow_items
+from compaction.ledger import Ledger, _chunks, build_ledger, is_overflow_item, overflow_items
 from compaction.messages import Item, ToolCall
 from compaction.sections import read_body, render_sections, render_task
 from tests.factories import assistant, assistant_calls, tool_call, tool_result, user
@@ -207,3 +212,26 @@ def test_the_last_line_of_a_huge_output_is_found_from_its_tail() -> None:
     output = "x" * 50_000 + "\n" + "line\n" * 20_000 + "ls: cannot access 'nope': No such file\n"
     ledger = _ledger([user(f"<returncode>2</returncode>\n<output>\n{output}</output>")])
     assert ledger.trail == ("(an earlier call) → exit 2; ls: cannot access 'nope': No such file",)
+
+
+def _chunks_one_by_one(entries: Sequence[str], limit: int) -> list[list[str]]:
+    """The overflow runs as they were cut before: one step per entry."""
+    chunks: list[list[str]] = []
+    chunk: list[str] = []
+    size = 0
+    for entry in entries:
+        if chunk and size + len(entry) > limit:
+            chunks.append(chunk)
+            chunk, size = [], 0
+        chunk.append(entry)
+        size += len(entry) + 3
+    if chunk:
+        chunks.append(chunk)
+    return chunks
+
+
+@given(st.lists(st.text(max_size=90), max_size=60), st.integers(min_value=0, max_value=300))
+def test_overflow_runs_are_cut_as_one_step_per_entry_cuts_them(
+    entries: list[str], limit: int
+) -> None:
+    assert [list(c) for c in _chunks(tuple(entries), limit)] == _chunks_one_by_one(entries, limit)

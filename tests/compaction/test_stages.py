@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from compaction import Compactor
 from compaction.invariants import check_tool_pairing
+from compaction.offload import collector_paused
 from compaction.stages import drop_folded
 from tests.compaction.conftest import ScriptedLLM
 from tests.factories import agent_conversation
@@ -61,3 +63,17 @@ def test_the_last_resort_drops_the_folded_part_with_a_note() -> None:
     assert result.messages[result.prefix_len :] == messages[plan.keep_from :]
     assert result.tokens_after < plan.tokens_before
     assert check_tool_pairing(result.messages) == []
+
+
+def test_the_collector_is_paused_during_a_stage_and_restored_after() -> None:
+    seen: list[bool] = []
+    with collector_paused():
+        seen.append(gc.isenabled())
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import orjson
 from hypothesis import given
+from hypothesis import strategies as st
 
 from compaction.messages import IMAGE_HIGH_TOKENS, IMAGE_LOW_TOKENS, MESSAGE_OVERHEAD_TOKENS
 from compaction.tokens import CL100K, REPLY_PRIMING_TOKENS, HeuristicEstimator, estimate_request
@@ -123,3 +124,10 @@ def test_any_generated_conversation_gets_a_positive_estimate(messages: list[obje
 def test_a_few_non_ascii_symbols_in_long_ascii_text_add_a_little_each() -> None:
     text = "x" * 4000 + "“quoted” — done"
     assert 1000 < EST.count_text(text) <= 1000 + 4 + 5
+
+
+@given(st.text(max_size=300))
+def test_least_tokens_bounds_any_text_from_below(text: str) -> None:
+    """What lets the transcript skip counting a stage that cannot fit (rounding aside)."""
+    for estimator in (EST, HeuristicEstimator(1.7, CL100K), HeuristicEstimator(0.5)):
+        assert estimator.least_tokens(len(text)) <= estimator.count_text(text) + 0.5

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.corpus import read_corpus
 from compaction import HeuristicEstimator, read_items
 from compaction.messages import Item
 from compaction.settings import TOOL_OUTPUT_CLIP_CHARS
 from compaction.text import clip_middle
+from compaction.tokens import CL100K
 from compaction.transcript import _STAGES, _entry, render_transcript
 from tests.factories import assistant, summary, tool_block, user
 
@@ -74,31 +77,41 @@ def test_mini_swe_observations_are_clipped_like_tool_output() -> None:
     assert "[command output]" in text and "chars omitted" in text
 
 
-def _one_render_per_stage(items: list[Item], limit: int) -> str:
+def _one_render_per_stage(
+    items: list[Item], limit: int, estimator: HeuristicEstimator = ESTIMATOR
+) -> str:
     """The transcript as it was built before stages reused unclipped renderings: every entry
     rendered again at every stage."""
     entries = [_entry(item) for item in items if item.kind != "summary"]
     for limits in [(TOOL_OUTPUT_CLIP_CHARS, None, None), *_STAGES[1:]]:
         text = "\n\n".join(e.render(limits) for e in entries)
-        if ESTIMATOR.count_text(text) <= limit:
+        if estimator.count_text(text) <= limit:
             return text
     users = [e.render(_STAGES[-1]) for e in entries if e.kind == "user"]
     text = f"[… {len(entries) - len(users)} non-user messages omitted …]\n\n" + "\n\n".join(users)
-    tokens = ESTIMATOR.count_text(text)
+    tokens = estimator.count_text(text)
     if tokens > limit:
         text = clip_middle(text, int(len(text) * limit / tokens * 0.95))
     return text
 
 
-def test_transcript_equals_one_render_per_stage_on_corpus_conversations(corpus_dir: Path) -> None:
+@pytest.mark.parametrize(
+    "estimator",
+    [ESTIMATOR, HeuristicEstimator(1.7, CL100K), HeuristicEstimator(0.55)],
+    ids=["o200k", "cl100k-calibrated-up", "calibrated-down"],
+)
+def test_transcript_equals_one_render_per_stage_on_corpus_conversations(
+    corpus_dir: Path, estimator: HeuristicEstimator
+) -> None:
+    """Stages skipped by their length bound, and renderings reused: the same text as before."""
     compared = 0
     for path in sorted(corpus_dir.glob("*.jsonl")):
         for conversation in list(read_corpus(path))[::4]:
             items = read_items(conversation["messages"])
             for limit in (500, 4_000, 24_000):
-                expected = _one_render_per_stage(items, limit)
+                expected = _one_render_per_stage(items, limit, estimator)
                 found = render_transcript(
-                    items, range(len(items)), estimator=ESTIMATOR, max_tokens=limit
+                    items, range(len(items)), estimator=estimator, max_tokens=limit
                 )
                 assert found == expected
                 compared += 1

@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench.corpus import read_corpus
 from compaction import MemoryItem
-from compaction.verify import append_missing, check_preserved, missing_items
+from compaction.messages import read_items
+from compaction.scan import first_lines
+from compaction.verify import (
+    append_missing,
+    ascii_key_tokens,
+    check_preserved,
+    key_tokens,
+    missing_items,
+)
 
 
 def test_all_preserved_is_good() -> None:
@@ -60,3 +74,24 @@ def test_append_missing_adds_what_fits_only() -> None:
     assert text.startswith("Summary.\n\n## Also preserved\n- (todo) Add an index")
     assert "xxx" not in text
     assert append_missing("Summary.", [], fits=lambda t: True) == "Summary."
+
+
+def _as_bytes(tokens: set[str]) -> set[bytes]:
+    return {token.encode("ascii") for token in tokens}
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=200))
+def test_ascii_key_tokens_are_the_regex_tokens_on_any_ascii_text(text: str) -> None:
+    assert ascii_key_tokens(text) == _as_bytes(key_tokens(text))
+
+
+def test_ascii_key_tokens_are_the_regex_tokens_on_every_corpus_request(corpus_dir: Path) -> None:
+    compared = 0
+    for path in sorted(corpus_dir.glob("*.jsonl")):
+        for conversation in read_corpus(path):
+            for item in read_items(conversation["messages"]):
+                for text in (item.text, first_lines(item.text)):
+                    if text.isascii():
+                        assert ascii_key_tokens(text) == _as_bytes(key_tokens(text))
+                        compared += 1
+    assert compared > 10_000
