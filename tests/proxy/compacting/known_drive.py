@@ -183,6 +183,35 @@ async def drive(
     return run
 
 
+async def drive_both(
+    start: Any,
+    script: Script,
+    client: Any,
+    upstream: FakeUpstream,
+    tmp_path: Path,
+    dialect: str,
+    **options: Any,
+) -> tuple[Run, Run]:
+    """The same requests through a proxy that recognizes long requests and one that does not
+    (`compaction.known_requests_mb: 0`): what the recognised path did, and what the full path
+    did."""
+    known = await drive(
+        start, script, client, upstream, tmp_path / "on", dialect, known_mb=64, **options
+    )
+    full = await drive(
+        start, script, client, upstream, tmp_path / "off", dialect, known_mb=0, **options
+    )
+    return known, full
+
+
+def assert_same_as_full(known: Run, full: Run) -> None:
+    """The recognised path gave every request what the full path gave it: outcomes, forwarded
+    bytes, summaries and memory items."""
+    assert_same_outcomes(known, full)
+    assert known.forwarded == full.forwarded
+    assert (known.summaries, known.memory) == (full.summaries, full.memory)
+
+
 def assert_same_outcomes(known: Run, full: Run) -> None:
     """Statuses, sessions and checkpoints alike; token figures alike up to rounding (counts are
     remembered per item at calibration 1 and scaled as a sum: the upstream's usage moves the

@@ -17,10 +17,10 @@ from tests.fakes.upstream import FakeUpstream
 from tests.proxy.compacting.known_drive import (
     DIALECTS,
     WINDOW,
-    assert_same_outcomes,
+    assert_same_as_full,
     body_of,
     conversation,
-    drive,
+    drive_both,
     headers_of,
     list_end,
 )
@@ -45,17 +45,10 @@ async def test_a_recognized_conversation_gets_what_the_full_path_gives_it(
         "system_change_at": 7,
         "session": session,
     }
-    known = await drive(
-        start, script, client, upstream, tmp_path / "on", dialect, known_mb=64, **common
-    )
-    full = await drive(
-        start, script, client, upstream, tmp_path / "off", dialect, known_mb=0, **common
-    )
+    known, full = await drive_both(start, script, client, upstream, tmp_path, dialect, **common)
     statuses = [outcome[0] for outcome in known.outcomes]
     assert "applied" in statuses and statuses.count("reused") >= 3, statuses
-    assert_same_outcomes(known, full)
-    assert known.forwarded == full.forwarded
-    assert (known.summaries, known.memory) == (full.summaries, full.memory)
+    assert_same_as_full(known, full)
     assert known.decided_known[-1] >= 4
     assert full.decided_known[-1] == 0
 
@@ -69,15 +62,8 @@ async def test_after_a_reserve_is_applied_requests_are_decided_from_what_is_know
         "session": "agent-1",
         "precompute_ratio": 0.75,
     }
-    known = await drive(
-        start, script, client, upstream, tmp_path / "on", dialect, known_mb=64, **common
-    )
-    full = await drive(
-        start, script, client, upstream, tmp_path / "off", dialect, known_mb=0, **common
-    )
-    assert_same_outcomes(known, full)
-    assert known.forwarded == full.forwarded
-    assert (known.summaries, known.memory) == (full.summaries, full.memory)
+    known, full = await drive_both(start, script, client, upstream, tmp_path, dialect, **common)
+    assert_same_as_full(known, full)
     assert known.memory  # the applied reserves' memory items, written once
     assert known.reasons == full.reasons
     # A reserve goes out ("applied" with a checkpoint prepared ahead) and the requests that reuse
@@ -132,12 +118,7 @@ async def test_a_client_writing_json_its_own_way_keeps_its_bytes_on_both_paths(
     # Kept items go out as the client wrote them, remembered or not: the same bodies, and a
     # forwarded prefix that keeps its bytes from one reused request to the next.
     common: dict[str, Any] = {"requests": conversation(dialect, 6), "spaced": True}
-    known = await drive(
-        start, script, client, upstream, tmp_path / "on", dialect, known_mb=64, **common
-    )
-    full = await drive(
-        start, script, client, upstream, tmp_path / "off", dialect, known_mb=0, **common
-    )
+    known, full = await drive_both(start, script, client, upstream, tmp_path, dialect, **common)
     assert known.forwarded == full.forwarded
     assert known.decided_known[-1] >= 2
     statuses = [outcome[0] for outcome in known.outcomes]

@@ -15,10 +15,10 @@ from tests.fakes.upstream import FakeUpstream
 from tests.proxy.compacting.known_drive import (
     RECOGNIZED,
     WINDOW,
-    assert_same_outcomes,
+    assert_same_as_full,
     body_of,
     conversation,
-    drive,
+    drive_both,
     grown,
     headers_of,
     history,
@@ -37,12 +37,7 @@ async def test_a_first_user_message_after_a_long_opening_names_the_session_on_bo
     opening = [f.system("Rules. " * 9_800), f.assistant("Ready.")]
     requests = [opening, [*opening, f.user("Fix the build.")]]
     common: dict[str, Any] = {"requests": requests}
-    known = await drive(
-        start, script, client, upstream, tmp_path / "on", dialect, known_mb=64, **common
-    )
-    full = await drive(
-        start, script, client, upstream, tmp_path / "off", dialect, known_mb=0, **common
-    )
+    known, full = await drive_both(start, script, client, upstream, tmp_path, dialect, **common)
     assert [o[3] for o in known.outcomes] == [o[3] for o in full.outcomes]
     assert known.outcomes[0][3] != known.outcomes[1][3]
 
@@ -104,17 +99,10 @@ async def test_an_anthropic_client_moving_its_cache_marks_is_still_recognized(
     # The cache_control marks move to the newest user turns: each request edits an item near
     # the end of the previous one. The items before it are still known.
     common: dict[str, Any] = {"requests": conversation("anthropic", 8), "marked": True}
-    known = await drive(
-        start, script, client, upstream, tmp_path / "on", "anthropic", known_mb=64, **common
-    )
-    full = await drive(
-        start, script, client, upstream, tmp_path / "off", "anthropic", known_mb=0, **common
-    )
+    known, full = await drive_both(start, script, client, upstream, tmp_path, "anthropic", **common)
     statuses = [outcome[0] for outcome in known.outcomes]
     assert "applied" in statuses and statuses.count("reused") >= 3, statuses
-    assert_same_outcomes(known, full)
-    assert known.forwarded == full.forwarded
-    assert (known.summaries, known.memory) == (full.summaries, full.memory)
+    assert_same_as_full(known, full)
     assert known.decided_known[-1] >= 3, known.decided_known
 
 
@@ -148,15 +136,8 @@ async def test_a_client_editing_an_earlier_message_gets_what_the_full_path_gives
         at = len(requests[2]) - 2 if where == "near-the-end" else 2
         edited = [*requests[:3], *(_edited(messages, at) for messages in requests[3:])]
     common: dict[str, Any] = {"requests": edited, "session": "agent-1"}
-    known = await drive(
-        start, script, client, upstream, tmp_path / "on", dialect, known_mb=64, **common
-    )
-    full = await drive(
-        start, script, client, upstream, tmp_path / "off", dialect, known_mb=0, **common
-    )
-    assert_same_outcomes(known, full)
-    assert known.forwarded == full.forwarded
-    assert (known.summaries, known.memory) == (full.summaries, full.memory)
+    known, full = await drive_both(start, script, client, upstream, tmp_path, dialect, **common)
+    assert_same_as_full(known, full)
     assert known.decided_known[-1] >= 2, known.decided_known
 
 
