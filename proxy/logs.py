@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -88,15 +89,16 @@ _access = logging.getLogger(ACCESS_LOGGER)
 
 
 # What `LogRecord.__init__` sets that differs from one access line to the next.
-_PER_LINE = ("created", "msecs", "relativeCreated")
+_PER_LINE = ("created", "msecs", "relativeCreated", "thread", "threadName")
 _LOGGING_STARTED = time.time()
 
 
 class _AccessRecord(logging.LogRecord):
     """The access line's record. `LogRecord.__init__` works out some twenty attributes per call
     (the caller's file name split three ways, thread and process names), a visible share of a
-    pass-through request's CPU, and they are the same for every line `log_request` writes (in
-    the loop's thread): worked out once, copied in (formatters read a record's __dict__)."""
+    pass-through request's CPU, and most are the same for every line `log_request` writes:
+    worked out once, copied in (formatters read a record's __dict__). The time and the thread
+    are the line's own."""
 
     _constant: ClassVar[dict[str, Any]] = {
         key: value
@@ -114,6 +116,8 @@ class _AccessRecord(logging.LogRecord):
         self.created = created
         self.msecs = int(created * 1000) % 1000 + 0.0
         self.relativeCreated = (created - _LOGGING_STARTED) * 1000
+        thread = threading.current_thread()
+        self.thread, self.threadName = thread.ident, thread.name
         self.__dict__.update(fields)
         self._fields = fields
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -101,16 +102,24 @@ def test_the_access_record_carries_every_attribute_a_formatter_may_ask_for() -> 
     try:
         info = RequestInfo(route="chat", session="s-1", upstream_status=200, outcome="complete")
         log_request("POST", "/v1/chat/completions", 200, info)
+        # A loop run in another thread than the one that imported proxy.logs: its own thread.
+        elsewhere = threading.Thread(
+            target=log_request, args=("GET", "/healthz", 200, info), name="loop-thread"
+        )
+        elsewhere.start()
+        elsewhere.join()
     finally:
         access.removeHandler(handler)
         access.removeHandler(json_handler)
         access.setLevel(previous)
 
-    text = stream.getvalue()
+    text, other = stream.getvalue().splitlines()
+    assert f" {threading.get_ident()} MainThread " in text
+    assert f" {elsewhere.ident} loop-thread " in other
     assert " INFO 20 proxy.access " in text
     assert "logs.py logs 0 log_request" in text
     assert text.rstrip().endswith("request POST 200")
-    line = orjson.loads(json_stream.getvalue())
+    line = orjson.loads(json_stream.getvalue().splitlines()[0])
     assert line.pop("ts").endswith("Z")
     assert line == {
         "level": "INFO",
