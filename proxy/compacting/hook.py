@@ -99,7 +99,11 @@ class CompactingHook:
         key = self._recall.key(ctx, dialect, body)  # long conversations are remembered
         known = None
         if key is not None:
-            recalled, known = await self._recall.recall(key, ctx, dialect, body)
+            try:
+                recalled, known = await self._recall.recall(key, ctx, dialect, body)
+            except Exception:  # only this request's speed depends on it: the full path decides
+                log.exception("recognizing a known request failed; taking the full path")
+                recalled, known = None, None
             if recalled is not None:
                 return recalled
         try:
@@ -195,11 +199,13 @@ def build_hook(
     compactor: Compactor | None = None,
     state: StateBackend | None = None,
     offload: Offload | None = None,
+    known: KnownRequests | None = None,
 ) -> CompactingHook:
     """The compacting hook, configured from `settings` (see app.create_app). `llm_for` defaults
     to summarizers over `upstream`, `compactor` to the library's, configured from `settings`
     with `offload` running compactions' CPU work (default: inline), `state` (cooldowns,
-    single-flight leases) to the process's own."""
+    single-flight leases) to the process's own, `known` (long requests remembered) to one of
+    `compaction.known_requests_mb`."""
     options = settings.compaction
     state = state or MemoryStore(
         options.checkpoint_max_entries,
@@ -230,7 +236,8 @@ def build_hook(
         conversations=conversations,
         precompute=Precompute(options, conversations, tasks),
         metrics=metrics,
-        known=KnownRequests(
+        known=known
+        or KnownRequests(
             max_bytes=int(options.known_requests_mb * 1024 * 1024),
             min_body_bytes=_KNOWN_MIN_BODY_BYTES,
             offload=offload,

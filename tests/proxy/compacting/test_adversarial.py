@@ -14,6 +14,7 @@ from aiohttp import web
 
 from compaction import CompactionResult, Compactor, Plan, is_summary_message
 from proxy.compacting.hook import build_hook
+from proxy.compacting.known import KnownRequests
 from proxy.compacting.stores.memory import MemoryStore
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
@@ -243,3 +244,35 @@ async def test_a_body_nested_past_the_parsers_depth_goes_out_untouched_with_its_
         assert response.status == 200
         assert response.headers["x-compaction-status"] == "none"
     assert upstream.requests[-1].body == body
+
+
+class _RecognitionFails(KnownRequests):
+    """Remembers long requests like the proxy's own, but recognizing one fails."""
+
+    def recognize(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("recognizing failed")
+
+
+async def test_a_request_whose_recognition_fails_is_decided_by_the_full_path(
+    start_proxy: StartProxy, upstream: FakeUpstream, script: Script, client: aiohttp.ClientSession
+) -> None:
+    sections: dict[str, Any] = {"models": {"default_context_window": WINDOW}}
+    settings = build_settings(upstream, **sections)
+    metrics = Metrics()
+    async with Upstream(settings.upstream, metrics) as own_upstream:
+        hook = build_hook(
+            settings,
+            upstream=own_upstream,
+            store=MemoryStore(100, 600),
+            llm_for=None,
+            records=SessionRecords(max_sessions=10, records_per_session=10),
+            metrics=metrics.compaction,
+            tasks=BackgroundTasks(),
+            known=_RecognitionFails(max_bytes=64 * 1024 * 1024, min_body_bytes=1024),
+        )
+        proxy = await start_proxy(hook=hook, **sections)
+        messages = conversation_of(int(WINDOW * 1.2))
+        response = await post(client, proxy, messages)
+        # Compacted as the full path does it (not passed through without a status).
+        assert response.headers["x-compaction-status"] == "applied"
+        assert len(orjson.loads(script.calls(None)[-1].body)["messages"]) < len(messages)
