@@ -15,9 +15,8 @@ import orjson
 from compaction.messages import ANTHROPIC, Shape, join_summary
 from compaction.messages.anthropic import blocks_text
 from proxy.compacting.dialects.common import (
+    ItemsDialect,
     int_field,
-    list_field,
-    load_object,
     positive_int,
     replace_field,
     tool_names,
@@ -26,20 +25,13 @@ from proxy.compacting.dialects.common import (
 _CACHE_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens")
 
 
-class AnthropicMessages:
+class AnthropicMessages(ItemsDialect):
     name = "anthropic"
     shape: Shape = ANTHROPIC
     summary_path = "messages"
     call_headers: tuple[str, ...] = ("anthropic-version", "anthropic-beta")
     items_key = "messages"
     joins_summary = True
-
-    def parse(self, body: bytes) -> tuple[dict[str, Any], list[Any]]:
-        payload = load_object(body)
-        return payload, self.items(payload)
-
-    def items(self, payload: dict[str, Any]) -> list[Any]:
-        return list_field(payload, "messages")
 
     def wire(self, messages: list[Any]) -> list[Any]:
         return join_summary(messages)

@@ -10,9 +10,8 @@ import orjson
 
 from compaction.messages import CHAT, Shape, message_text
 from proxy.compacting.dialects.common import (
+    ItemsDialect,
     int_field,
-    list_field,
-    load_object,
     positive_int,
     replace_field,
     tool_names,
@@ -21,23 +20,13 @@ from proxy.compacting.dialects.common import (
 _HEAD_ROLES = ("system", "developer")
 
 
-class ChatCompletions:
+class ChatCompletions(ItemsDialect):
     name = "chat"
     shape: Shape = CHAT
     summary_path = "chat/completions"
     call_headers: tuple[str, ...] = ()
     items_key = "messages"
     joins_summary = False
-
-    def parse(self, body: bytes) -> tuple[dict[str, Any], list[Any]]:
-        payload = load_object(body)
-        return payload, self.items(payload)
-
-    def items(self, payload: dict[str, Any]) -> list[Any]:
-        return list_field(payload, "messages")
-
-    def wire(self, messages: list[Any]) -> list[Any]:
-        return messages
 
     def extras(self, payload: dict[str, Any]) -> Any:
         return payload.get("tools")

@@ -24,6 +24,23 @@ def load_object(body: bytes) -> dict[str, Any]:
     return payload
 
 
+class ItemsDialect:
+    """What every dialect does alike: a body is a JSON object whose `items_key` holds the list,
+    and the list goes upstream as it is. A dialect overrides what differs."""
+
+    items_key: str
+
+    def parse(self, body: bytes) -> tuple[dict[str, Any], list[Any]]:
+        payload = load_object(body)
+        return payload, self.items(payload)
+
+    def items(self, payload: dict[str, Any]) -> list[Any]:
+        return list_field(payload, self.items_key)
+
+    def wire(self, messages: list[Any]) -> list[Any]:
+        return messages
+
+
 def list_field(payload: dict[str, Any], name: str) -> list[Any]:
     value = payload.get(name)
     if not isinstance(value, list):

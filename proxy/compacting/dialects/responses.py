@@ -15,10 +15,10 @@ import orjson
 from compaction.messages import RESPONSES, Shape
 from compaction.messages.responses import content_text, is_message_item
 from proxy.compacting.dialects.common import (
+    ItemsDialect,
     NotCompactable,
     int_field,
     list_field,
-    load_object,
     positive_int,
     replace_field,
     tool_names,
@@ -32,7 +32,7 @@ _KEPT_UPSTREAM = ("previous_response_id", "conversation")
 _REASONING_ROOM = 4096
 
 
-class ResponsesAPI:
+class ResponsesAPI(ItemsDialect):
     name = "responses"
     shape: Shape = RESPONSES
     summary_path = "responses"
@@ -40,17 +40,10 @@ class ResponsesAPI:
     items_key = "input"
     joins_summary = False
 
-    def parse(self, body: bytes) -> tuple[dict[str, Any], list[Any]]:
-        payload = load_object(body)
-        return payload, self.items(payload)
-
     def items(self, payload: dict[str, Any]) -> list[Any]:
         if any(payload.get(key) is not None for key in _KEPT_UPSTREAM):
             raise NotCompactable("the history lives upstream")
         return list_field(payload, "input")
-
-    def wire(self, messages: list[Any]) -> list[Any]:
-        return messages
 
     def extras(self, payload: dict[str, Any]) -> Any:
         parts = [payload.get(key) for key in ("instructions", "tools")]
