@@ -40,7 +40,7 @@ import orjson
 from aiohttp import web
 
 from bench.history import history, source_label
-from bench.passthrough import COMPLETION, _loop, free_port, spawn, wait_ready
+from bench.passthrough import COMPLETION, _loop, free_port, spawn, stop, wait_ready
 from bench.reuse import DIALECTS, answer_of, prepare_figures, reuse_figures
 from bench.wrk import passthrough_figures
 from compaction import Compactor, HeuristicEstimator
@@ -256,10 +256,7 @@ async def run(
             if "e" in only and big_mb > 0:
                 await big_figures(session, proxy, big_mb, run_id)
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(timeout=30)
+        stop(processes)
         memory.cleanup()
     if "b" in only:  # in this process, once the servers are gone
         await prepare_figures(windows, dialects, marked=marked)

@@ -177,6 +177,14 @@ async def wait_ready(url: str) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Ask every process to stop, then wait for each (they stop in parallel)."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.wait(timeout=30)
+
+
 def spawn(args: list[str], **env_extra: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), **env_extra}
     return subprocess.Popen(
@@ -242,10 +250,7 @@ async def run(quick: bool) -> None:
                         results[name] = results[name].merge(got) if name in results else got
                 report(size, concurrency, results)
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(timeout=30)
+        stop(processes)
 
 
 def report(size: int, concurrency: int, results: dict[str, Result]) -> None:

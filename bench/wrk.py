@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.passthrough import chat_body, free_port, spawn, wait_ready
+from bench.passthrough import chat_body, free_port, spawn, stop, wait_ready
 
 CONNECTIONS = 16
 _UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
@@ -130,10 +130,7 @@ async def passthrough_figures(duration_s: int = 4, rounds_n: int = 2) -> None:
                         rounds[name].append(measured_run(url, script, duration_s, pids[name]))
                 _report(size, rounds)
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(timeout=30)
+        stop(processes)
         memory.cleanup()
 
 
