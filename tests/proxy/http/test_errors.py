@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import socket
 
 import aiohttp
@@ -78,6 +79,22 @@ async def test_oversize_chunked_body_on_the_generic_route_is_a_413(
     async with client.post(f"{proxy.url}/v1/files", data=chunked()) as response:
         assert response.status == 413
         assert_openai_error(await response.read(), "request_too_large")
+
+
+async def test_a_small_compressed_body_that_decodes_past_the_limit_is_a_413(
+    start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    # The limit counts the decoded bytes (what would be held and forwarded), not the wire bytes:
+    # 200 KB of zeros gzip to a few hundred bytes.
+    proxy = await start_proxy(server={"max_body_mb": 0.01})
+    bomb = gzip.compress(b'{"messages": "' + b"0" * 200_000 + b'"}')
+    assert len(bomb) < 1000
+    async with client.post(
+        f"{proxy.url}/v1/chat/completions", data=bomb, headers={"Content-Encoding": "gzip"}
+    ) as response:
+        assert response.status == 413
+        assert_openai_error(await response.read(), "request_too_large")
+    assert upstream.requests == []
 
 
 @pytest.mark.parametrize(
