@@ -14,7 +14,7 @@ from proxy.compacting.stores.backend import StateBackend, build_backend
 from proxy.compacting.workers import Workers
 from proxy.hook import Hook
 from proxy.http import admin, handlers
-from proxy.http.middlewares import edge_middleware
+from proxy.http.edge import GET_ONLY, at_edge, unmatched
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
 from proxy.lag import watch_loop_lag
@@ -36,10 +36,7 @@ def create_app(
     checkpoints (default: the `state.backend`, which also keeps cooldowns and single-flight
     leases); `llm_for` gives the summarizer for a request (default:
     over the upstream); `metrics` lets a caller supply an extended `Metrics`."""
-    app = web.Application(
-        client_max_size=settings.server.max_body_bytes,
-        middlewares=[edge_middleware],
-    )
+    app = web.Application(client_max_size=settings.server.max_body_bytes)
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics if metrics is not None else Metrics()
     app[keys.RECORDS] = SessionRecords(
@@ -118,18 +115,27 @@ async def _tasks_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def _add_routes(router: web.UrlDispatcher) -> None:
-    # Hooked routes, each the kind its name says (see middlewares.route_of); the compacting hook
-    # knows each kind's dialect (proxy.compacting.dialects).
+    """Every route's handler is put in the edge (proxy.http.edge) with the route's kind, which
+    labels its metrics and access lines; hooked routes' kinds are also their dialects
+    (proxy.compacting.dialects). Nothing is left to the router's own answers: GET-only
+    endpoints take every method and refuse the others in the edge, and a catch-all route
+    answers every unknown path, so a 405 or 404 is shaped and counted like any error."""
     for path, kind in (
         ("chat/completions", "chat"),
         ("responses", "responses"),
         ("messages", "messages"),
     ):
-        router.add_post(f"/v1/{path}", handlers.hooked, name=kind)
-        router.add_post(f"/s/{{session}}/v1/{path}", handlers.hooked, name=f"session_{kind}")
-    router.add_route("*", "/v1/{tail:.*}", handlers.forward, name="forward")
-    router.add_route("*", "/s/{session}/v1/{tail:.*}", handlers.forward, name="session_forward")
-    router.add_get("/healthz", handlers.healthz, name="healthz")
-    router.add_get("/metrics", handlers.metrics, name="metrics")
-    router.add_get("/admin/sessions", admin.admin_sessions, name="admin")
-    router.add_get("/admin/sessions/{session}", admin.admin_session, name="admin_session")
+        hooked = at_edge(handlers.hooked, kind)
+        router.add_post(f"/v1/{path}", hooked)
+        router.add_post(f"/s/{{session}}/v1/{path}", hooked)
+    forward = at_edge(handlers.forward, "forward")
+    router.add_route("*", "/v1/{tail:.*}", forward)
+    router.add_route("*", "/s/{session}/v1/{tail:.*}", forward)
+    for path, handler, route in (
+        ("/healthz", handlers.healthz, "healthz"),
+        ("/metrics", handlers.metrics, "metrics"),
+        ("/admin/sessions", admin.admin_sessions, "admin"),
+        ("/admin/sessions/{session}", admin.admin_session, "admin_session"),
+    ):
+        router.add_route("*", path, at_edge(handler, route, methods=GET_ONLY))
+    router.add_route("*", "/{path:.*}", at_edge(unmatched, "unmatched"))

@@ -1,5 +1,5 @@
-"""The edge middleware (proxy.http.middlewares): every answer counted and logged with the status
-the client saw, aiohttp's own errors in the API's shape, a client that went away as 499."""
+"""The edge (proxy.http.edge): every answer counted and logged with the status the client saw,
+404s, 405s and aiohttp's own errors in the API's shape, a client that went away as 499."""
 
 from __future__ import annotations
 
@@ -39,8 +39,11 @@ async def test_aiohttp_errors_are_shaped_counted_and_logged_with_their_status(
     async with client.get(f"{proxy.url}/nowhere") as response:
         assert response.status == 404
         assert (await response.json())["error"]["code"] == "not_found"
+    async with client.head(f"{proxy.url}/healthz") as response:
+        assert response.status == 200
     lines = await _requests_total(client, proxy.url)
-    assert 'compaction_proxy_requests_total{method="POST",route="unmatched",status="405"} 1.0' in (
+    # The 405 is counted under the route that refused the method.
+    assert 'compaction_proxy_requests_total{method="POST",route="healthz",status="405"} 1.0' in (
         lines
     )
     assert 'compaction_proxy_requests_total{method="GET",route="unmatched",status="404"} 1.0' in (
