@@ -30,25 +30,28 @@ SCOPE_HEADERS = ("api-key", "x-api-key", "OpenAI-Organization", "OpenAI-Project"
 """Headers that identify the caller to the upstream besides Authorization (Azure-style keys,
 OpenAI organisation and project): they go with the proxy's own summary calls and scope reuse."""
 
-# Keys of parts with a fixed token cost (images, audio, files). One compiled search, not one
-# `in` scan per key: on a small body that is most of the decision's time.
-_FIXED_COST_PART = re.compile(
-    rb'"(?:image_url|input_audio|file|input_image|input_file|image|document)"'
+# What can make a small body cost more than its bytes, found in one compiled scan of the body
+# (on a small body the scan is most of the decision's time): a part with a fixed token cost
+# (image, audio, file; group 1) and the output reservation (group 2).
+_DECIDING_KEYS = re.compile(
+    rb'"(?:(image_url|input_audio|file|input_image|input_file|image|document)"'
+    rb'|max(?:_completion|_output)?_tokens"\s*:\s*(\d{1,9}))'
 )
-_MAX_OUTPUT = re.compile(rb'"max(?:_completion|_output)?_tokens"\s*:\s*(\d{1,9})')
 
 
 def may_need_parsing(
     body: bytes, *, smallest_window: int, lowest_ratio: float, factor: float
 ) -> bool:
-    """False only when no estimate of `body` can reach `lowest_ratio` of the smallest window."""
+    """False only when no estimate of `body` can reach `lowest_ratio` of the smallest window:
+    its bytes bound its text's tokens, and only a fixed-cost part or an output reservation can
+    add to them (any reservation: of a key given twice, the parser keeps the last)."""
     bound = len(body) * max(1.0, factor)
     if bound >= lowest_ratio * smallest_window:
         return True
-    found = _MAX_OUTPUT.search(body)
-    if found and bound + int(found.group(1)) > smallest_window:
-        return True
-    return _FIXED_COST_PART.search(body) is not None
+    for found in _DECIDING_KEYS.finditer(body):
+        if found.group(1) is not None or bound + int(found.group(2)) > smallest_window:
+            return True
+    return False
 
 
 @dataclass(frozen=True)

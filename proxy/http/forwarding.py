@@ -71,9 +71,10 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
         headers=request.headers,
     )
     exchange = await _prepare(app[keys.HOOK], ctx, body)
-    if exchange.session_id is not None:
-        info.session = exchange.session_id
-        app[keys.RECORDS].touch(exchange.session_id)
+    session = exchange.session_id
+    if session is not None:
+        info.session = session
+        app[keys.RECORDS].touch(session)
 
     response = await _send(request, "POST", url, headers, exchange.body)
     already_read = b""

@@ -36,7 +36,6 @@ from proxy.settings import UpstreamSettings
 
 _SCHEME_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _FORBIDDEN_CHARS = re.compile(r"[\\@#\s\x00-\x1f\x7f]")
-_ANTHROPIC_HEADERS = ("x-api-key", "anthropic-version")
 
 
 def open_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
@@ -98,7 +97,7 @@ class Upstream:
         """`upstream.api_key` is a key of `base_url`: never sent to Anthropic, nor added to a
         request that speaks Anthropic's API (`x-api-key`, `anthropic-version`: an Anthropic SDK
         calling /v1/models or /v1/files, which go to `base_url`), whose own key is its own."""
-        if is_anthropic_tail(raw_tail) or any(name in headers for name in _ANTHROPIC_HEADERS):
+        if is_anthropic_tail(raw_tail) or "x-api-key" in headers or "anthropic-version" in headers:
             return None
         return self._settings.api_key
 
