@@ -158,7 +158,7 @@ class CompactingHook:
             decision = await self._conversations.compact(request, tokens, digests)
         else:
             decision = Decision(request.messages, "none", tokens, tokens, None)
-        self._metrics.decisions.labels(status=decision.status, dialect=request.dialect.name).inc()
+        self._metrics.decided(decision.status, request.dialect.name).inc()
         self._precompute.after_forwarding(request, decision.tokens_after, tokens)
         return self._exchange(body, request, decision, known)
 

@@ -81,7 +81,7 @@ class Recall:
         self._calibration = calibration
         self._learned = learned
 
-    def key(self, ctx: RequestContext, dialect: Dialect, body: bytes) -> bytes | None:
+    def key(self, ctx: RequestContext, dialect: Dialect, body: bytes) -> int | None:
         """The conversation `body` belongs to: its API, the caller's credentials and named
         session (None: too small to remember)."""
         auth = [ctx.headers.get(name, "") for name in SCOPE_HEADERS]
@@ -89,7 +89,7 @@ class Recall:
         return self._known.conversation_key("\x00".join(scope), body)
 
     async def recall(
-        self, key: bytes, ctx: RequestContext, dialect: Dialect, body: bytes
+        self, key: int, ctx: RequestContext, dialect: Dialect, body: bytes
     ) -> tuple[CompactedExchange | None, Known | None]:
         """The exchange decided from what is known (None: the full path decides) and what is
         known of `body` (None: not recognized)."""
@@ -120,12 +120,10 @@ class Recall:
         except Exception:  # the full path decides instead
             log.exception("deciding from a known request failed; taking the full path")
             recalled = None
-        self._metrics.recognized.labels(
-            decision="full" if recalled is None else "known", dialect=dialect.name
-        ).inc()
+        self._metrics.recognized_by("full" if recalled is None else "known", dialect.name).inc()
         if recalled is None:
             return None, known
-        self._metrics.decisions.labels(status=recalled.status, dialect=dialect.name).inc()
+        self._metrics.decided(recalled.status, dialect.name).inc()
         compaction_id = recalled.checkpoint.compaction_id if recalled.checkpoint else None
         decision = Decision(
             [], recalled.status, recalled.tokens_before, recalled.tokens_after, compaction_id
@@ -143,7 +141,7 @@ class Recall:
         )
         return exchange, known
 
-    async def learn(self, key: bytes, body: bytes, request: ParsedRequest) -> Known | None:
+    async def learn(self, key: int, body: bytes, request: ParsedRequest) -> Known | None:
         """Remember a parsed request (the next of its conversation is then recognized)."""
         dialect = request.dialect
         opening = opening_of(request.messages)
