@@ -68,6 +68,7 @@ bench: $(STAMP_BENCH) redis-server
 	$(BIN)/python -m bench.passthrough
 	$(BIN)/python -m bench.replay
 	$(BIN)/python -m bench.hotpath
+	$(BIN)/python -m bench.instructions
 	$(BIN)/python -m bench.retention
 	$(BIN)/python -m bench.scan_speed
 	$(BIN)/python -m bench.state

@@ -113,7 +113,7 @@ def _serve(settings: Settings) -> int:
             host=settings.server.host,
             port=settings.server.port,
             loop=loop,
-            access_log=None,  # our own access line is written by edge_middleware
+            access_log=None,  # our own access line is written by proxy.http.edge
             print=log_listening,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
             # A client that goes away cancels its handler at once, which closes the upstream
