@@ -163,3 +163,36 @@ async def test_bodies_in_every_encoding_the_server_decodes_arrive_decoded(
         assert response.status == 200
     assert upstream.requests[-1].body == CHAT_BODY
     assert "Content-Encoding" not in upstream.requests[-1].headers
+
+
+@pytest.mark.parametrize(
+    ("path", "route"), [("/v1/chat/completions", "chat"), ("/v1/files", "forward")]
+)
+async def test_a_client_gone_mid_body_is_a_499_and_the_proxy_serves_on(
+    start_proxy: StartProxy,
+    upstream: FakeUpstream,
+    client: aiohttp.ClientSession,
+    path: str,
+    route: str,
+) -> None:
+    proxy = await start_proxy()
+    _, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n"
+    writer.write(head.encode() + b'{"model": "m", "messages": [')  # 28 of 100000 bytes
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    writer.transport.abort()
+    expected = f'compaction_proxy_requests_total{{method="POST",route="{route}",status="499"}} 1.0'
+    for _ in range(100):  # the proxy learns of the reset a moment later
+        async with client.get(f"{proxy.url}/metrics") as response:
+            text = await response.text()
+        if expected in text:
+            break
+        await asyncio.sleep(0.02)
+    assert expected in text
+    assert "compaction_proxy_in_flight_requests 1.0" in text  # only the /metrics request
+    # A hooked body is read whole before anything goes upstream: nothing partial was sent.
+    assert [r.body for r in upstream.requests if r.path.endswith("chat/completions")] == []
+    async with client.post(f"{proxy.url}/v1/chat/completions", data=CHAT_BODY) as response:
+        assert response.status == 200
+    assert upstream.requests[-1].body == CHAT_BODY
