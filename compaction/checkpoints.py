@@ -258,7 +258,8 @@ def checkpoint_after(
         return None
     if view.base is not None and result.keep_from < view.base.prefix_len:
         return None
-    by_identity = {id(message): i for i, message in enumerate(view.messages)}
+    # Built in C: the view of a long history holds hundreds of thousands of messages.
+    by_identity = dict(zip(map(id, view.messages), range(len(view.messages)), strict=True))
     prefix = result.messages[: result.prefix_len]
     positions = [i for i, message in enumerate(prefix) if message is result.summary_message]
     if len(positions) != 1:

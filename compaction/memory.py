@@ -190,7 +190,8 @@ async def write_items(
     if memory is None or session_id is None or not items:
         return None
     try:
-        await memory.append(session_id, compaction_id, items)
+        # write, not append: nothing here reads the items back (append builds one per record)
+        await memory.write(session_id, compaction_id, items)
     except Exception as exc:  # a memory file problem is reported, not raised
         logger.warning("memory flush failed for session %r: %r", session_id, exc)
         return f"memory flush failed: {type(exc).__name__}: {exc}"

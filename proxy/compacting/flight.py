@@ -49,6 +49,8 @@ class SingleFlight(Generic[K, V]):
 
     def find(self, keys: Iterable[K]) -> asyncio.Task[V] | None:
         """The first running task among `keys`, in the order given."""
+        if not self._running:  # the usual case; `keys` may be a long history's digests
+            return None
         for key in keys:
             running = self._running.get(key)
             if running is not None:

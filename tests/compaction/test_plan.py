@@ -175,6 +175,22 @@ def test_folded_skips_pinned_messages() -> None:
     assert plan.folded == (1, 2, 3, 5, 6, 7, 8)
 
 
+@given(
+    st.integers(0, 30),
+    st.integers(0, 30),
+    st.lists(st.integers(0, 40), max_size=6),
+)
+def test_folded_is_every_index_between_head_and_tail_but_the_pinned(
+    head_end: int, span: int, pinned: list[int]
+) -> None:
+    # Built from ranges (a long history folds hundreds of thousands): the same indices as the
+    # definition, whatever the pins (repeated, unsorted, outside the span).
+    plan = Plan(head_end, head_end + span, tuple(pinned), 0, 0, 0, True)
+    expected = tuple(i for i in range(head_end, head_end + span) if i not in pinned)
+    assert plan.folded == expected
+    assert plan.folded is plan.folded  # computed once
+
+
 # ---------------------------------------------------------------- properties
 
 
