@@ -14,7 +14,7 @@ from proxy.compacting.stores.backend import StateBackend, build_backend
 from proxy.compacting.workers import Workers
 from proxy.hook import Hook
 from proxy.http import admin, handlers
-from proxy.http.edge import GET_ONLY, at_edge, unmatched
+from proxy.http.edge import GET_ONLY, AnyTarget, at_edge, unmatched
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
 from proxy.lag import watch_loop_lag
@@ -138,4 +138,6 @@ def _add_routes(router: web.UrlDispatcher) -> None:
         ("/admin/sessions/{session}", admin.admin_session, "admin_session"),
     ):
         router.add_route("*", path, at_edge(handler, route, methods=GET_ONLY))
-    router.add_route("*", "/{path:.*}", at_edge(unmatched, "unmatched"))
+    anywhere = AnyTarget()
+    router.register_resource(anywhere)
+    anywhere.add_route("*", at_edge(unmatched, "unmatched"))

@@ -78,6 +78,19 @@ async def unmatched(request: web.Request) -> web.StreamResponse:
     raise web.HTTPNotFound()
 
 
+class AnyTarget(web.PlainResource):
+    """The catch-all's resource: it matches every request target. A pattern route's path must
+    start with `/`, so `OPTIONS *` or `CONNECT host:443` (an agent given the proxy as its HTTPS
+    proxy) would get aiohttp's own text 404, neither counted nor logged. Indexed under `/`,
+    which the router tries last for every target (but an empty one, which it never indexes)."""
+
+    def __init__(self) -> None:
+        super().__init__("/")
+
+    def _match(self, path: str) -> dict[str, str] | None:
+        return {}
+
+
 def api_of(request: web.Request, route: str) -> str:
     """ "anthropic" for Anthropic's paths (their errors take Anthropic's shape), else "openai"."""
     if route == "messages" or is_anthropic_tail(request.match_info.get("tail", "")):

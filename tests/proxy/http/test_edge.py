@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from proxy.logs import JsonFormatter
+from tests.fakes.rawhttp import raw_request
 from tests.fakes.upstream import FakeUpstream, hang_reply
 from tests.proxy.conftest import RunningProxy
 
@@ -51,6 +52,21 @@ async def test_aiohttp_errors_are_shaped_counted_and_logged_with_their_status(
     )
     statuses = [(line["path"], line["status"]) for line in _access_lines(caplog)]
     assert ("/healthz", 405) in statuses and ("/nowhere", 404) in statuses
+
+
+async def test_a_target_that_is_not_a_path_is_a_shaped_and_counted_404(
+    proxy: RunningProxy, client: aiohttp.ClientSession
+) -> None:
+    # No route pattern matches a target without a leading slash (`OPTIONS *`, a server-wide
+    # probe): the answer must still be ours, not aiohttp's text 404, and counted.
+    status, payload = await raw_request(proxy.port, "OPTIONS", "*")
+    assert status == 404
+    assert orjson.loads(payload)["error"]["code"] == "not_found"
+    lines = await _requests_total(client, proxy.url)
+    assert (
+        'compaction_proxy_requests_total{method="OPTIONS",route="unmatched",status="404"} 1.0'
+        in (lines)
+    )
 
 
 async def test_a_client_that_goes_away_is_counted_and_logged_as_499(
