@@ -80,9 +80,9 @@ async def unmatched(request: web.Request) -> web.StreamResponse:
 
 class AnyTarget(web.PlainResource):
     """The catch-all's resource: it matches every request target. A pattern route's path must
-    start with `/`, so `OPTIONS *` or `CONNECT host:443` (an agent given the proxy as its HTTPS
-    proxy) would get aiohttp's own text 404, neither counted nor logged. Indexed under `/`,
-    which the router tries last for every target (but an empty one, which it never indexes)."""
+    start with `/`, so `OPTIONS *` would get aiohttp's own text 404, neither counted nor
+    logged. Indexed under `/`, which the router tries last for every target but one with an
+    empty path (`CONNECT host:443`, `GET http://host`): those never reach a route."""
 
     def __init__(self) -> None:
         super().__init__("/")
