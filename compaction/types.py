@@ -164,6 +164,13 @@ class Plan:
         indices.extend(range(start, self.keep_from))
         return tuple(indices)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled without the cached `folded`: a plan goes to a worker process after the loop
+        # read it, and an int per folded message is megabytes to pickle there and back.
+        state = dict(self.__dict__)
+        state.pop("folded", None)
+        return state
+
 
 @dataclass(frozen=True)
 class MemoryItem:

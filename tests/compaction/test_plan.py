@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +285,16 @@ def test_strict_alternation_holds_when_the_latest_block_alone_exceeds_the_target
     assert plan.pinned == ()  # a pinned request after the summary would be two user turns
     assert messages[plan.keep_from]["role"] == "assistant"
     assert 1 in plan.quoted  # the task goes into the summary instead
+
+
+def test_a_plan_sent_to_a_worker_leaves_its_folded_indices_behind() -> None:
+    # The proxy reads `folded` on the loop (the checkpoint key) and then pickles the plan into
+    # the worker's FinishJob: the cached tuple (an int per folded message, hundreds of
+    # thousands in a long history) must not travel, pickled on the loop and unpickled there.
+    plan = Plan(3, 200_003, (10,), 0, 0, 0, True)
+    size = len(pickle.dumps(plan))
+    assert len(plan.folded) == 199_999
+    after = len(pickle.dumps(plan))
+    assert after == size
+    copy = pickle.loads(pickle.dumps(plan))
+    assert copy == plan and copy.folded == plan.folded
