@@ -118,8 +118,9 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     """Every route's handler is put in the edge (proxy.http.edge) with the route's kind, which
     labels its metrics and access lines; hooked routes' kinds are also their dialects
     (proxy.compacting.dialects). Nothing is left to the router's own answers: GET-only
-    endpoints take every method and refuse the others in the edge, and a catch-all route
-    answers every unknown path, so a 405 or 404 is shaped and counted like any error."""
+    endpoints take every method and refuse the others in the edge (the admin ones in their
+    handler), and a catch-all route answers every unknown target, so a 405 or 404 is shaped
+    and counted like any error."""
     for path, kind in (
         ("chat/completions", "chat"),
         ("responses", "responses"),
@@ -134,10 +135,13 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     for path, handler, route in (
         ("/healthz", handlers.healthz, "healthz"),
         ("/metrics", handlers.metrics, "metrics"),
-        ("/admin/sessions", admin.admin_sessions, "admin"),
-        ("/admin/sessions/{session}", admin.admin_session, "admin_session"),
     ):
         router.add_route("*", path, at_edge(handler, route, methods=GET_ONLY))
+    # The admin endpoints refuse other methods themselves, after answering 404 while disabled.
+    router.add_route("*", "/admin/sessions", at_edge(admin.admin_sessions, "admin"))
+    router.add_route(
+        "*", "/admin/sessions/{session}", at_edge(admin.admin_session, "admin_session")
+    )
     anywhere = AnyTarget()
     router.register_resource(anywhere)
     anywhere.add_route("*", at_edge(unmatched, "unmatched"))

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from proxy import keys
 from proxy.errors import NotFound, Unauthorized
+from proxy.http.edge import GET_ONLY
 from proxy.http.handlers import json_response
 from proxy.http.sessions import check_session_id
 
@@ -30,10 +31,14 @@ async def admin_session(request: web.Request) -> web.Response:
 
 
 def _require_admin(request: web.Request) -> None:
-    """404 while admin is disabled (the endpoints do not exist); 401 without the right token."""
+    """404 while admin is disabled (the endpoints do not exist, whatever the method: so they
+    refuse other methods here, not in the edge); 405 for a method other than GET or HEAD; 401
+    without the right token."""
     token = request.app[keys.SETTINGS].admin.token
     if token is None:
         raise NotFound("admin endpoints are disabled (set admin.token to enable them)")
+    if request.method not in GET_ONLY:
+        raise web.HTTPMethodNotAllowed(request.method, GET_ONLY)
     sent = request.headers.get("Authorization", "")
     scheme, _, value = sent.partition(" ")
     if not (

@@ -51,12 +51,24 @@ async def test_metrics_expose_requests_latency_bytes_and_errors(
 async def test_admin_endpoints_do_not_exist_without_a_token(
     proxy: RunningProxy, client: aiohttp.ClientSession
 ) -> None:
-    for path in ("/admin/sessions", "/admin/sessions/abc"):
-        async with client.get(
-            f"{proxy.url}{path}", headers={"Authorization": "Bearer anything"}
-        ) as response:
-            assert response.status == 404
-            assert (await response.json())["error"]["code"] == "not_found"
+    # Whatever the method: a 405 (with its Allow: GET) would tell that they are there.
+    for method in ("GET", "POST", "DELETE", "OPTIONS"):
+        for path in ("/admin/sessions", "/admin/sessions/abc"):
+            async with client.request(
+                method, f"{proxy.url}{path}", headers={"Authorization": "Bearer anything"}
+            ) as response:
+                assert response.status == 404, (method, path)
+                assert "Allow" not in response.headers
+                assert (await response.json())["error"]["code"] == "not_found"
+
+
+async def test_admin_endpoints_refuse_other_methods_when_enabled(
+    start_proxy: StartProxy, client: aiohttp.ClientSession
+) -> None:
+    proxy = await start_proxy(admin={"token": "admin-secret"})
+    async with client.delete(f"{proxy.url}/admin/sessions/abc") as response:
+        assert response.status == 405
+        assert response.headers["Allow"] == "GET,HEAD"
 
 
 @pytest.mark.parametrize(
