@@ -94,7 +94,12 @@ async def count(args: list[str], port: int, body: bytes, requests: int, **env: s
 
 
 def _control(pid: int, *args: str) -> None:
-    subprocess.run(["callgrind_control", *args, str(pid)], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["callgrind_control", *args, str(pid)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 async def _wait_under_valgrind(url: str) -> None:
