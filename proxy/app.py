@@ -127,11 +127,15 @@ def _add_routes(router: web.UrlDispatcher) -> None:
         ("messages", "messages"),
     ):
         hooked = at_edge(handlers.hooked, kind)
-        router.add_post(f"/v1/{path}", hooked)
-        router.add_post(f"/s/{{session}}/v1/{path}", hooked)
+        for prefix in ("", "/s/{session}"):
+            router.add_post(
+                f"{prefix}/v1/{path}", hooked, expect_handler=handlers.expect_within_limit
+            )
     forward = at_edge(handlers.forward, "forward")
-    router.add_route("*", "/v1/{tail:.*}", forward)
-    router.add_route("*", "/s/{session}/v1/{tail:.*}", forward)
+    for prefix in ("", "/s/{session}"):
+        router.add_route(
+            "*", f"{prefix}/v1/{{tail:.*}}", forward, expect_handler=handlers.expect_within_limit
+        )
     for path, handler, route in (
         ("/healthz", handlers.healthz, "healthz"),
         ("/metrics", handlers.metrics, "metrics"),

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
+import re
 import socket
+from typing import Any
 
 import aiohttp
 import orjson
@@ -79,6 +82,54 @@ async def test_oversize_chunked_body_on_the_generic_route_is_a_413(
     async with client.post(f"{proxy.url}/v1/files", data=chunked()) as response:
         assert response.status == 413
         assert_openai_error(await response.read(), "request_too_large")
+
+
+async def _expecting(port: int, path: str, length: int) -> tuple[asyncio.StreamReader, Any]:
+    """A POST that states its length and asks to go ahead before sending its body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Expect: 100-continue\r\nContent-Length: {length}\r\n\r\n"
+    )
+    writer.write(head.encode())
+    await writer.drain()
+    return reader, writer
+
+
+async def _response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    found = re.search(rb"content-length: *(\d+)", head, re.I)
+    return head, await reader.readexactly(int(found.group(1))) if found else b""
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/s/a/v1/files"])
+async def test_a_body_announced_past_the_limit_is_refused_before_it_is_sent(
+    start_proxy: StartProxy, upstream: FakeUpstream, path: str
+) -> None:
+    # `Expect: 100-continue` asks whether to send the body: a body the proxy would refuse is
+    # refused now, not after the client uploaded it.
+    proxy = await start_proxy(server={"max_body_mb": 0.01})
+    reader, writer = await _expecting(proxy.port, path, 20_000)
+    head, body = await _response(reader)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 413"), head  # no "100 Continue" first
+    assert_openai_error(body, "request_too_large")
+    assert upstream.requests == []
+
+
+async def test_a_body_announced_within_the_limit_is_asked_for_and_forwarded(
+    start_proxy: StartProxy, upstream: FakeUpstream
+) -> None:
+    proxy = await start_proxy(server={"max_body_mb": 0.01})
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    reader, writer = await _expecting(proxy.port, "/v1/chat/completions", len(body))
+    go_ahead = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert go_ahead == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(body)
+    head, _ = await _response(reader)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert upstream.requests[-1].body == body
 
 
 async def test_a_small_compressed_body_that_decodes_past_the_limit_is_a_413(
