@@ -72,14 +72,15 @@ class Run:
         if not folded:
             return self.unchanged(plan.note or "nothing to fold")
         offload, crossing = self.compactor.offload, self.compactor.crossing
+        packed = Packed.of(messages, crossing=crossing)
         prepared = await offload.run(
             fold,
             FoldJob(
-                folded=Packed.of([messages[i] for i in folded], crossing=crossing),
+                messages=packed,
+                plan=plan,
                 shape=shape,
                 estimator=self.estimator,
                 settings=self.settings,
-                summary_budget_tokens=plan.summary_budget_tokens,
                 mentions=None if crossing else self.compactor.mentions,
                 items=None if crossing else self.compactor.last_read.take(messages, folded, shape),
             ),
@@ -105,7 +106,7 @@ class Run:
         done = await offload.run(
             finish,
             FinishJob(
-                messages=Packed.of(messages, crossing=crossing),
+                messages=packed,
                 plan=plan,
                 tools=self.tools,
                 shape=shape,

@@ -103,12 +103,14 @@ def _make_plan(job: PlanJob) -> Plan:
 
 @dataclass(frozen=True)
 class FoldJob:
-    folded: Packed
-    """The raw folded messages, in order."""
+    messages: Packed
+    """The run's raw messages, all of them: packed once for the fold and the finish (on the
+    event loop, packing a long history to JSON is the cost that grows)."""
+    plan: Plan
+    """Which of them are folded (`plan.folded`)."""
     shape: Shape
     estimator: TokenEstimator
     settings: CompactionSettings
-    summary_budget_tokens: int
     mentions: MentionCache | None = None
     """What earlier folds found in the same texts (only in process: a cache does not travel)."""
     items: list[Item] | None = None
@@ -134,7 +136,8 @@ def fold(job: FoldJob) -> Fold:
 
 
 def _fold(job: FoldJob) -> Fold:
-    shape, estimator, folded = job.shape, job.estimator, job.folded.unpack()
+    shape, estimator, messages = job.shape, job.estimator, job.messages.unpack()
+    folded = [messages[i] for i in job.plan.folded]
     framing = estimator.count_message(summary_message("", shape))
     counts = [estimator.count_message(m) for m in folded]  # once: the sums below share them
     if is_too_little(sum(counts), framing):
@@ -157,7 +160,7 @@ def _fold(job: FoldJob) -> Fold:
             tool_output_clip_chars=job.settings.tool_output_clip_chars,
         ),
         ledger=build_ledger(items, fresh, scan=job.mentions.scan if job.mentions else scan_prose),
-        body_budget=body_budget(job.summary_budget_tokens, framing, replaced),
+        body_budget=body_budget(job.plan.summary_budget_tokens, framing, replaced),
     )
 
 
