@@ -27,7 +27,7 @@ from proxy.compacting.dialects import Dialect, NotCompactable
 from proxy.compacting.exchange import CompactedExchange, describe
 from proxy.compacting.known import Known, KnownRequests
 from proxy.compacting.overflow import LearnedWindows
-from proxy.compacting.parts import Part
+from proxy.compacting.parts import Part, view_parts
 from proxy.compacting.precompute import Precompute
 from proxy.compacting.request import (
     SCOPE_HEADERS,
@@ -257,9 +257,6 @@ def _wire_parts(known: Known, checkpoint: Checkpoint, dialect: Dialect) -> list[
         taken.append(end)
         turns.append(turn)
         end += 1
-    index = {id(turn): i for turn, i in zip(turns, taken, strict=True)}
-    parts: list[Part] = []
-    for item in dialect.wire([summary, *turns]):
-        found = index.get(id(item))
-        parts.append(found if found is not None else orjson.dumps(item))
-    return [*parts, range(end, known.count)]
+    # view_parts numbers the turns by their place in `turns`; the splice wants their index.
+    wired = view_parts(turns, dialect.wire([summary, *turns]))
+    return [*(taken[p] if isinstance(p, int) else p for p in wired), range(end, known.count)]
