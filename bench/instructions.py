@@ -33,7 +33,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.passthrough import ROOT, chat_body, free_port, spawn, stop, wait_ready
+from bench.passthrough import ROOT, chat_body, free_port, load, spawn, stop, wait_ready
 
 CONCURRENCY = 4
 WARM_UP = 100
@@ -45,24 +45,8 @@ def has_valgrind() -> bool:
 
 
 async def send(url: str, body: bytes, requests: int) -> None:
-    headers = {
-        "Content-Type": "application/json",
-        "Authorization": "Bearer sk-bench",
-        "X-Session-Id": "instructions-bench",
-    }
-    remaining = requests
     async with aiohttp.ClientSession() as session:
-
-        async def worker() -> None:
-            nonlocal remaining
-            while remaining > 0:
-                remaining -= 1
-                async with session.post(url, data=body, headers=headers) as response:
-                    await response.read()
-                    if response.status != 200:
-                        raise RuntimeError(f"{url} answered {response.status}")
-
-        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+        await load(session, url, body, CONCURRENCY, requests, session_id="instructions-bench")
 
 
 async def count(args: list[str], port: int, body: bytes, requests: int, **env: str) -> float:

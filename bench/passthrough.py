@@ -135,11 +135,18 @@ def chat_body(size: int) -> bytes:
 
 
 async def load(
-    session: aiohttp.ClientSession, url: str, body: bytes, concurrency: int, requests: int
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    concurrency: int,
+    requests: int,
+    session_id: str | None = None,
 ) -> Result:
     latencies: list[float] = []
     remaining = requests
     headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-bench"}
+    if session_id is not None:
+        headers["X-Session-Id"] = session_id
 
     async def worker() -> None:
         nonlocal remaining

@@ -1,7 +1,8 @@
 """The connection to the one configured upstream, and the only place aiohttp client errors are
 caught (`raise_mapped`, for every call: the agents' requests, the bodies relayed, the proxy's
-own summary calls through `upstream_errors`): before the response headers they become `UpstreamUnreachable` (502)
-or `UpstreamTimeout` (504); while a body is read they become `UpstreamStreamCut`.
+own summary calls through `upstream_errors`): before the response headers they become
+`UpstreamUnreachable` (502) or `UpstreamTimeout` (504); while a body is read they become
+`UpstreamStreamCut`.
 
 URLs are built from a configured base and a validated path tail only, so nothing a client
 sends can point the proxy at another host: `/v1/messages` and everything under it (Anthropic's
