@@ -13,7 +13,8 @@ import re
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
-from itertools import accumulate
+from itertools import accumulate, chain, filterfalse
+from operator import itemgetter
 
 from compaction.mentions import Mentions, scan_prose
 from compaction.messages import Item, ToolCall
@@ -67,44 +68,37 @@ class Ledger:
 # ---------------------------------------------------------------- extraction
 
 
-class _Collector:
+class _Trail:
+    """The tool trail, call by call: each call waits in `pending` (by id) for its outcome."""
+
     def __init__(self) -> None:
-        self.requests: dict[str, None] = {}
         self.calls: list[str] = []
         self.outcomes: list[str] = []
         self.pending: dict[str, int] = {}
-        self.files: dict[str, None] = {}
-        self.values: dict[str, None] = {}
 
-    def add(self, item: Item, mentions: Mentions | None) -> None:
-        """Add one item; `mentions` are its prose's (None for an item that is not prose)."""
-        if item.kind == "tool":
-            self._answer(item.answers, item.text)
-        elif item.observation:
-            self._answer(("shell",), item.text)
-        elif item.is_request:
-            if request := first_lines(item.text):
-                self.requests[request] = None
-            self._add_prose(mentions)
-        elif item.kind == "assistant":
-            self._add_prose(mentions)
-            if not item.joins:
-                # A new chat turn leaves earlier calls unanswered; a joining Responses call item
-                # does not, its siblings' outputs come after it.
-                self.pending = {}
+    def assistant(self, item: Item) -> list[str]:
+        """Add an assistant item's calls; the paths its commands and call arguments name."""
+        if not item.joins and self.pending:
+            # A new chat turn leaves earlier calls unanswered; a joining Responses call item
+            # does not, its siblings' outputs come after it.
+            self.pending = {}
+        paths: list[str] = []
+        if "```" in item.text:  # a fence opens every shell block: most turns have none
             for command in fenced_commands(item.text):
                 self._call("shell", f"$ {command_key(command)}")
-                self.files.update(dict.fromkeys(find_paths(command)))
+                paths += find_paths(command)
+        if item.calls:
             for call in item.functions:
                 self._call(call.id or "", _describe(call))
-                self.files.update(dict.fromkeys(call_commands_and_paths(call)[1]))
+                paths += call_commands_and_paths(call)[1]
+        return paths
 
     def _call(self, key: str, text: str) -> None:
         self.pending[key] = len(self.calls)
         self.calls.append(text)
         self.outcomes.append("")
 
-    def _answer(self, answers: Sequence[str], text: str) -> None:
+    def answer(self, answers: Sequence[str], text: str) -> None:
         index = next((self.pending.pop(a) for a in answers if a in self.pending), None)
         if index is None:
             # Its call was folded earlier (or never seen): the outcome still counts.
@@ -113,22 +107,9 @@ class _Collector:
             del self.pending[""]
         self.outcomes[index] = _outcome(text)
 
-    def _add_prose(self, mentions: Mentions | None) -> None:
-        if mentions is not None:
-            paths, values = mentions
-            if paths:  # most prose mentions none: no empty dicts built
-                self.files.update(dict.fromkeys(paths))
-            if values:
-                self.values.update(dict.fromkeys(values))
-
-    def ledger(self) -> Ledger:
+    def entries(self) -> tuple[str, ...]:
         trail = (f"{c} → {o}" if o else c for c, o in zip(self.calls, self.outcomes, strict=True))
-        return Ledger(
-            requests=tuple(self.requests),
-            trail=tuple(dict.fromkeys(trail)),
-            files=tuple(self.files),
-            values=tuple(v for v in self.values if v not in self.files),
-        )
+        return tuple(dict.fromkeys(trail))
 
 
 def _describe(call: ToolCall) -> str:
@@ -183,15 +164,44 @@ def build_ledger(
 ) -> Ledger:
     """The ledger of the items at `indices` (earlier summaries are not mined).
 
-    The prose of all of them is scanned at once (see mentions.py), then each item is added in
-    order, so entries keep the order a per-item scan gives."""
-    chosen = list(indices)
-    prose = [i for i in chosen if items[i].is_prose]
-    found = dict(zip(prose, scan([items[i].text for i in prose]), strict=True))
-    collector = _Collector()
-    for i in chosen:
-        collector.add(items[i], found.get(i))
-    return collector.ledger()
+    Each entry comes from one item; the ledger lists them in the order of their items. The
+    prose of all the items is scanned at once (see mentions.py); the requests, files and
+    values are then each gathered in one pass over all the items' findings, and only the tool
+    trail, whose calls wait for their results, walks the items one by one."""
+    chosen = [items[i] for i in indices]
+    prose = [
+        item
+        for item in chosen
+        if item.kind == "assistant" or (item.kind == "user" and not item.observation)
+    ]  # item.is_prose, without two property calls per item
+    mentions = scan([item.text for item in prose])
+    paths = list(map(itemgetter(0), mentions))
+    values = list(map(itemgetter(1), mentions))
+    trail = _Trail()
+    at = -1  # the index in `prose` of the last prose item seen
+    for item in chosen:
+        kind = item.kind
+        if kind == "tool":
+            trail.answer(item.answers, item.text)
+        elif kind == "assistant":
+            at += 1
+            if item.observation:  # tool output: its prose is not mined
+                paths[at] = values[at] = ()
+                trail.answer(("shell",), item.text)
+            elif named := trail.assistant(item):
+                paths[at] = (*paths[at], *named)
+        elif item.observation:
+            trail.answer(("shell",), item.text)
+        elif kind == "user":
+            at += 1
+    requests = [item.text for item in prose if item.kind == "user"]
+    files = dict.fromkeys(chain.from_iterable(paths))
+    return Ledger(
+        requests=tuple(dict.fromkeys(filter(None, map(first_lines, requests)))),
+        trail=trail.entries(),
+        files=tuple(files),
+        values=tuple(filterfalse(files.__contains__, dict.fromkeys(chain.from_iterable(values)))),
+    )
 
 
 # ---------------------------------------------------------------- overflow into memory
