@@ -20,10 +20,11 @@ new ones.
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import Sequence
-from itertools import accumulate
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import accumulate, compress, islice, repeat
+from operator import add, contains, getitem, methodcaller, or_, sub
 
 from compaction.scan import (
     DIGITS_PATTERN,
@@ -44,7 +45,12 @@ _SEPARATOR = "\n"
 # Both open with a plain class (the dot's condition checked after it): the engine skips to a
 # class in C, where an alternation that opens with a category is tried at every position.
 _WORD_END = re.compile(r"[\d/.](?:(?<!\.)|(?=\S))\S*")
-_WORD_START = re.compile(r"[\d/.](?:(?<!\.)|(?<=\S\.))\S*")
+_BACK = re.compile(r"\S*")
+_START = methodcaller("start")
+_END = methodcaller("end")
+_GROUP = methodcaller("group")
+_DIGIT = re.compile(r"\d")
+_BUT_LAST = slice(None, -1)
 
 
 Mentions = tuple[tuple[str, ...], tuple[str, ...]]
@@ -56,62 +62,126 @@ def scan_prose(texts: Sequence[str]) -> list[Mentions]:
     """For each text: (find_paths(strip_fences(text)), mentioned_values(text)) of scan.py."""
     prose = [strip_fences(text) for text in texts]
     joined = _SEPARATOR.join(prose)
-    starts = list(accumulate([len(p) + 1 for p in prose[:-1]], initial=0))
+    # Each hit is found by its text's number (1 for the first) from the texts' offsets.
+    texts_at = _Numbering(list(accumulate([len(p) + 1 for p in prose[:-1]], initial=0)))
     words = _Words(joined)
-    paths = _by_text(_paths(words), starts, len(texts))
-    numbers = _by_text(_numbers(joined, words), starts, len(texts))
-    identifiers = _by_text(words.find(IDENTIFIER_PATTERN), starts, len(texts))
-    return [(tuple(p), (*n, *i)) for p, n, i in zip(paths, numbers, identifiers, strict=True)]
+    path_at, paths = _paths(words.paths())
+    digits = words.digits()
+    number_at, numbers = _numbers(joined, digits)
+    identifier_at, identifiers = digits.find(IDENTIFIER_PATTERN)
+    count = len(texts)
+    by_text = zip(
+        texts_at.group(path_at, paths, count),
+        map(
+            add,
+            texts_at.group(number_at, numbers, count),
+            texts_at.group(identifier_at, identifiers, count),
+        ),
+        strict=True,
+    )
+    return list(by_text)
 
 
-def _by_text(hits: list[tuple[int, str]], starts: list[int], count: int) -> list[list[str]]:
-    """Hits (offset in the joined text, value) grouped by the text they fall in, in order."""
-    grouped: list[list[str]] = [[] for _ in range(count)]
-    for offset, value in hits:
-        grouped[bisect_right(starts, offset) - 1].append(value)
-    return grouped
+class _Numbering:
+    """Which of the sorted `starts` each offset is at or after, counted from 1, found by one
+    bisection per offset called from C (a `map`, no Python frame per hit)."""
+
+    def __init__(self, starts: list[int]) -> None:
+        self.starts = starts
+
+    def number(self, offsets: Iterable[int]) -> list[int]:
+        return list(map(bisect_right, repeat(self.starts), offsets))
+
+    def group(
+        self, offsets: list[int], values: tuple[str, ...], count: int
+    ) -> Iterator[tuple[str, ...]]:
+        """The values of each of `count` texts, in order, as slices of `values`: a text's hits
+        are a run of them, since the offsets rise."""
+        numbers = self.number(offsets)
+        cuts = list(map(bisect_left, repeat(numbers), range(1, count + 2)))
+        return map(values.__getitem__, map(slice, cuts, islice(cuts, 1, None)))
 
 
 class _Words:
-    """The words of a text that can hold a path, a number or an identifier, joined by spaces:
-    a match of those patterns never spans a space, and a space is the edge of a word to them as
-    the text's own whitespace is, so they find in this line what they would find in the text."""
+    """The words of a text that can hold a path, a number or an identifier (a run of
+    non-spaces with a digit, a slash, or a dot before its last character).
+
+    A word is found from its first character that can hold a hit (forwards, by a pattern the
+    engine skips to in C) to its end; its start is where the run of non-spaces before that
+    character begins, read from the reversed text. The work per word is done by `map` over
+    C functions: no Python frame per word."""
 
     def __init__(self, text: str) -> None:
-        self.ends = [found.end() for found in _WORD_END.finditer(text)]
         size = len(text)
-        self.starts = [size - found.end() for found in _WORD_START.finditer(text[::-1])]
-        self.starts.reverse()
-        words = [text[start:end] for start, end in zip(self.starts, self.ends, strict=True)]
-        self.line = " ".join(words)
-        self.offsets = list(accumulate([len(word) + 1 for word in words[:-1]], initial=0))
+        found = list(_WORD_END.finditer(text))
+        ends = list(map(_END, found))
+        reverse = text[::-1]
+        behind = map(_BACK.match, repeat(reverse), map(sub, repeat(size), map(_START, found)))
+        self.starts = list(map(sub, repeat(size), map(_END, behind)))
+        self.words = list(map(text.__getitem__, map(slice, self.starts, ends)))
+        # As scan.find_paths reads them: a slash, or a dot before the last character.
+        slashed = map(contains, self.words, repeat("/"))
+        dotted = map(contains, map(getitem, self.words, repeat(_BUT_LAST)), repeat("."))
+        self.pathlike = list(map(or_, slashed, dotted))
 
-    def find(self, pattern: re.Pattern[str]) -> list[tuple[int, str]]:
-        """`pattern`'s hits, each with its offset in the text."""
-        return [(self.in_text(m.start()), m.group()) for m in pattern.finditer(self.line)]
+    def paths(self) -> _Line:
+        """The words that can hold a path (PATH_PATTERN needs a slash or a dot in its word)."""
+        return self._line(self.pathlike)
 
-    def in_text(self, offset: int) -> int:
-        word = bisect_right(self.offsets, offset) - 1
-        return self.starts[word] + offset - self.offsets[word]
+    def digits(self) -> _Line:
+        """The words that can hold a number or an identifier (both need a digit in their
+        word): every word that cannot hold a path, since it was taken for a digit, and
+        those that can which have one."""
+        pathlike = compress(self.words, self.pathlike)
+        digits = iter(list(map(bool, map(_DIGIT.search, pathlike))))
+        return self._line([next(digits) if p else True for p in self.pathlike])
 
-
-def _paths(words: _Words) -> list[tuple[int, str]]:
-    found: list[tuple[int, str]] = []
-    for offset, raw in words.find(PATH_PATTERN):
-        token = raw.rstrip(PATH_TRAILING)
-        if is_path_token(token):
-            found.append((offset, token))
-    return found
+    def _line(self, chosen: list[bool]) -> _Line:
+        return _Line(list(compress(self.starts, chosen)), list(compress(self.words, chosen)))
 
 
-def _numbers(text: str, words: _Words) -> list[tuple[int, str]]:
+class _Line:
+    """Words of a text joined by spaces: a match of the finders never spans a space, and a space
+    is the edge of a word to them as the text's own whitespace is, so they find in this line
+    what they would find in the text."""
+
+    def __init__(self, starts: list[int], words: list[str]) -> None:
+        self.text = " ".join(words)
+        offsets = list(accumulate(map(add, map(len, words), repeat(1)), initial=0))
+        # A hit at line offset o in word w is at o + starts[w] - offsets[w] in the text; the
+        # shift is kept one place on, where bisect_right(offsets, o) finds it.
+        self.words = _Numbering(offsets[:-1])
+        self.shifts = [0, *map(sub, starts, offsets)]
+
+    def find(self, pattern: re.Pattern[str]) -> tuple[list[int], tuple[str, ...]]:
+        """`pattern`'s hits: their offsets in the text, and their values."""
+        found = list(pattern.finditer(self.text))
+        at = list(map(_START, found))
+        shifts = map(self.shifts.__getitem__, self.words.number(at))
+        return list(map(add, at, shifts)), tuple(map(_GROUP, found))
+
+
+def _paths(line: _Line) -> tuple[list[int], tuple[str, ...]]:
+    at, raw = line.find(PATH_PATTERN)
+    tokens = list(map(methodcaller("rstrip", PATH_TRAILING), raw))
+    # A path is named again and again: each token is judged once.
+    verdicts = {token: is_path_token(token) for token in dict.fromkeys(tokens)}
+    kept = list(map(verdicts.__getitem__, tokens))
+    return list(compress(at, kept)), tuple(compress(tokens, kept))
+
+
+def _numbers(text: str, line: _Line) -> tuple[list[int], tuple[str, ...]]:
     """Numbers with their context, read from the text around each run of digits."""
-    found: list[tuple[int, str]] = []
-    for offset, digits in words.find(DIGITS_PATTERN):
-        end = offset + len(digits)
-        if not is_after_word(text, offset) and (value := number_in_context(text, offset, end)):
-            found.append((offset, value))
-    return found
+    found_at: list[int] = []
+    found: list[str] = []
+    at, digits = line.find(DIGITS_PATTERN)
+    for offset, run in zip(at, digits, strict=True):
+        if is_after_word(text, offset):
+            continue
+        if value := number_in_context(text, offset, offset + len(run)):
+            found_at.append(offset)
+            found.append(value)
+    return found_at, tuple(found)
 
 
 class MentionCache:
