@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from itertools import filterfalse
 
 CJK_LETTERS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 """Kana, CJK ideographs and Hangul syllables: the characters that count as words on their own
@@ -24,25 +25,26 @@ def is_cjk_dominant(texts: Iterable[str]) -> bool:
     """True when at least a quarter of the letters (`str.isalpha`) are CJK (they carry more per
     character).
 
-    Counted at C speed over whole texts: ASCII letters by `bytes.translate`, CJK letters by one
-    regular expression over the texts that are not ASCII; the other wide letters are counted only
-    when the bounds they lie between leave the answer open.
+    Counted at C speed over whole texts: the texts are joined, the ASCII ones apart from the
+    others (`str.isascii` is a flag; joined, they stay one byte a character); ASCII letters
+    counted by `bytes.translate`, CJK letters by one regular expression over the texts that are
+    not ASCII; the other wide letters are counted only when the bounds they lie between leave
+    the answer open.
     """
-    cjk = ascii_letters = wide = 0
-    wide_texts = []
-    for text in texts:
-        narrow = text.encode("ascii", "ignore")
-        ascii_letters += len(narrow.translate(None, _ASCII_NON_LETTERS))
-        if len(narrow) != len(text):
-            wide += len(text) - len(narrow)
-            cjk += len(text) - len(CJK_LETTER.sub("", text))
-            wide_texts.append(text)
+    listed = list(texts)
+    narrow_text = "".join(filter(str.isascii, listed))
+    wide_text = "".join(filterfalse(str.isascii, listed))
+    narrow = wide_text.encode("ascii", "ignore")
+    ascii_letters = len(narrow_text.encode().translate(None, _ASCII_NON_LETTERS)) + len(
+        narrow.translate(None, _ASCII_NON_LETTERS)
+    )
+    wide = len(wide_text) - len(narrow)
+    cjk = len(wide_text) - len(CJK_LETTER.sub("", wide_text)) if wide else 0
     if cjk == 0 or cjk * 4 < ascii_letters + cjk:  # not even if no other wide one is a letter
         return False
     if cjk * 4 >= ascii_letters + wide:  # even if every wide character is a letter
         return True
-    letters = ascii_letters + sum(len(_WIDE_LETTER.findall(text)) for text in wide_texts)
-    return cjk * 4 >= letters
+    return cjk * 4 >= ascii_letters + len(_WIDE_LETTER.findall(wide_text))
 
 
 def collapse_spaces(text: str) -> str:
