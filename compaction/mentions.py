@@ -23,7 +23,7 @@ import re
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import accumulate, compress, islice, repeat
+from itertools import accumulate, compress, filterfalse, islice, repeat
 from operator import add, contains, getitem, methodcaller, or_, sub
 
 from compaction.scan import (
@@ -197,16 +197,15 @@ class MentionCache:
     def scan(self, texts: Sequence[str]) -> list[Mentions]:
         """`scan_prose(texts)`, scanning only the texts not seen before."""
         found = self._found
-        new = list(dict.fromkeys(text for text in texts if text not in found))
+        new = list(dict.fromkeys(filterfalse(found.__contains__, texts)))
         if new:
             self.scanned += len(new)
-            for text, mentions in zip(new, scan_prose(new), strict=True):
-                found[text] = mentions
-                self._held += len(text)
-        result = []
-        for text in texts:
-            found.move_to_end(text)
-            result.append(found[text])
+            found.update(zip(new, scan_prose(new), strict=True))
+            self._held += sum(map(len, new))
+        # Each text as the most recently used, in order (each call returns None: `any` runs
+        # them all, in C).
+        any(map(found.move_to_end, texts))
+        result = list(map(found.__getitem__, texts))
         while self._held > self.max_chars and len(found) > len(texts):
             text, _ = found.popitem(last=False)
             self._held -= len(text)
