@@ -6,7 +6,10 @@ Earlier summaries are left out: the update request carries them separately.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
+from itertools import accumulate, compress, repeat
+from operator import eq
 from typing import NamedTuple
 
 from compaction.messages import Item
@@ -55,23 +58,30 @@ _Limits = tuple[int, int | None, int | None]
 
 class _Stages:
     """The entries rendered whole once, when a stage is first rendered; a stage renders again
-    only the entries its limits clip (found from the longest down), so a stage that clips few
-    costs a list copy and a join. `shortest` bounds a stage's length from below without
-    rendering it, so a stage that cannot fit is neither joined nor counted."""
+    only the entries its limits clip, so a stage that clips few costs a list copy and a join.
+    `shortest` bounds a stage's length from below without rendering it, so a stage that cannot
+    fit is neither joined nor counted.
+
+    The entries are held by kind, sorted by length: the ones a limit clips are the tail past
+    one bisection, and the lengths they lose at least are read from running sums, so neither
+    costs a step per entry."""
 
     def __init__(self, entries: Sequence[_Entry]) -> None:
         self.entries = entries
         self._whole: list[str] | None = None
-        by_kind: dict[str, list[tuple[int, int]]] = {}
-        for i, entry in enumerate(entries):
-            by_kind.setdefault(entry.kind, []).append((len(entry.text), i))
-        self.by_text = {kind: sorted(sizes, reverse=True) for kind, sizes in by_kind.items()}
-        self.by_calls = sorted(
-            ((len(e.calls), i) for i, e in enumerate(entries) if e.calls), reverse=True
-        )
+        kinds, labels, texts, calls = zip(*entries, strict=True) if entries else ((), (), (), ())
+        sizes = list(map(len, texts))
         # Each entry's least rendered length: its label and its text without trailing spaces.
-        self.least = [len(e.label) + 2 + len(e.text.rstrip()) for e in entries]
-        self.least_total = sum(self.least) + 2 * max(len(entries) - 1, 0)
+        kept = list(map(len, map(str.rstrip, texts)))
+        self.least_total = (
+            sum(map(len, labels)) + sum(kept) + 2 * len(entries) + 2 * max(len(entries) - 1, 0)
+        )
+        every = range(len(entries))
+        self.by_text = {
+            kind: _BySize(sizes, list(compress(every, map(eq, kinds, repeat(kind)))), kept)
+            for kind in dict.fromkeys(kinds)
+        }
+        self.by_calls = _BySize(list(map(len, calls)), list(compress(every, calls)), kept)
 
     def clipped(self, limits: _Limits) -> set[int]:
         """The entries `limits` clip."""
@@ -80,24 +90,23 @@ class _Stages:
         for kind, sizes in self.by_text.items():
             limit = _limit(limits, kind)
             if limit is not None:
-                clipped.update(_longer(sizes, limit))
+                clipped.update(sizes.longer(limit))
         if assistant is not None:
-            clipped.update(_longer(self.by_calls, assistant))
+            clipped.update(self.by_calls.longer(assistant))
         return clipped
 
-    def shortest(self, limits: _Limits, clipped: set[int]) -> int:
+    def shortest(self, limits: _Limits) -> int:
         """A lower bound of the length of `render(limits, clipped)`.
 
         An entry whose text is clipped keeps at least the head of it (two thirds of the limit)
         and the marker after it, which trailing whitespace cannot be; one whose text is not
         clipped (only its calls) keeps its text; an entry renders with its label either way."""
         total = self.least_total
-        entries = self.entries
-        for i in clipped:
-            entry = entries[i]
-            limit = _limit(limits, entry.kind)
-            if limit is not None and len(entry.text) > limit:
-                total += len(entry.label) + 2 + max(limit, 0) * 2 // 3 - self.least[i]
+        for kind, sizes in self.by_text.items():
+            limit = _limit(limits, kind)
+            if limit is not None:
+                count, kept = sizes.past(limit)
+                total += count * (max(limit, 0) * 2 // 3) - kept
         return total
 
     def render(self, limits: _Limits, clipped: set[int]) -> str:
@@ -109,20 +118,30 @@ class _Stages:
         return "\n\n".join(parts)
 
 
+class _BySize:
+    """Some entries (`chosen`) by the length of one of their texts (`sizes`, of every entry),
+    shortest first, with the running sum of a weight of theirs in the same order."""
+
+    def __init__(self, sizes: list[int], chosen: list[int], weights: list[int]) -> None:
+        # A stable sort by length: entries of one length stay in their order.
+        self.indices = sorted(chosen, key=sizes.__getitem__)
+        self.sizes = list(map(sizes.__getitem__, self.indices))
+        self.weights = list(accumulate(map(weights.__getitem__, self.indices), initial=0))
+
+    def longer(self, limit: int) -> list[int]:
+        """The entries whose text is longer than `limit`."""
+        return self.indices[bisect_right(self.sizes, limit) :]
+
+    def past(self, limit: int) -> tuple[int, int]:
+        """How many entries are longer than `limit`, and the sum of their weights."""
+        cut = bisect_right(self.sizes, limit)
+        return len(self.sizes) - cut, self.weights[-1] - self.weights[cut]
+
+
 def _limit(limits: _Limits, kind: str) -> int | None:
     """The clipping limit of an entry of `kind` (malformed and other entries: the assistant's)."""
     tool, assistant, user = limits
     return {"tool": tool, "assistant": assistant, "user": user}.get(kind, assistant)
-
-
-def _longer(sizes: Sequence[tuple[int, int]], limit: int) -> list[int]:
-    """The indices of `sizes` (longest first) whose size exceeds `limit`."""
-    found: list[int] = []
-    for size, i in sizes:
-        if size <= limit:
-            break
-        found.append(i)
-    return found
 
 
 def _entry(item: Item) -> _Entry:
@@ -172,7 +191,7 @@ def render_transcript(
         clipped = rendered.clipped(limits)
         if whole_too_long and not clipped:
             continue  # the same text as a stage that did not fit
-        if not _cannot_fit(rendered.shortest(limits, clipped), estimator, max_tokens):
+        if not _cannot_fit(rendered.shortest(limits), estimator, max_tokens):
             text = rendered.render(limits, clipped)
             if estimator.count_text(text) <= max_tokens:
                 return text

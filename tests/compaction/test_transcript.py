@@ -12,7 +12,7 @@ from compaction.messages import Item
 from compaction.settings import TOOL_OUTPUT_CLIP_CHARS
 from compaction.text import clip_middle
 from compaction.tokens import CL100K
-from compaction.transcript import _STAGES, _entry, render_transcript
+from compaction.transcript import _STAGES, _Entry, _entry, _limit, _Stages, render_transcript
 from tests.factories import assistant, summary, tool_block, user
 
 ESTIMATOR = HeuristicEstimator()
@@ -116,3 +116,35 @@ def test_transcript_equals_one_render_per_stage_on_corpus_conversations(
                 assert found == expected
                 compared += 1
     assert compared > 100
+
+
+def _shortest_entry_by_entry(
+    entries: list[_Entry], limits: tuple[int, int | None, int | None]
+) -> int:
+    """The stage's length bound as a sum over its entries: each keeps its label and either its
+    text without trailing spaces or, clipped, two thirds of the limit."""
+    total = 2 * max(len(entries) - 1, 0)
+    for entry in entries:
+        limit = _limit(limits, entry.kind)
+        clipped = limit is not None and len(entry.text) > limit
+        kept = max(limit, 0) * 2 // 3 if clipped and limit is not None else len(entry.text.rstrip())
+        total += len(entry.label) + 2 + kept
+    return total
+
+
+def test_the_length_bound_is_the_entry_by_entry_bound_and_holds_on_the_corpus(
+    corpus_dir: Path,
+) -> None:
+    checked = 0
+    for path in sorted(corpus_dir.glob("*.jsonl")):
+        for conversation in list(read_corpus(path))[::4]:
+            entries = [
+                _entry(i) for i in read_items(conversation["messages"]) if i.kind != "summary"
+            ]
+            stages = _Stages(entries)
+            for limits in _STAGES:
+                bound = stages.shortest(limits)
+                assert bound == _shortest_entry_by_entry(entries, limits)
+                assert bound <= len(stages.render(limits, stages.clipped(limits)))
+                checked += 1
+    assert checked > 100
