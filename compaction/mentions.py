@@ -27,6 +27,7 @@ from itertools import accumulate, compress, filterfalse, islice, repeat
 from operator import add, contains, getitem, methodcaller, or_, sub
 
 from compaction.scan import (
+    CODE_EXTENSIONS,
     DIGITS_PATTERN,
     IDENTIFIER_PATTERN,
     PATH_PATTERN,
@@ -51,6 +52,34 @@ _END = methodcaller("end")
 _GROUP = methodcaller("group")
 _DIGIT = re.compile(r"\d")
 _BUT_LAST = slice(None, -1)
+# A known extension after a dot, as PATH_PATTERN (IGNORECASE) reads one, written for speed:
+# letters spelled as classes, with the other characters IGNORECASE matches them to (`ı` and `İ`
+# for i, the Kelvin sign for k, `ſ` for s), in a tree of branches by first letter, after a
+# class of the first letters. The engine tests a class that opens a branch in C and skips the
+# branch at once; most dots in code (`self.patch.draw(x)`) fail the first test.
+_CASELESS = {"i": "iIıİ", "k": "kK\u212a", "s": "sS\u017f"}
+
+
+def _caseless(letter: str) -> str:
+    return _CASELESS.get(letter, letter + letter.upper())
+
+
+def _branches(words: Iterable[str]) -> str:
+    """An alternation matching exactly `words` (lowercase letters, any case), as a tree."""
+    by_first: dict[str, list[str]] = {}
+    for word in sorted(words):
+        by_first.setdefault(word[0], []).append(word[1:])
+    branches = []
+    for first, rests in by_first.items():
+        longer = [rest for rest in rests if rest]
+        then = f"(?:{_branches(longer)})" if longer else ""
+        optional = "?" if longer and "" in rests else ""
+        branches.append(f"[{_caseless(first)}]{then}{optional}")
+    return "|".join(branches)
+
+
+_FIRST_LETTERS = "".join(sorted({_caseless(extension[0]) for extension in CODE_EXTENSIONS}))
+_EXTENSION = re.compile(rf"\.(?=[{_FIRST_LETTERS}])(?:{_branches(CODE_EXTENSIONS)})\b")
 
 
 Mentions = tuple[tuple[str, ...], tuple[str, ...]]
@@ -125,8 +154,15 @@ class _Words:
         self.pathlike = list(map(or_, slashed, dotted))
 
     def paths(self) -> _Line:
-        """The words that can hold a path (PATH_PATTERN needs a slash or a dot in its word)."""
-        return self._line(self.pathlike)
+        """The words that can hold a path: PATH_PATTERN reads a slash, or a dot before a known
+        extension (most dotted words in code, `self.patch.draw(x)`, have neither). The
+        extensions are found by one search over the words with a slash or a dot."""
+        dotted = self._line(self.pathlike)
+        named = dotted.words.number(map(_START, _EXTENSION.finditer(dotted.text)))
+        chosen = list(map(contains, self.words, repeat("/")))
+        for word in named:  # counted from 1 among the dotted words
+            chosen[dotted.chosen[word - 1]] = True
+        return self._line(chosen)
 
     def digits(self) -> _Line:
         """The words that can hold a number or an identifier (both need a digit in their
@@ -137,7 +173,11 @@ class _Words:
         return self._line([next(digits) if p else True for p in self.pathlike])
 
     def _line(self, chosen: list[bool]) -> _Line:
-        return _Line(list(compress(self.starts, chosen)), list(compress(self.words, chosen)))
+        return _Line(
+            list(compress(self.starts, chosen)),
+            list(compress(self.words, chosen)),
+            list(compress(range(len(chosen)), chosen)),
+        )
 
 
 class _Line:
@@ -145,8 +185,10 @@ class _Line:
     is the edge of a word to them as the text's own whitespace is, so they find in this line
     what they would find in the text."""
 
-    def __init__(self, starts: list[int], words: list[str]) -> None:
+    def __init__(self, starts: list[int], words: list[str], chosen: list[int]) -> None:
         self.text = " ".join(words)
+        self.chosen = chosen
+        """Which of the words it was made from each of its words is."""
         offsets = list(accumulate(map(add, map(len, words), repeat(1)), initial=0))
         # A hit at line offset o in word w is at o + starts[w] - offsets[w] in the text; the
         # shift is kept one place on, where bisect_right(offsets, o) finds it.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from hypothesis import given
@@ -9,9 +10,9 @@ from hypothesis import strategies as st
 
 from bench.corpus import read_corpus
 from compaction import Compactor
-from compaction.mentions import MentionCache, Mentions, scan_prose
+from compaction.mentions import _EXTENSION, MentionCache, Mentions, scan_prose
 from compaction.messages import read_items
-from compaction.scan import find_paths, mentioned_values, strip_fences
+from compaction.scan import CODE_EXTENSIONS, find_paths, mentioned_values, strip_fences
 from compaction.types import Message
 from tests.compaction.conftest import ScriptedLLM
 from tests.factories import assistant, system, user
@@ -97,3 +98,41 @@ async def test_a_longer_history_folds_again_scanning_only_its_new_messages() -> 
     fresh = Compactor()
     again = await fresh.run(longer, longer_plan, llm=ScriptedLLM(), session_id=None)
     assert again.summary_text == second.summary_text
+
+
+_IGNORING_CASE = re.compile(
+    r"\.(?:" + "|".join(sorted(CODE_EXTENSIONS, key=len, reverse=True)) + r")\b", re.IGNORECASE
+)
+_EXTENSION_TEXTS = st.lists(
+    st.sampled_from(
+        [
+            *sorted(CODE_EXTENSIONS),
+            ".",
+            "a",
+            "S",
+            "ſ",
+            "K",
+            "\u212a",
+            "İ",
+            "ı",
+            "_",
+            " ",
+            "/",
+            "1",
+            "é",
+        ]
+    ),
+    max_size=12,
+).map("".join)
+
+
+@given(_EXTENSION_TEXTS)
+def test_the_extension_tree_matches_where_the_ignorecase_alternation_does(text: str) -> None:
+    found = [m.span() for m in _EXTENSION.finditer(text)]
+    assert found == [m.span() for m in _IGNORING_CASE.finditer(text)]
+
+
+def test_the_extension_tree_matches_every_extension_in_any_case() -> None:
+    for extension in CODE_EXTENSIONS:
+        for spelled in (extension, extension.upper(), extension.replace("s", "ſ")):
+            assert _EXTENSION.fullmatch(f".{spelled}") and _IGNORING_CASE.fullmatch(f".{spelled}")
