@@ -20,8 +20,8 @@ new ones.
 from __future__ import annotations
 
 import re
-from bisect import bisect_left, bisect_right
-from collections import OrderedDict
+from bisect import bisect_right
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate, compress, filterfalse, islice, repeat
 from operator import add, contains, getitem, methodcaller, or_, sub
@@ -126,8 +126,8 @@ class _Numbering:
     ) -> Iterator[tuple[str, ...]]:
         """The values of each of `count` texts, in order, as slices of `values`: a text's hits
         are a run of them, since the offsets rise."""
-        numbers = self.number(offsets)
-        cuts = list(map(bisect_left, repeat(numbers), range(1, count + 2)))
+        hits = Counter(self.number(offsets))
+        cuts = list(accumulate(map(hits.get, range(1, count + 1), repeat(0)), initial=0))
         return map(values.__getitem__, map(slice, cuts, islice(cuts, 1, None)))
 
 
@@ -240,14 +240,18 @@ class MentionCache:
         """`scan_prose(texts)`, scanning only the texts not seen before."""
         found = self._found
         new = list(dict.fromkeys(filterfalse(found.__contains__, texts)))
+        scanned = scan_prose(new) if new else []
         if new:
             self.scanned += len(new)
-            found.update(zip(new, scan_prose(new), strict=True))
+            found.update(zip(new, scanned, strict=True))
             self._held += sum(map(len, new))
-        # Each text as the most recently used, in order (each call returns None: `any` runs
-        # them all, in C).
-        any(map(found.move_to_end, texts))
-        result = list(map(found.__getitem__, texts))
+        if len(new) == len(texts):
+            result = scanned  # all new and distinct: the most recent already, in their order
+        else:
+            # Each text as the most recently used, in order (each call returns None: `any`
+            # runs them all, in C).
+            any(map(found.move_to_end, texts))
+            result = list(map(found.__getitem__, texts))
         while self._held > self.max_chars and len(found) > len(texts):
             text, _ = found.popitem(last=False)
             self._held -= len(text)
