@@ -28,11 +28,9 @@ from operator import add, contains, getitem, methodcaller, or_, sub
 
 from compaction.scan import (
     CODE_EXTENSIONS,
-    DIGITS_PATTERN,
     IDENTIFIER_PATTERN,
     PATH_PATTERN,
     PATH_TRAILING,
-    is_after_word,
     is_path_token,
     number_in_context,
     strip_fences,
@@ -51,6 +49,9 @@ _START = methodcaller("start")
 _END = methodcaller("end")
 _GROUP = methodcaller("group")
 _DIGIT = re.compile(r"\d")
+# DIGITS_PATTERN's runs that no word character precedes (scan.is_after_word): the lookbehind
+# comes after the first digit, so the pattern still opens with a class the engine skips to.
+_DIGIT_RUN = re.compile(r"\d(?<!\w\d)\d\d+")
 _BUT_LAST = slice(None, -1)
 # A known extension after a dot, as PATH_PATTERN (IGNORECASE) reads one, written for speed:
 # letters spelled as classes, with the other characters IGNORECASE matches them to (`ı` and `İ`
@@ -214,16 +215,10 @@ def _paths(line: _Line) -> tuple[list[int], tuple[str, ...]]:
 
 def _numbers(text: str, line: _Line) -> tuple[list[int], tuple[str, ...]]:
     """Numbers with their context, read from the text around each run of digits."""
-    found_at: list[int] = []
-    found: list[str] = []
-    at, digits = line.find(DIGITS_PATTERN)
-    for offset, run in zip(at, digits, strict=True):
-        if is_after_word(text, offset):
-            continue
-        if value := number_in_context(text, offset, offset + len(run)):
-            found_at.append(offset)
-            found.append(value)
-    return found_at, tuple(found)
+    at, digits = line.find(_DIGIT_RUN)
+    values = list(map(number_in_context, repeat(text), at, map(add, at, map(len, digits))))
+    kept = list(map(bool, values))
+    return list(compress(at, kept)), tuple(compress(values, kept))
 
 
 class MentionCache:

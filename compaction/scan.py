@@ -272,19 +272,25 @@ def is_after_word(text: str, at: int) -> bool:
 def number_in_context(prose: str, start: int, end: int) -> str:
     """The number at prose[start:end] as its own token with the two words before it (after it,
     opening a line); "" when it stands alone. Bounded slices, split at C speed."""
-    line = prose.rfind("\n", max(0, start - _CONTEXT_CHARS), start) + 1
-    before = prose[line or max(0, start - _CONTEXT_CHARS) : start].split()
-    if not line and start > _CONTEXT_CHARS and before:
-        before = before[1:]  # the slice may open inside a word
+    digits = prose[start:end]
+    window = start - _CONTEXT_CHARS if start > _CONTEXT_CHARS else 0
+    line = prose.rfind("\n", window, start) + 1
+    # The words before it, split from the end: only the last three are ever shown (two, and
+    # one glued to the number), so four splits tell them and whether more came before.
+    before = prose[line or window : start].rsplit(maxsplit=4)
+    if len(before) == 5:
+        del before[:2]  # the first may be cut by the window (dropped below): not needed here
+    elif not line and window and before:
+        del before[0]  # the slice may open inside a word
     prefix = before.pop() if before and not prose[start - 1].isspace() else ""
     glued = end < len(prose) and not prose[end].isspace()
     after = _words_after(prose, end) if glued or not before else []
     suffix = after.pop(0) if after and glued else ""
-    token = prefix + prose[start:end] + suffix
+    token = prefix + digits + suffix
     words = [*before[-2:], token] if before else [token, *after[:2]]
     # ", " inside a value would split it when the ledger's inline list is read back.
     value = " ".join(words).replace(", ", " ").rstrip(".:,;/-")
-    return "" if value == prose[start:end] else value
+    return "" if value == digits else value
 
 
 def _words_after(prose: str, end: int) -> list[str]:
