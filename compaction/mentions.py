@@ -39,11 +39,14 @@ from compaction.scan import (
 _SEPARATOR = "\n"
 # A word that can hold a path has a slash or a dot before its last character; one that can hold
 # a number or an identifier has a digit (IDENTIFIER_PATTERN's lookahead needs one in the same
-# word). Each pattern runs from the first such character to the end of its word: one hit per
-# word; the second reads the reversed text, where a dot before a character comes after one.
-# Both open with a plain class (the dot's condition checked after it): the engine skips to a
-# class in C, where an alternation that opens with a category is tried at every position.
-_WORD_END = re.compile(r"[\d/.](?:(?<!\.)|(?=\S))\S*")
+# word). The pattern runs from the first such character to the end of its word: one hit per
+# word. It opens with a plain class (the dot's condition checked after it): the engine skips to
+# a class in C, where an alternation that opens with a category is tried at every position; and
+# to a class of ASCII digits twice as fast as to `\d`, which is what it reads in texts without
+# other digits (`_WIDE_DIGIT`: Arabic-Indic, fullwidth, ...), nearly all of them.
+_WORD_END = re.compile(r"[\d/.](?:(?<!\.)|(?=\S))\S*+")
+_ASCII_WORD_END = re.compile(r"[0-9/.](?:(?<!\.)|(?=\S))\S*+")
+_WIDE_DIGIT = re.compile(r"[^\D0-9]")
 _BACK = re.compile(r"\S*")
 _START = methodcaller("start")
 _END = methodcaller("end")
@@ -94,7 +97,8 @@ def scan_prose(texts: Sequence[str]) -> list[Mentions]:
     joined = _SEPARATOR.join(prose)
     # Each hit is found by its text's number (1 for the first) from the texts' offsets.
     texts_at = _Numbering(list(accumulate([len(p) + 1 for p in prose[:-1]], initial=0)))
-    words = _Words(joined)
+    wide = _WIDE_DIGIT.search(_SEPARATOR.join(filterfalse(str.isascii, prose)))
+    words = _Words(joined, _WORD_END if wide else _ASCII_WORD_END)
     path_at, paths = _paths(words.paths())
     digits = words.digits()
     number_at, numbers = _numbers(joined, digits)
@@ -141,9 +145,9 @@ class _Words:
     character begins, read from the reversed text. The work per word is done by `map` over
     C functions: no Python frame per word."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, finder: re.Pattern[str]) -> None:
         size = len(text)
-        found = list(_WORD_END.finditer(text))
+        found = list(finder.finditer(text))
         ends = list(map(_END, found))
         reverse = text[::-1]
         behind = map(_BACK.match, repeat(reverse), map(sub, repeat(size), map(_START, found)))
