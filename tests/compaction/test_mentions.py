@@ -52,6 +52,14 @@ def test_scan_prose_equals_the_per_text_finders_on_any_texts(texts: list[str]) -
     assert scan_prose(texts) == _one_by_one(texts)
 
 
+def test_digits_other_than_ascii_are_found_as_the_per_text_finders_find_them() -> None:
+    # Words are found by a class of ASCII digits only when no text holds another digit.
+    texts = ["order ١٢٣٤ please", "room ５６７ now", "plain text", "see v2.0 and 12345 too"]
+    assert scan_prose(texts) == _one_by_one(texts)
+    assert scan_prose(texts)[0][1] == ("order ١٢٣٤",)
+    assert scan_prose(texts[1:])[0][1] == ("room ５６７",)
+
+
 def test_the_cache_scans_each_text_once_and_answers_like_a_scan() -> None:
     cache = MentionCache()
     first = ["see src/app.py and order 12345", "id ab12cd34 here"]
