@@ -131,6 +131,8 @@ class _Numbering:
     ) -> Iterator[tuple[str, ...]]:
         """The values of each of `count` texts, in order, as slices of `values`: a text's hits
         are a run of them, since the offsets rise."""
+        if not offsets:
+            return repeat((), count)  # prose often names no path at all
         hits = Counter(self.number(offsets))
         cuts = list(accumulate(map(hits.get, range(1, count + 1), repeat(0)), initial=0))
         return map(values.__getitem__, map(slice, cuts, islice(cuts, 1, None)))
