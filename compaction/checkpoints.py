@@ -50,7 +50,7 @@ class Prefix(Sequence[bytes]):
     history's digests copies tens of thousands of references on every request. Iterated, in
     either direction, at C speed (the stores walk a request's digests newest first)."""
 
-    __slots__ = ("_digests", "_count")
+    __slots__ = ("_count", "_digests")
 
     def __init__(self, digests: Sequence[bytes], count: int) -> None:
         # Of a Prefix, the list under it; of another sequence, a list once.
