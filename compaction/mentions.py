@@ -50,11 +50,13 @@ _WIDE_DIGIT = re.compile(r"[^\D0-9]")
 _BACK = re.compile(r"\S*")
 _START = methodcaller("start")
 _END = methodcaller("end")
-_GROUP = methodcaller("group")
+# The finders of scan.py as one group each, to split a line by (see _Line.find).
+_PATH = re.compile(f"({PATH_PATTERN.pattern})", PATH_PATTERN.flags)
+_IDENTIFIER = re.compile(f"({IDENTIFIER_PATTERN.pattern})", IDENTIFIER_PATTERN.flags)
 _DIGIT = re.compile(r"\d")
 # DIGITS_PATTERN's runs that no word character precedes (scan.is_after_word): the lookbehind
 # comes after the first digit, so the pattern still opens with a class the engine skips to.
-_DIGIT_RUN = re.compile(r"\d(?<!\w\d)\d\d+")
+_DIGIT_RUN = re.compile(r"(\d(?<!\w\d)\d\d+)")
 _BUT_LAST = slice(None, -1)
 # A known extension after a dot, as PATH_PATTERN (IGNORECASE) reads one, written for speed:
 # letters spelled as classes, with the other characters IGNORECASE matches them to (`ı` and `İ`
@@ -102,7 +104,7 @@ def scan_prose(texts: Sequence[str]) -> list[Mentions]:
     path_at, paths = _paths(words.paths())
     digits = words.digits()
     number_at, numbers = _numbers(joined, digits)
-    identifier_at, identifiers = digits.find(IDENTIFIER_PATTERN)
+    identifier_at, identifiers = digits.find(_IDENTIFIER)
     count = len(texts)
     by_text = zip(
         texts_at.group(path_at, paths, count),
@@ -203,15 +205,17 @@ class _Line:
         self.shifts = [0, *map(sub, starts, offsets)]
 
     def find(self, pattern: re.Pattern[str]) -> tuple[list[int], tuple[str, ...]]:
-        """`pattern`'s hits: their offsets in the text, and their values."""
-        found = list(pattern.finditer(self.text))
-        at = list(map(_START, found))
+        """The hits of `pattern` (one group, the whole match): their offsets in the text, and
+        their values. Split by it, the line alternates the text between hits and the hits, so
+        each hit's offset is the length of all the parts before it: no match object per hit."""
+        parts = pattern.split(self.text)
+        at = list(islice(accumulate(map(len, parts)), 0, len(parts) - 1, 2))
         shifts = map(self.shifts.__getitem__, self.words.number(at))
-        return list(map(add, at, shifts)), tuple(map(_GROUP, found))
+        return list(map(add, at, shifts)), tuple(islice(parts, 1, None, 2))
 
 
 def _paths(line: _Line) -> tuple[list[int], tuple[str, ...]]:
-    at, raw = line.find(PATH_PATTERN)
+    at, raw = line.find(_PATH)
     tokens = list(map(methodcaller("rstrip", PATH_TRAILING), raw))
     # A path is named again and again: each token is judged once.
     verdicts = {token: is_path_token(token) for token in dict.fromkeys(tokens)}
