@@ -26,21 +26,28 @@ def is_cjk_dominant(texts: Iterable[str]) -> bool:
     character).
 
     Counted at C speed over whole texts: the texts are joined, the ASCII ones apart from the
-    others (`str.isascii` is a flag; joined, they stay one byte a character); ASCII letters
-    counted by `bytes.translate`, CJK letters by one regular expression over the texts that are
-    not ASCII; the other wide letters are counted only when the bounds they lie between leave
-    the answer open.
+    others (`str.isascii` is a flag); CJK letters by one regular expression over the texts that
+    are not ASCII, first: with none (most histories) the answer is no, and the ASCII letters of
+    the rest are not counted at all. Then ASCII letters by `bytes.translate` (of a first slice,
+    if that settles it); the other wide letters only when the bounds they lie between leave the
+    answer open.
     """
     listed = list(texts)
-    narrow_text = "".join(filter(str.isascii, listed))
     wide_text = "".join(filterfalse(str.isascii, listed))
+    cjk = len(wide_text) - len(CJK_LETTER.sub("", wide_text))
+    if cjk == 0:
+        return False
+    narrow_text = "".join(filter(str.isascii, listed)).encode()
+    # The letters of a slice of the ASCII text are fewer than all letters: often enough already
+    # to answer no (a few CJK characters quoted in English), without counting the rest.
+    if cjk * 3 < len(narrow_text[: 16 * cjk + 4096].translate(None, _ASCII_NON_LETTERS)):
+        return False
     narrow = wide_text.encode("ascii", "ignore")
-    ascii_letters = len(narrow_text.encode().translate(None, _ASCII_NON_LETTERS)) + len(
+    ascii_letters = len(narrow_text.translate(None, _ASCII_NON_LETTERS)) + len(
         narrow.translate(None, _ASCII_NON_LETTERS)
     )
     wide = len(wide_text) - len(narrow)
-    cjk = len(wide_text) - len(CJK_LETTER.sub("", wide_text)) if wide else 0
-    if cjk == 0 or cjk * 4 < ascii_letters + cjk:  # not even if no other wide one is a letter
+    if cjk * 4 < ascii_letters + cjk:  # not even if no other wide one is a letter
         return False
     if cjk * 4 >= ascii_letters + wide:  # even if every wide character is a letter
         return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -56,3 +57,15 @@ def _cjk_dominant_by_definition(texts: list[str]) -> bool:
 )
 def test_the_fast_cjk_count_agrees_with_its_definition(texts: list[str]) -> None:
     assert is_cjk_dominant(texts) == _cjk_dominant_by_definition(texts)
+
+
+@pytest.mark.parametrize("cjk", [1, 300, 2000])
+@pytest.mark.parametrize("spread", [1, 7, 40])
+def test_long_texts_near_the_quarter_agree_with_the_definition(cjk: int, spread: int) -> None:
+    """Past the first slice of ASCII text that the fast count reads before the rest."""
+    for letters in range(3 * cjk - 2, 3 * cjk + 3):
+        english = (("a" + " " * spread) * letters)[: letters * (spread + 1)]
+        texts = [english, "中" * cjk + "é"]
+        assert is_cjk_dominant(texts) == _cjk_dominant_by_definition(texts)
+        texts = [" " * (16 * cjk + 5000) + english, "中" * cjk]
+        assert is_cjk_dominant(texts) == _cjk_dominant_by_definition(texts)
