@@ -25,7 +25,7 @@ from compaction.scan import (
     final_exception,
     find_paths,
     first_error_line,
-    first_lines,
+    first_lines_of,
     is_shell_tool,
     last_output_line,
 )
@@ -197,7 +197,7 @@ def build_ledger(
     requests = [item.text for item in prose if item.kind == "user"]
     files = dict.fromkeys(chain.from_iterable(paths))
     return Ledger(
-        requests=tuple(dict.fromkeys(filter(None, map(first_lines, requests)))),
+        requests=tuple(dict.fromkeys(filter(None, first_lines_of(requests)))),
         trail=trail.entries(),
         files=tuple(files),
         values=tuple(filterfalse(files.__contains__, dict.fromkeys(chain.from_iterable(values)))),

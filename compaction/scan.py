@@ -7,6 +7,7 @@ hits in order, clipped to a readable length. The ledger decides which item each 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from compaction.messages import ToolCall
 from compaction.text import clip_end, collapse_spaces
@@ -263,3 +264,19 @@ def _words_after(prose: str, end: int) -> list[str]:
 def first_lines(text: str, limit: int = REQUEST_CHARS) -> str:
     """The opening of a request, whitespace collapsed and clipped."""
     return clip_end(collapse_spaces(text[: limit * 4]), limit)
+
+
+def first_lines_of(texts: Iterable[str], limit: int = REQUEST_CHARS) -> list[str]:
+    """`first_lines` of each text. One already on one line, with single spaces between words and
+    none around them, within the limit, is its own: `isprintable` is false for every whitespace
+    character but the space, so the test costs a few scans in C where collapsing splits it."""
+    return [
+        text
+        if len(text) <= limit
+        and text.isprintable()
+        and "  " not in text
+        and text[:1] != " "
+        and text[-1:] != " "
+        else first_lines(text, limit)
+        for text in texts
+    ]

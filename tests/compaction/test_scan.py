@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from compaction.scan import (
@@ -12,6 +12,8 @@ from compaction.scan import (
     error_lines,
     fenced_commands,
     find_paths,
+    first_lines,
+    first_lines_of,
     mentioned_values,
     strip_fences,
 )
@@ -65,3 +67,20 @@ def test_fences_are_found_as_the_lazy_patterns_find_them(text: str) -> None:
     """The fence patterns are `.*?` written out for speed: the same blocks, unclosed ones too."""
     assert strip_fences(text) == (_LAZY_FENCE.sub(" ", text) if "```" in text else text)
     assert fenced_commands(text) == [b for b in _LAZY_SHELL.findall(text) if b.strip()]
+
+
+_REQUESTS = st.lists(
+    st.lists(
+        st.sampled_from(
+            ["a", "word", " ", "  ", "\n", "\t", "\xa0", "\u3000", "\r", "é", "x" * 120]
+        ),
+        max_size=12,
+    ).map("".join),
+    max_size=6,
+)
+
+
+@given(_REQUESTS)
+@example(["a  b", " a", "a ", "a\tb", "a\xa0b", "a\u3000b", "a\nb", "x" * 301, "ok then"])
+def test_first_lines_of_many_texts_are_each_text_s_first_lines(texts: list[str]) -> None:
+    assert first_lines_of(texts) == [first_lines(text) for text in texts]
