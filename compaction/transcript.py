@@ -40,10 +40,8 @@ class _Entry(NamedTuple):
     calls: str = ""
 
     def render(self, limits: tuple[int, int | None, int | None]) -> str:
-        tool_limit, assistant_limit, user_limit = limits
-        limit = {"tool": tool_limit, "assistant": assistant_limit, "user": user_limit}.get(
-            self.kind, assistant_limit
-        )
+        assistant_limit = limits[1]
+        limit = _limit(limits, self.kind)
         body = self.text if limit is None else clip_middle(self.text, limit)
         if self.calls:
             calls = (
@@ -141,7 +139,7 @@ class _BySize:
 def _limit(limits: _Limits, kind: str) -> int | None:
     """The clipping limit of an entry of `kind` (malformed and other entries: the assistant's)."""
     tool, assistant, user = limits
-    return {"tool": tool, "assistant": assistant, "user": user}.get(kind, assistant)
+    return tool if kind == "tool" else user if kind == "user" else assistant
 
 
 def _entry(item: Item) -> _Entry:
