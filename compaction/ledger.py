@@ -13,17 +13,16 @@ import re
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
-from itertools import accumulate, chain, filterfalse
+from itertools import accumulate, chain, filterfalse, islice
 from operator import itemgetter
 
-from compaction.mentions import Mentions, scan_prose
+from compaction.mentions import Mentions, find_paths_each, scan_prose
 from compaction.messages import Item, ToolCall
 from compaction.scan import (
     call_commands_and_paths,
     command_key,
     fenced_commands,
     final_exception,
-    find_paths,
     first_error_line,
     first_lines_of,
     is_shell_tool,
@@ -76,22 +75,22 @@ class _Trail:
         self.outcomes: list[str] = []
         self.pending: dict[str, int] = {}
 
-    def assistant(self, item: Item) -> list[str]:
-        """Add an assistant item's calls; the paths its commands and call arguments name."""
+    def assistant(self, item: Item) -> tuple[list[str], list[str]]:
+        """Add an assistant item's calls: the shell commands it wrote in its text (their paths
+        are found for all items at once), and the paths its calls' arguments name."""
         if not item.joins and self.pending:
             # A new chat turn leaves earlier calls unanswered; a joining Responses call item
             # does not, its siblings' outputs come after it.
             self.pending = {}
+        commands = fenced_commands(item.text) if "```" in item.text else []
+        for command in commands:  # a fence opens every shell block: most turns have none
+            self._call("shell", f"$ {command_key(command)}")
         paths: list[str] = []
-        if "```" in item.text:  # a fence opens every shell block: most turns have none
-            for command in fenced_commands(item.text):
-                self._call("shell", f"$ {command_key(command)}")
-                paths += find_paths(command)
         if item.calls:
             for call in item.functions:
                 self._call(call.id or "", _describe(call))
                 paths += call_commands_and_paths(call)[1]
-        return paths
+        return commands, paths
 
     def _call(self, key: str, text: str) -> None:
         self.pending[key] = len(self.calls)
@@ -178,6 +177,7 @@ def build_ledger(
     paths = list(map(itemgetter(0), mentions))
     values = list(map(itemgetter(1), mentions))
     trail = _Trail()
+    calling: list[tuple[int, list[str], list[str]]] = []  # (at, commands, argument paths)
     at = -1  # the index in `prose` of the last prose item seen
     for item in chosen:
         kind = item.kind
@@ -188,12 +188,19 @@ def build_ledger(
             if item.observation:  # tool output: its prose is not mined
                 paths[at] = values[at] = ()
                 trail.answer(("shell",), item.text)
-            elif named := trail.assistant(item):
-                paths[at] = (*paths[at], *named)
+            else:
+                commands, named = trail.assistant(item)
+                if commands or named:
+                    calling.append((at, commands, named))
         elif item.observation:
             trail.answer(("shell",), item.text)
         elif kind == "user":
             at += 1
+    # An item's files: its prose's, its commands', its calls' arguments'.
+    in_commands = iter(find_paths_each([c for _, commands, _ in calling for c in commands]))
+    for at, commands, named in calling:
+        found = chain.from_iterable(islice(in_commands, len(commands)))
+        paths[at] = (*paths[at], *found, *named)
     requests = [item.text for item in prose if item.kind == "user"]
     files = dict.fromkeys(chain.from_iterable(paths))
     return Ledger(

@@ -47,6 +47,7 @@ _SEPARATOR = "\n"
 _WORD_END = re.compile(r"[\d/.](?:(?<!\.)|(?=\S))\S*+")
 _ASCII_WORD_END = re.compile(r"[0-9/.](?:(?<!\.)|(?=\S))\S*+")
 _WIDE_DIGIT = re.compile(r"[^\D0-9]")
+_PATHLIKE_END = re.compile(r"[/.](?:(?<!\.)|(?=\S))\S*+")
 _BACK = re.compile(r"\S*")
 _START = methodcaller("start")
 _END = methodcaller("end")
@@ -97,8 +98,7 @@ def scan_prose(texts: Sequence[str]) -> list[Mentions]:
     """For each text: (find_paths(strip_fences(text)), mentioned_values(text)) of scan.py."""
     prose = [strip_fences(text) for text in texts]
     joined = _SEPARATOR.join(prose)
-    # Each hit is found by its text's number (1 for the first) from the texts' offsets.
-    texts_at = _Numbering(list(accumulate([len(p) + 1 for p in prose[:-1]], initial=0)))
+    texts_at = _texts_at(prose)
     wide = _WIDE_DIGIT.search(_SEPARATOR.join(filterfalse(str.isascii, prose)))
     words = _Words(joined, _WORD_END if wide else _ASCII_WORD_END)
     path_at, paths = _paths(words.paths())
@@ -116,6 +116,20 @@ def scan_prose(texts: Sequence[str]) -> list[Mentions]:
         strict=True,
     )
     return list(by_text)
+
+
+def find_paths_each(texts: Sequence[str]) -> list[tuple[str, ...]]:
+    """`scan.find_paths` of each text (shell commands, say), all found at once as scan_prose
+    finds them: only the words with a slash or a dot can hold a path."""
+    words = _Words(_SEPARATOR.join(texts), _PATHLIKE_END)
+    path_at, paths = _paths(words.paths())
+    return list(_texts_at(texts).group(path_at, paths, len(texts)))
+
+
+def _texts_at(texts: Sequence[str]) -> _Numbering:
+    """Each hit's text (its number, 1 for the first) from the offsets the texts start at once
+    joined."""
+    return _Numbering(list(accumulate([len(text) + 1 for text in texts[:-1]], initial=0)))
 
 
 class _Numbering:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from bench.corpus import read_corpus
 from compaction import Compactor
-from compaction.mentions import _EXTENSION, MentionCache, Mentions, scan_prose
+from compaction.mentions import _EXTENSION, MentionCache, Mentions, find_paths_each, scan_prose
 from compaction.messages import read_items
 from compaction.scan import CODE_EXTENSIONS, find_paths, mentioned_values, strip_fences
 from compaction.types import Message
@@ -144,3 +144,20 @@ def test_the_extension_tree_matches_every_extension_in_any_case() -> None:
     for extension in CODE_EXTENSIONS:
         for spelled in (extension, extension.upper(), extension.replace("s", "ſ")):
             assert _EXTENSION.fullmatch(f".{spelled}") and _IGNORING_CASE.fullmatch(f".{spelled}")
+
+
+@given(_TEXTS)
+def test_the_paths_of_many_commands_are_each_command_s_paths(texts: list[str]) -> None:
+    assert find_paths_each(texts) == [tuple(find_paths(text)) for text in texts]
+
+
+def test_the_paths_of_every_corpus_text_at_once_are_each_text_s_paths(corpus_dir: Path) -> None:
+    texts = [
+        item.text
+        for path in sorted(corpus_dir.glob("*.jsonl"))
+        for conversation in read_corpus(path)
+        for item in read_items(conversation["messages"])
+    ]
+    found = find_paths_each(texts)
+    assert found == [tuple(find_paths(text)) for text in texts]
+    assert sum(map(len, found)) > 1000
