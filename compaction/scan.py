@@ -77,6 +77,8 @@ _ERROR_LINE = re.compile(
     r"|(?:error|ERROR|fatal|panic):[ \t]*(?:\n[ \t]*)?\S[^\n]*)$",
     re.MULTILINE,
 )
+_LINE_BREAK = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+"""Where `str.splitlines` breaks a line."""
 _TRACEBACK_HEADER = "Traceback (most recent call last):"
 # Frames are indented (`  File …`, the code, `^^^^` markers); the exception line is not.
 _TRACEBACK_END = re.compile(
@@ -134,12 +136,15 @@ def is_path_token(token: str) -> bool:
 
 
 def command_key(command: str) -> str:
-    """A command as the ledger shows it: its first line, whitespace collapsed, clipped."""
-    lines = [line for line in command.strip().splitlines() if line.strip()]
-    first = collapse_spaces(lines[0]) if lines else ""
+    """A command as the ledger shows it: its first line, whitespace collapsed, clipped; " …"
+    when more lines follow (a stripped command that breaks its line has more: its last
+    character is no space). A heredoc script is not split into its lines for that."""
+    stripped = command.strip()
+    more = _LINE_BREAK.search(stripped)
+    first = collapse_spaces(stripped[: more.start()] if more else stripped)
     if len(first) > COMMAND_CHARS:
         return clip_end(first, COMMAND_CHARS)
-    return first + (" …" if len(lines) > 1 else "")
+    return first + (" …" if more else "")
 
 
 def is_shell_tool(name: str) -> bool:
@@ -262,7 +267,12 @@ def _words_after(prose: str, end: int) -> list[str]:
 
 
 def first_lines(text: str, limit: int = REQUEST_CHARS) -> str:
-    """The opening of a request, whitespace collapsed and clipped."""
+    """The opening of a request (its first `limit` * 4 characters), whitespace collapsed and
+    clipped. A shorter slice collapsed begins the collapsed opening (its last word cut at
+    most): when it is past the limit already, it is all that is shown."""
+    head = collapse_spaces(text[: 2 * limit])
+    if len(head) > limit or len(text) <= 2 * limit:
+        return clip_end(head, limit)
     return clip_end(collapse_spaces(text[: limit * 4]), limit)
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from bench.corpus import read_corpus
+from compaction.messages import read_items
 from compaction.scan import (
     command_key,
     error_lines,
@@ -17,6 +20,7 @@ from compaction.scan import (
     mentioned_values,
     strip_fences,
 )
+from compaction.text import clip_end, collapse_spaces
 
 
 def test_find_paths_ignores_urls_fractions_and_plain_words() -> None:
@@ -84,3 +88,49 @@ _REQUESTS = st.lists(
 @example(["a  b", " a", "a ", "a\tb", "a\xa0b", "a\u3000b", "a\nb", "x" * 301, "ok then"])
 def test_first_lines_of_many_texts_are_each_text_s_first_lines(texts: list[str]) -> None:
     assert first_lines_of(texts) == [first_lines(text) for text in texts]
+
+
+def _command_key_by_lines(command: str) -> str:
+    """command_key as it was: every line split out to count them."""
+    lines = [line for line in command.strip().splitlines() if line.strip()]
+    first = collapse_spaces(lines[0]) if lines else ""
+    if len(first) > 160:
+        return clip_end(first, 160)
+    return first + (" …" if len(lines) > 1 else "")
+
+
+def _first_lines_whole(text: str) -> str:
+    """first_lines as it was: the whole opening collapsed."""
+    return clip_end(collapse_spaces(text[:1200]), 300)
+
+
+_LINES = st.lists(
+    st.sampled_from(
+        ["ls", "cat <<'EOF' > a.py", " ", "  ", "\n", "\r\n", "\r", "\x0b", "\x1c", "\x1f", "\u2028",
+         "\xa0", "\t", "x" * 70, "word " * 30, "é"]
+    ),
+    max_size=40,
+).map("".join)  # fmt: skip
+
+
+@given(_LINES)
+@example("a\x1fb")
+@example("echo hi\n\n  \n")
+def test_command_keys_and_first_lines_are_what_splitting_every_line_gave(text: str) -> None:
+    assert command_key(text) == _command_key_by_lines(text)
+    assert first_lines(text) == _first_lines_whole(text)
+
+
+def test_command_keys_and_first_lines_of_the_corpus_are_what_splitting_every_line_gave(
+    corpus_dir: Path,
+) -> None:
+    texts = [
+        item.text
+        for path in sorted(corpus_dir.glob("*.jsonl"))
+        for conversation in read_corpus(path)
+        for item in read_items(conversation["messages"])
+    ]
+    commands = [command for text in texts for command in fenced_commands(text)]
+    assert len(commands) > 1000
+    assert [command_key(c) for c in commands] == [_command_key_by_lines(c) for c in commands]
+    assert [first_lines(t) for t in texts] == [_first_lines_whole(t) for t in texts]
