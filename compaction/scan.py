@@ -250,20 +250,17 @@ def number_in_context(prose: str, start: int, end: int) -> str:
         del before[0]  # the slice may open inside a word
     prefix = before.pop() if before and not prose[start - 1].isspace() else ""
     glued = end < len(prose) and not prose[end].isspace()
-    after = _words_after(prose, end) if glued or not before else []
-    suffix = after.pop(0) if after and glued else ""
-    token = prefix + digits + suffix
-    words = [*before[-2:], token] if before else [token, *after[:2]]
+    if before and not glued:  # most numbers: the words after are not needed
+        words = [*before[-2:], prefix + digits]
+    else:
+        # The words after it on its line: one glued to it, then two shown if none came before.
+        stop = prose.find("\n", end, end + _CONTEXT_CHARS)
+        after = prose[end : stop if stop >= 0 else end + _CONTEXT_CHARS].split(maxsplit=3)
+        token = prefix + digits + (after.pop(0) if after and glued else "")
+        words = [*before[-2:], token] if before else [token, *after[:2]]
     # ", " inside a value would split it when the ledger's inline list is read back.
     value = " ".join(words).replace(", ", " ").rstrip(".:,;/-")
     return "" if value == digits else value
-
-
-def _words_after(prose: str, end: int) -> list[str]:
-    """The first three words after prose[end], on its line (needed only when no word comes
-    before the number, or one is glued to its end: most numbers need no second split)."""
-    stop = prose.find("\n", end, end + _CONTEXT_CHARS)
-    return prose[end : stop if stop >= 0 else end + _CONTEXT_CHARS].split(maxsplit=3)[:3]
 
 
 def first_lines(text: str, limit: int = REQUEST_CHARS) -> str:
