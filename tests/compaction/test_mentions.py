@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.corpus import read_corpus
@@ -47,6 +47,7 @@ _PIECES = st.sampled_from(
 _TEXTS = st.lists(st.lists(_PIECES, max_size=40).map("".join), max_size=8)
 
 
+@settings(max_examples=400)
 @given(_TEXTS)
 def test_scan_prose_equals_the_per_text_finders_on_any_texts(texts: list[str]) -> None:
     assert scan_prose(texts) == _one_by_one(texts)
