@@ -12,7 +12,7 @@ block too. Every other item, malformed ones included, is a block of its own.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from compaction.marker import TASK_HEADING
 from compaction.messages import CHAT, Item, Shape, read_items
@@ -77,15 +77,23 @@ def split_blocks(items: Sequence[Item], start: int, end: int, counts: Sequence[i
     blocks: list[Block] = []
     i = start
     while i < end:
-        stop = min(block_end(items, i), end)
-        kind: Literal["tool", "message"] = "message"
-        if stop > i + 1 and any(_acts(items[k]) for k in range(i, stop)):
-            kind = "tool"
-        user_led = items[i].kind in ("user", "summary")
+        item = items[i]
+        # Most items neither lead nor call (every one of a chat without tools): their blocks
+        # are found here without `block_end`'s general walk; the result is the same.
+        if item.lead or item.calls:
+            stop = min(block_end(items, i), end)
+            tool = stop > i + 1 and any(_acts(items[k]) for k in range(i, stop))
+        elif item.kind == "assistant" and i + 1 < end and items[i + 1].observation:
+            stop, tool = i + 2, True  # an action in text and its observation
+        else:
+            stop, tool = i + 1, False
         tokens = counts[i] if stop == i + 1 else sum(counts[i:stop])
-        blocks.append(Block(i, stop, kind, tokens, user_led))
+        blocks.append(Block(i, stop, "tool" if tool else "message", tokens, item.kind in _USER_LED))
         i = stop
     return blocks
+
+
+_USER_LED = frozenset({"user", "summary"})
 
 
 def _acts(item: Item) -> bool:
@@ -140,8 +148,8 @@ def split(
     rounds: list[Round] = []
     for start, end in zip(starts, [*starts[1:], len(items)], strict=False):
         blocks = tuple(split_blocks(items, start, end, counts))
-        has_user = items[start].is_request
-        rounds.append(Round(start, end, blocks, has_user, sum(b.tokens for b in blocks)))
+        # The blocks cover the round exactly: their tokens are the round's messages' tokens.
+        rounds.append(Round(start, end, blocks, items[start].is_request, sum(counts[start:end])))
     tools_tokens = estimator.count_tools(tools)
     return Segments(
         head_end=head,

@@ -1,7 +1,8 @@
 """The values and protocols shared across the compaction library.
 
 Messages stay plain dicts exactly as the caller sent them (unknown fields included); everything
-the library derives from them is a frozen dataclass that points back into the list by index.
+the library derives from them is a frozen dataclass (or, where one is built per message, a
+NamedTuple: as immutable, and cheaper to build) that points back into the list by index.
 Whatever needs I/O (the summarizing LLM, the token counter) is a Protocol passed in.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from compaction.text import normalize
 
@@ -68,8 +69,7 @@ class TokenEstimator(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)  # slots: one is built per message; a third cheaper
-class Block:
+class Block(NamedTuple):
     """Messages [start, end) that are kept or folded together.
 
     kind "tool": an item with calls and every item answering them (segment.block_end).
@@ -85,8 +85,7 @@ class Block:
     when roles must alternate."""
 
 
-@dataclass(frozen=True, slots=True)
-class Round:
+class Round(NamedTuple):
     """A user item (at `start`) and everything after it up to the next user item.
 
     The preamble round (messages between the head and the first real user message, such as an

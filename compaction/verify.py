@@ -121,8 +121,7 @@ class SummaryIndex:
         are; the cheaper test first."""
         narrow = narrow_key(key)
         if narrow is not None:  # most keys: an ASCII token can only meet the summary's ASCII ones
-            found = byte_tokens(narrow)
-            if found and len(found & self.ascii_tokens) >= TOKEN_OVERLAP * len(found):
+            if self._overlaps(narrow):
                 return True
             return self._has(key)
         if self._has(key):
@@ -131,6 +130,19 @@ class SummaryIndex:
         if not tokens:
             return False
         return len(tokens & self.tokens) >= TOKEN_OVERLAP * len(tokens)
+
+    def _overlaps(self, narrow: bytes) -> bool:
+        """Most of `byte_tokens(narrow)` are the summary's, counted without building that set:
+        the runs of one or two letters it leaves out are never the summary's tokens either, so
+        they only need subtracting from the count (unless a letter sits beside a digit)."""
+        runs = set(narrow.translate(_ASCII_WORDS).split())
+        if runs.isdisjoint(_MIXED_RUNS):
+            total = len(runs) - len(runs.intersection(_SHORT_LETTER_RUNS))
+            hits = len(runs.intersection(self.ascii_tokens))
+        else:
+            found = byte_tokens(narrow)
+            total, hits = len(found), len(found & self.ascii_tokens)
+        return total > 0 and hits >= TOKEN_OVERLAP * total
 
     def _has(self, key: str) -> bool:
         """The key's normalized text is empty or in the summary's; the probe asked first."""
