@@ -109,6 +109,7 @@ class SummaryIndex:
         self.text = comparable(summary)
         self.tokens = key_tokens(summary)
         self.ascii_tokens = {token.encode("ascii") for token in self.tokens if token.isascii()}
+        self.picked = frozenset(self.ascii_tokens | _SHORT_LETTER_RUNS | _MIXED_RUNS)
         text = self.text
         self.probes: frozenset[str] | None = (
             frozenset([text[i : i + PROBE_CHARS] for i in range(len(text) - PROBE_CHARS + 1)])
@@ -132,16 +133,21 @@ class SummaryIndex:
         return len(tokens & self.tokens) >= TOKEN_OVERLAP * len(tokens)
 
     def _overlaps(self, narrow: bytes) -> bool:
-        """Most of `byte_tokens(narrow)` are the summary's, counted without building that set:
-        the runs of one or two letters it leaves out are never the summary's tokens either, so
-        they only need subtracting from the count (unless a letter sits beside a digit)."""
+        """Most of `byte_tokens(narrow)` are the summary's, counted without building that set.
+
+        The runs of the key that are the summary's tokens, or runs under three characters with
+        a letter (which `byte_tokens` drops, or replaces by their digit), are picked out in one
+        pass; those three kinds never overlap, so the rest is arithmetic on the few picked."""
         runs = set(narrow.translate(_ASCII_WORDS).split())
-        if runs.isdisjoint(_MIXED_RUNS):
-            total = len(runs) - len(runs.intersection(_SHORT_LETTER_RUNS))
-            hits = len(runs.intersection(self.ascii_tokens))
-        else:
-            found = byte_tokens(narrow)
-            total, hits = len(found), len(found & self.ascii_tokens)
+        picked = runs.intersection(self.picked)
+        short = picked.intersection(_SHORT_LETTER_RUNS)
+        mixed = picked.intersection(_MIXED_RUNS)
+        total = len(runs) - len(short) - len(mixed)
+        hits = len(picked) - len(short) - len(mixed)
+        if mixed:  # "a1" counts as "1" unless the key has "1" already
+            digits = {run.translate(None, _LETTERS) for run in mixed}.difference(runs)
+            total += len(digits)
+            hits += len(digits.intersection(self.ascii_tokens))
         return total > 0 and hits >= TOKEN_OVERLAP * total
 
     def _has(self, key: str) -> bool:

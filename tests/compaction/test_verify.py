@@ -131,6 +131,8 @@ def test_english_punctuation_keeps_a_key_narrow() -> None:
 
 
 @given(_MIXED_TEXT, _MIXED_TEXT, st.sampled_from([1, PROBED_KEYS]))
+@example("a1 1 abc xyz", "abc 1", 1)  # "a1" counts as the "1" the key has: 2 of 3 tokens
+@example("b2 abc xyz", "abc 2", 1)  # "b2" counts as "2": 2 of 3 tokens
 def test_contains_is_the_definition(key: str, summary: str, keys: int) -> None:
     assert SummaryIndex(summary, keys=keys).contains(key) == _reference_contains(key, summary)
 
