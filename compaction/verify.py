@@ -175,7 +175,7 @@ def check_preserved(
 ) -> Verification:
     """Which of `keys` (deduplicated, in order) the summary preserves, and the grade; with
     `moved_to_memory`, the missing ones were written to the memory file and are counted so."""
-    unique = list(dict.fromkeys(k for k in keys if k.strip()))
+    unique = list(filter(str.strip, dict.fromkeys(keys)))  # C speed: a key per folded request
     index = SummaryIndex(summary, keys=len(unique))
     missing = tuple(k for k in unique if not index.contains(k))
     preserved = len(unique) - len(missing)

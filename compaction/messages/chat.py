@@ -55,6 +55,11 @@ def message_text(message: Any) -> str:
     return "\n".join(pieces)
 
 
+_item = tuple.__new__
+"""An Item from all its fields in order, as `Item(...)` builds it less its keyword handling:
+for the user and assistant messages that most of a history is made of."""
+
+
 class ChatShape:
     """The chat-completions message shape."""
 
@@ -71,10 +76,12 @@ class ChatShape:
                 return Item("user", text, label=role)
             if is_summary_text(text):
                 return Item("summary", text, label=role)
-            return Item("user", text, observation=is_observation_text(text), label=role)
+            return _item(
+                Item, ("user", text, (), (), is_observation_text(text), False, False, role)
+            )
         if role == "assistant":
             calls = _calls(raw) if "tool_calls" in raw or "function_call" in raw else ()
-            return Item("assistant", text, calls=calls, label=role)
+            return _item(Item, ("assistant", text, calls, (), False, False, False, role))
         if role in _HEAD_ROLES:
             return Item("head", text, label=role)
         if role == "tool":
