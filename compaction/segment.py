@@ -16,7 +16,7 @@ from typing import Any
 
 from compaction.marker import TASK_HEADING
 from compaction.messages import CHAT, Item, Shape, read_items
-from compaction.tokens import REPLY_PRIMING_TOKENS
+from compaction.tokens import REPLY_PRIMING_TOKENS, count_messages
 from compaction.types import Block, Round, Segments, TokenEstimator
 
 
@@ -147,14 +147,17 @@ def split(
     *,
     shape: Shape = CHAT,
     items: Sequence[Item] | None = None,
+    counts: Sequence[int] | None = None,
 ) -> Segments:
     """Segment `messages` for planning; never raises on malformed items.
 
-    `items` is `read_items(messages, shape)` when the caller already has it.
+    `items` is `read_items(messages, shape)` and `counts` is `count_messages(messages,
+    estimator)` when the caller already has them.
     """
     if items is None:
         items = read_items(messages, shape)
-    counts = [estimator.count_message(m) for m in messages]
+    if counts is None:
+        counts = count_messages(messages, estimator)
     head = head_end(items)
     starts = round_starts(items, head)
     rounds = split_rounds(items, starts, counts)

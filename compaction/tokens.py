@@ -119,10 +119,16 @@ class HeuristicEstimator:
         )
 
 
+def count_messages(messages: Sequence[Any], estimator: TokenEstimator) -> list[int]:
+    """The tokens of each message (a list parallel to `messages`), at C speed around the
+    estimator's own work."""
+    return list(map(estimator.count_message, messages))
+
+
 def estimate_request(messages: Sequence[Any], tools: Any, estimator: TokenEstimator) -> int:
     """Prompt tokens of a chat request: every message, the tool definitions, reply priming."""
     return (
-        sum(estimator.count_message(m) for m in messages)
+        sum(map(estimator.count_message, messages))
         + estimator.count_tools(tools)
         + REPLY_PRIMING_TOKENS
     )
