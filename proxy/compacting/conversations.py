@@ -20,6 +20,7 @@ from compaction import CompactionResult, Compactor, Plan
 from compaction.checkpoints import (
     Checkpoint,
     CheckpointStore,
+    Prefix,
     View,
     checkpoint_after,
     plan_key,
@@ -113,7 +114,7 @@ class Conversations:
 
     async def latest(self, digests: Sequence[bytes], count: int) -> Checkpoint | None:
         """The checkpoint of the longest remembered prefix of a request of `count` messages."""
-        return await self._store.longest(digests[: count - 1])  # the last is the new turn
+        return await self._store.longest(Prefix(digests, count - 1))  # the last: the new turn
 
     async def view(
         self, req: ParsedRequest, digests: Sequence[bytes], original_tokens: int | None = None
@@ -126,7 +127,7 @@ class Conversations:
         compaction after the first down to the precompute ratio.
         """
         # The last message is never part of a checkpoint: it is the new turn.
-        newest = await self._store.longest(digests[:-1])
+        newest = await self._store.longest(Prefix(digests, len(digests) - 1))
         view = View.of(req.messages, newest)
         if newest is None and original_tokens is not None:
             return view, original_tokens, None

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from compaction.checkpoints import (
     Checkpoint,
     MemoryCheckpointStore,
+    Prefix,
     View,
     checkpoint_after,
     conversation_seed,
@@ -16,6 +19,27 @@ from compaction.checkpoints import (
 )
 from compaction.marker import SUMMARY_MARKER
 from compaction.types import CompactionResult
+
+
+def test_a_prefix_reads_as_the_slice_it_stands_for() -> None:
+    digests = prefix_digests(_conversation(6), b"seed")
+    absent = prefix_digests(_conversation(1), b"other")[0]
+    for count in (-1, 0, 1, 5, len(digests), len(digests) + 3):
+        prefix, expected = Prefix(digests, count), digests[: max(0, count)]
+        assert len(prefix) == len(expected)
+        assert list(prefix) == expected
+        assert list(reversed(prefix)) == expected[::-1]
+        assert [prefix[i] for i in range(-len(expected), len(expected))] == expected * 2
+        assert prefix[1:-1] == expected[1:-1]
+        for value in [*digests, absent]:
+            assert (value in prefix) == (value in expected)
+        assert list(Prefix(prefix, count - 1)) == expected[: max(0, count - 1)]
+        for index in (len(expected), -len(expected) - 1):
+            with pytest.raises(IndexError):
+                prefix[index]
+    assert Prefix(digests, 4).index(digests[3]) == 3
+    with pytest.raises(ValueError):
+        Prefix(digests, 4).index(digests[4])  # past the prefix
 
 
 def _conversation(rounds: int) -> list[dict[str, Any]]:

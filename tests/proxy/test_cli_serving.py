@@ -47,8 +47,11 @@ def test_listening_is_logged_once_bound_and_shutdown_logs_the_drain(tmp_path: Pa
         assert process.stderr is not None
         first = json.loads(process.stderr.readline())
         assert first["msg"] == "listening" and first["port"] == port
-        # Bound by now: a connection succeeds.
-        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        # Bound by now: a connection succeeds. The access line of a request made just before
+        # the signal waits in the log's buffer (batched) and is written before the exit.
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert conn.recv(64).startswith(b"HTTP/1.1 200")
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=30)
     finally:
@@ -56,7 +59,8 @@ def test_listening_is_logged_once_bound_and_shutdown_logs_the_drain(tmp_path: Pa
         process.wait()
     assert process.returncode == 0
     messages = _messages(stderr)
-    assert messages[0].startswith("shutting down")
+    assert messages[0] == "request" and '"path":"/healthz"' in stderr
+    assert messages[1].startswith("shutting down")
     assert messages[-1] == "stopped"
 
 

@@ -1,0 +1,141 @@
+"""The CLI's log handler (proxy.logs.JsonLines): access lines batched, never lost or reordered,
+and written as the full record path writes them."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import re
+import threading
+from collections.abc import Iterator
+
+import orjson
+import pytest
+
+from proxy.logs import (
+    ACCESS_LOGGER,
+    JsonFormatter,
+    JsonLines,
+    RequestInfo,
+    _AccessRecord,
+    configure_logging,
+    log_request,
+)
+
+
+@pytest.fixture
+def stream() -> Iterator[io.BytesIO]:
+    """A BytesIO the CLI's logging setup writes to; the logging setup before is put back."""
+    root, access = logging.getLogger(), logging.getLogger(ACCESS_LOGGER)
+    saved = (root.handlers[:], root.level, access.handlers[:], access.propagate)
+    out = io.BytesIO()
+    configure_logging("INFO", stream=out)
+    try:
+        yield out
+    finally:
+        root.handlers[:], level, access.handlers[:], access.propagate = saved
+        root.setLevel(level)
+
+
+def _handler() -> JsonLines:
+    """The CLI's handler, alone on the access logger again: pytest's log capture adds its own
+    handlers to the loggers while a test runs, which sends access lines the full-record way."""
+    access = logging.getLogger(ACCESS_LOGGER)
+    handler = access.handlers[0]
+    assert isinstance(handler, JsonLines)
+    access.handlers[:] = [handler]
+    return handler
+
+
+def _lines(out: io.BytesIO) -> list[dict[str, object]]:
+    return [orjson.loads(line) for line in out.getvalue().splitlines()]
+
+
+def _info(session: str) -> RequestInfo:
+    return RequestInfo(route="chat", session=session, upstream_status=200, outcome="complete")
+
+
+async def test_access_lines_on_the_loop_wait_for_the_flush_then_go_out_together(
+    stream: io.BytesIO,
+) -> None:
+    _handler().flush_s = 0.05
+    for n in range(3):
+        log_request("POST", "/v1/chat/completions", 200, _info(f"s-{n}"))
+    assert stream.getvalue() == b""
+    await asyncio.sleep(0.2)
+    assert [line["session"] for line in _lines(stream)] == ["s-0", "s-1", "s-2"]
+
+
+async def test_the_direct_line_is_the_line_the_full_record_gives(stream: io.BytesIO) -> None:
+    handler = _handler()
+    log_request("POST", "/v1/chat/completions", 200, _info("s-1"))
+    assert stream.getvalue() == b""  # the direct path: waiting
+    handler.flush()
+    (direct,) = _lines(stream)
+    fields = {key: direct[key] for key in list(direct)[4:]}
+    via_record = orjson.loads(JsonFormatter().encode(_AccessRecord(fields)))
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", str(direct["ts"]))
+    assert direct.pop("ts") and via_record.pop("ts")
+    assert direct == via_record
+    assert direct["logger"] == ACCESS_LOGGER and direct["msg"] == "request"
+    assert direct["route"] == "chat" and direct["upstream_status"] == 200
+
+
+async def test_any_other_record_goes_out_at_once_after_the_lines_that_wait(
+    stream: io.BytesIO,
+) -> None:
+    _handler()
+    log_request("POST", "/v1/chat/completions", 200, _info("s-1"))
+    assert stream.getvalue() == b""
+    logging.getLogger("proxy.test").info("listening")
+    assert [line["msg"] for line in _lines(stream)] == ["request", "listening"]
+    log_request("GET", "/healthz", 200, _info("s-2"))
+    logging.getLogger("proxy.test").warning("upstream failed mid-response")
+    assert [line["msg"] for line in _lines(stream)][2:] == [
+        "request",
+        "upstream failed mid-response",
+    ]
+
+
+async def test_lines_past_the_size_bound_go_out_without_waiting(stream: io.BytesIO) -> None:
+    _handler().max_pending = 600  # an access line is about 230 bytes
+    for n in range(3):
+        log_request("POST", "/v1/chat/completions", 200, _info(f"s-{n}"))
+    assert [line["session"] for line in _lines(stream)] == ["s-0", "s-1", "s-2"]
+
+
+def test_a_line_from_a_thread_without_a_loop_goes_out_at_once(stream: io.BytesIO) -> None:
+    _handler()
+    elsewhere = threading.Thread(
+        target=log_request, args=("GET", "/healthz", 200, _info("s-t")), name="no-loop"
+    )
+    elsewhere.start()
+    elsewhere.join()
+    assert [line["session"] for line in _lines(stream)] == ["s-t"]
+
+
+async def test_a_second_handler_on_the_access_logger_gets_the_full_record(
+    stream: io.BytesIO,
+) -> None:
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    _handler()
+    access = logging.getLogger(ACCESS_LOGGER)
+    access.addHandler(Keep())
+    log_request("POST", "/v1/chat/completions", 200, _info("s-1"))
+    assert [record.getMessage() for record in seen] == ["request"]
+    assert vars(seen[0])["session"] == "s-1"
+    assert [line["session"] for line in _lines(stream)] == ["s-1"]  # written at once
+
+
+async def test_a_broken_stream_fails_no_request(stream: io.BytesIO) -> None:
+    handler = _handler()
+    stream.close()  # writing raises ValueError from now on
+    log_request("POST", "/v1/chat/completions", 200, _info("s-1"))
+    handler.flush()
+    logging.getLogger("proxy.test").warning("still fine")
