@@ -179,3 +179,13 @@ def test_blocks_are_the_block_end_definition_on_the_corpus(corpus_dir: Path) -> 
             _assert_blocks_by_definition(anthropic, ANTHROPIC)
             checked += 1
     assert checked >= 50
+
+
+@given(f.conversations(malformed=True))
+def test_round_of_and_block_at_find_what_holds_or_starts_at_an_index(messages: list[Any]) -> None:
+    segments = split(messages, EST)
+    holding = {i: r for r in segments.rounds for i in range(r.start, r.end)}
+    starting = {b.start: b for r in segments.rounds for b in r.blocks}
+    for i in range(-1, len(messages) + 2):
+        assert segments.round_of(i) == holding.get(i)
+        assert segments.block_at(i) == starting.get(i)
