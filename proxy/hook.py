@@ -71,9 +71,11 @@ class Hook(Protocol):
     async def prepare(self, ctx: RequestContext, body: bytes) -> Exchange: ...
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Passthrough:
-    """An exchange that changes nothing: `body` goes upstream as received, errors are relayed."""
+    """An exchange that changes nothing: `body` goes upstream as received, errors are relayed.
+    (Not frozen: one is built for every request, and a frozen dataclass takes three times as
+    long to build.)"""
 
     body: bytes
     session_id: str | None = None

@@ -148,7 +148,7 @@ def configure_logging(level: str, stream: IO[bytes] | None = None) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestInfo:
     """What one request did, filled in as it goes and logged once at the end."""
 

@@ -12,6 +12,8 @@ Anything that fails here forwards the original request; it never fails the agent
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from compaction import Compactor, MemoryWriter
 from compaction.checkpoints import CheckpointStore
@@ -43,6 +45,9 @@ from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
+
+# The headers of a request left as it came (one mapping shared by all: it is only read).
+_UNCHANGED: Mapping[str, str] = MappingProxyType({STATUS: "none"})
 
 # How much longer than a waiting request the summarizer call itself may take.
 _BACKGROUND_TIMEOUT_FACTOR = 3
@@ -81,11 +86,10 @@ class CompactingHook:
         self._smallest_window = min(
             [models.default_context_window, *models.context_windows.values()]
         )
+        self._lowest_ratio = min(self._options.precompute_ratio or 1.0, self._options.trigger_ratio)
 
     async def prepare(self, ctx: RequestContext, body: bytes) -> Exchange:
-        untouched = Passthrough(
-            body=body, headers={STATUS: "none"}, session_id=ctx.explicit_session
-        )
+        untouched = Passthrough(body=body, headers=_UNCHANGED, session_id=ctx.explicit_session)
         dialect = for_route(ctx.route)
         if dialect is None or not self._options.enabled:
             return untouched
@@ -126,10 +130,14 @@ class CompactingHook:
     # -- deciding ----------------------------------------------------------------------------
 
     def _may_reach(self, body: bytes) -> bool:
-        ratio = min(self._options.precompute_ratio or 1.0, self._options.trigger_ratio)
-        factor = self.calibration.max_factor
-        smallest = min(self._smallest_window, self.learned.smallest() or self._smallest_window)
-        return may_need_parsing(body, smallest_window=smallest, lowest_ratio=ratio, factor=factor)
+        learned = self.learned.smallest()
+        smallest = self._smallest_window if learned is None else min(learned, self._smallest_window)
+        return may_need_parsing(
+            body,
+            smallest_window=smallest,
+            lowest_ratio=self._lowest_ratio,
+            factor=self.calibration.max_factor,
+        )
 
     async def _retry_unparsed(
         self, ctx: RequestContext, dialect: Dialect, body: bytes, status: int, error: bytes
