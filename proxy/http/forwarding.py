@@ -17,7 +17,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
@@ -28,6 +27,7 @@ from proxy.http.encodings import decode_body, unreadable_body
 from proxy.http.headers import upstream_request_headers
 from proxy.http.relay import relay
 from proxy.http.sessions import resolve_session_id
+from proxy.http.upstream import Response
 from proxy.http.usage import UsageProbe
 from proxy.metrics import Metrics
 
@@ -159,9 +159,7 @@ async def forward_verbatim(request: web.Request, path_session: str | None) -> we
     )
 
 
-async def _send(
-    request: web.Request, method: str, url: Any, headers: Any, data: Any
-) -> aiohttp.ClientResponse:
+async def _send(request: web.Request, method: str, url: Any, headers: Any, data: Any) -> Response:
     info = request[keys.REQUEST_INFO]
     started = time.perf_counter()
     try:
@@ -174,7 +172,7 @@ async def _send(
     return response
 
 
-async def _read_error(request: web.Request, response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
+async def _read_error(request: web.Request, response: Response) -> tuple[bytes, bool]:
     info = request[keys.REQUEST_INFO]
     started = time.perf_counter()
     try:

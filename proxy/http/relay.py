@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterable, Mapping
 
-import aiohttp
 from aiohttp import web
 
 from proxy.errors import UpstreamStreamCut
 from proxy.http.headers import client_response_headers
+from proxy.http.upstream import Response
 from proxy.http.usage import UsageProbe
 from proxy.logs import RequestInfo
 from proxy.metrics import Metrics
@@ -28,7 +28,7 @@ OVERHEAD_HEADER = "x-compaction-proxy-overhead-ms"
 
 async def relay(
     request: web.Request,
-    upstream: aiohttp.ClientResponse,
+    upstream: Response,
     chunks: AsyncIterable[bytes],
     *,
     info: RequestInfo,

@@ -16,12 +16,12 @@ import functools
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 from urllib.parse import unquote
 
 import aiohttp
 import orjson
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from proxy.errors import (
@@ -32,11 +32,31 @@ from proxy.errors import (
     UpstreamUnreachable,
 )
 from proxy.http.encodings import decode_body
+from proxy.http.wire import WireError, WirePool
 from proxy.metrics import Metrics
 from proxy.settings import UpstreamSettings
 
 _SCHEME_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _FORBIDDEN_CHARS = re.compile(r"[\\@#\s\x00-\x1f\x7f]")
+
+
+class Body(Protocol):
+    async def readany(self) -> bytes: ...
+
+
+class Response(Protocol):
+    """An upstream response as the relay reads it: aiohttp's ClientResponse or wire's."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def headers(self) -> CIMultiDictProxy[str]: ...
+    @property
+    def content(self) -> Body: ...
+    def release(self) -> Any: ...
+    def close(self) -> None: ...
 
 
 def open_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
@@ -67,11 +87,15 @@ class Upstream:
         self._anthropic_text = str(URL(settings.anthropic_base_url.rstrip("/")))
         self._metrics = metrics
         self._session: aiohttp.ClientSession | None = None
+        self._wire = WirePool(
+            connect_timeout_s=settings.connect_timeout_s, read_timeout_s=settings.timeout_s
+        )
 
     async def open(self) -> None:
         self._session = open_session(self._settings)
 
     async def close(self) -> None:
+        await self._wire.close()
         if self._session is not None:
             await self._session.close()
 
@@ -110,25 +134,28 @@ class Upstream:
         data: Any,
         *,
         route: str,
-    ) -> aiohttp.ClientResponse:
-        """Send one request; return the response once its headers arrived (body unread)."""
+    ) -> Response:
+        """Send one request; return the response once its headers arrived (body unread). A
+        body in memory goes by the wire client (proxy.http.wire), a streamed one by aiohttp."""
         started = time.perf_counter()
         try:
-            response = await self.session.request(
-                method, url, headers=headers, data=data, allow_redirects=False
-            )
+            response: Response
+            if isinstance(data, bytes):
+                response = await self._wire.request(method, url, headers, data)
+            else:
+                response = await self.session.request(
+                    method, url, headers=headers, data=data, allow_redirects=False
+                )
         except _CLIENT_ERRORS as exc:
             raise_mapped(exc, reading_body=False, count=self._count)
         self._metrics.traffic.observe_upstream_latency(route, time.perf_counter() - started)
         return response
 
-    def chunks(self, response: aiohttp.ClientResponse) -> BodyChunks:
+    def chunks(self, response: Response) -> BodyChunks:
         """`response`'s body as it arrives (see BodyChunks)."""
         return BodyChunks(response, self._count)
 
-    async def read_bounded(
-        self, response: aiohttp.ClientResponse, limit: int
-    ) -> tuple[bytes, bool]:
+    async def read_bounded(self, response: Response, limit: int) -> tuple[bytes, bool]:
         """Up to about `limit` bytes of the body, and whether that was all of it.
         UpstreamStreamCut carries the bytes read before the body broke off (`partial`)."""
         parts: list[bytes] = []
@@ -201,7 +228,7 @@ class upstream_errors:
             raise_mapped(exc, reading_body=self._reading_body, count=self._count)
 
 
-_CLIENT_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError)
+_CLIENT_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError, WireError)
 
 
 def raise_mapped(
@@ -221,6 +248,8 @@ def raise_mapped(
 
 
 def _translate(exc: BaseException, *, reading_body: bool) -> tuple[str, Exception]:
+    if isinstance(exc, WireError):
+        return _translate_wire(exc.kind, reading_body=reading_body)
     if reading_body:
         kind = "stream_timeout" if isinstance(exc, TimeoutError) else "stream_cut"
         return kind, UpstreamStreamCut(kind)
@@ -230,6 +259,20 @@ def _translate(exc: BaseException, *, reading_body: bool) -> tuple[str, Exceptio
     if isinstance(exc, aiohttp.ClientConnectorError):
         return "connect", UpstreamUnreachable("cannot connect to the upstream")
     if isinstance(exc, TimeoutError):
+        return "timeout", UpstreamTimeout("the upstream did not answer in time")
+    return "connect", UpstreamUnreachable("the upstream failed before answering")
+
+
+def _translate_wire(kind: str, *, reading_body: bool) -> tuple[str, Exception]:
+    """The same map for the wire client's failures, by their kind."""
+    if reading_body:
+        cut = "stream_timeout" if kind == "timeout" else "stream_cut"
+        return cut, UpstreamStreamCut(cut)
+    if kind == "connect_timeout":
+        return "connect", UpstreamUnreachable("timed out connecting to the upstream")
+    if kind == "connect":
+        return "connect", UpstreamUnreachable("cannot connect to the upstream")
+    if kind == "timeout":
         return "timeout", UpstreamTimeout("the upstream did not answer in time")
     return "connect", UpstreamUnreachable("the upstream failed before answering")
 
@@ -274,9 +317,7 @@ class BodyChunks:
     A plain async iterator, not a generator, so a consumer that stops early leaves nothing
     suspended behind it."""
 
-    def __init__(
-        self, response: aiohttp.ClientResponse, count: Callable[[str], None] | None = None
-    ) -> None:
+    def __init__(self, response: Response, count: Callable[[str], None] | None = None) -> None:
         self._content = response.content
         self._count = count
 
