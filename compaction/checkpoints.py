@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import islice
-from typing import Any, Protocol, overload
+from typing import Any, Protocol
 
 import orjson
 from cachetools import TTLCache
@@ -43,59 +42,6 @@ def prefix_digests(messages: Sequence[Any], seed: bytes) -> list[bytes]:
         current = hashlib.blake2b(current + body, digest_size=_DIGEST_SIZE).digest()
         digests.append(current)
     return digests
-
-
-class Prefix(Sequence[bytes]):
-    """The first `count` digests of a list, as a sequence, without a copy: a slice of a long
-    history's digests copies tens of thousands of references on every request. Iterated, in
-    either direction, at C speed (the stores walk a request's digests newest first)."""
-
-    __slots__ = ("_count", "_digests")
-
-    def __init__(self, digests: Sequence[bytes], count: int) -> None:
-        # Of a Prefix, the list under it; of another sequence, a list once.
-        self._digests: list[bytes] = (
-            digests._digests
-            if isinstance(digests, Prefix)
-            else list(digests)
-            if not isinstance(digests, list)
-            else digests
-        )
-        self._count = max(0, min(count, len(digests)))
-
-    def __len__(self) -> int:
-        return self._count
-
-    @overload
-    def __getitem__(self, index: int) -> bytes: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[bytes]: ...
-
-    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
-        if isinstance(index, slice):
-            return self._digests[: self._count][index]
-        position = index + self._count if index < 0 else index
-        if not 0 <= position < self._count:
-            raise IndexError("prefix index out of range")
-        return self._digests[position]
-
-    def __iter__(self) -> Iterator[bytes]:
-        return islice(self._digests, self._count)
-
-    def __reversed__(self) -> Iterator[bytes]:
-        return islice(reversed(self._digests), len(self._digests) - self._count, None)
-
-    def __contains__(self, value: object) -> bool:
-        try:
-            self.index(value)
-        except ValueError:
-            return False
-        return True
-
-    def index(self, value: Any, start: int = 0, stop: int | None = None) -> int:
-        end = self._count if stop is None else min(stop, self._count)
-        return self._digests.index(value, start, end)
 
 
 @dataclass(frozen=True)

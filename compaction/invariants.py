@@ -46,11 +46,14 @@ def find_pairing_problems(
             continue
         if item.lead:
             continue  # glued to the next item: neither ends nor starts a run of calls
-        if item.joins and item.call_ids and pending and not answering:
-            pending.update(dict.fromkeys(sorted(item.call_ids), index))
+        # Most items make no call and follow none left open: no tuple or dict built for them.
+        call_ids = item.call_ids if item.calls else ()
+        if item.joins and call_ids and pending and not answering:
+            pending.update(dict.fromkeys(sorted(call_ids), index))
             continue
-        problems += [PairingProblem("unanswered call", cid, at) for cid, at in pending.items()]
-        pending = dict.fromkeys(sorted(item.call_ids), index)
+        if pending:
+            problems += [PairingProblem("unanswered call", cid, at) for cid, at in pending.items()]
+        pending = dict.fromkeys(sorted(call_ids), index) if call_ids else {}
         answering = False
     problems += [PairingProblem("unanswered call", cid, at) for cid, at in pending.items()]
     return problems

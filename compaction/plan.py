@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain, takewhile
 
 from compaction.settings import KEEP_RECENT_ROUNDS, SUMMARY_MAX_TOKENS, TARGET_RATIO, TRIGGER_RATIO
 from compaction.tokens import REPLY_PRIMING_TOKENS
@@ -118,22 +119,26 @@ def _fill(segments: Segments, blocks: Sequence[Block], budget: _Budget, window: 
         kept += block.tokens
         if not budget.fits(kept):
             break
-        pinned, _ = _pins(segments, block.start, window, pin=True)
-        if block.start > segments.head_end and budget.fits(kept + _tokens(segments, pinned)):
+        pinned = _pinned_tokens(segments, block.start, window)
+        if block.start > segments.head_end and budget.fits(kept + pinned):
             first = block.start
     return first
 
 
 def _fits_from(segments: Segments, keep_from: int, budget: _Budget, window: int) -> bool:
-    pinned, _ = _pins(segments, keep_from, window, pin=True)
-    kept = sum(b.tokens for r in segments.rounds for b in r.blocks if b.start >= keep_from)
-    return budget.fits(kept + _tokens(segments, pinned))
+    kept = _kept_tokens(segments, keep_from)
+    return budget.fits(kept + _pinned_tokens(segments, keep_from, window))
 
 
-def _pins(
-    segments: Segments, keep_from: int, window: int, *, pin: bool
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(pinned, quoted): the task and the cut round's request, when they would be folded."""
+def _kept_tokens(segments: Segments, keep_from: int) -> int:
+    """Tokens of the blocks from `keep_from` on, read from the end (blocks are in order): the
+    kept part is short, the folded part may be hundreds of thousands of blocks."""
+    blocks = chain.from_iterable(reversed(r.blocks) for r in reversed(segments.rounds))
+    return sum(b.tokens for b in takewhile(lambda b: b.start >= keep_from, blocks))
+
+
+def _wanted(segments: Segments, keep_from: int) -> list[int]:
+    """The task and the cut round's request, when they would be folded."""
     wanted: list[int] = []
     task = segments.task
     if task is not None and segments.head_end <= task < keep_from:
@@ -146,11 +151,31 @@ def _pins(
         and cut_round.start not in wanted
     ):
         wanted.append(cut_round.start)
+    return wanted
+
+
+def _pins(
+    segments: Segments, keep_from: int, window: int, *, pin: bool
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(pinned, quoted): the task and the cut round's request, when they would be folded."""
+    wanted = _wanted(segments, keep_from)
     if not pin:
         return (), tuple(sorted(wanted))
-    limit = TASK_PIN_SHARE * window
+    task, limit = segments.task, TASK_PIN_SHARE * window
     small = [i for i in wanted if i != task or _block_at(segments, i).tokens <= limit]
     return tuple(sorted(small)), tuple(sorted(set(wanted) - set(small)))
+
+
+def _pinned_tokens(segments: Segments, keep_from: int, window: int) -> int:
+    """`_tokens(segments, pinned)` of `_pins(..., pin=True)`, without the tuples: `_fill` asks
+    for it at every block it could cut at."""
+    task, limit = segments.task, TASK_PIN_SHARE * window
+    total = 0
+    for i in _wanted(segments, keep_from):
+        tokens = _block_at(segments, i).tokens
+        if i != task or tokens <= limit:
+            total += tokens
+    return total
 
 
 def _assistant_led(segments: Segments, blocks: Sequence[Block], first: int) -> int:
@@ -213,8 +238,7 @@ def _plan(
 ) -> Plan:
     if keep_from <= segments.head_end:
         return _unchanged(segments, budget, note or "nothing before the kept part to fold")
-    kept = sum(b.tokens for r in segments.rounds for b in r.blocks if b.start >= keep_from)
-    kept += _tokens(segments, pinned)
+    kept = _kept_tokens(segments, keep_from) + _tokens(segments, pinned)
     return Plan(
         head_end=segments.head_end,
         keep_from=keep_from,

@@ -73,6 +73,11 @@ class Run:
             return self.unchanged(plan.note or "nothing to fold")
         offload, crossing = self.compactor.offload, self.compactor.crossing
         packed = Packed.of(messages, crossing=crossing)
+        taken = (
+            None
+            if crossing
+            else self.compactor.last_read.take(messages, folded, shape, self.estimator)
+        )
         prepared = await offload.run(
             fold,
             FoldJob(
@@ -82,7 +87,8 @@ class Run:
                 estimator=self.estimator,
                 settings=self.settings,
                 mentions=None if crossing else self.compactor.mentions,
-                items=None if crossing else self.compactor.last_read.take(messages, folded, shape),
+                items=taken.items if taken is not None else None,
+                counts=taken.counts if taken is not None else None,
             ),
         )
         if prepared.too_little:

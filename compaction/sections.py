@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import filterfalse
 
 from compaction.ledger import Ledger
 from compaction.marker import TASK_HEADING
@@ -118,8 +119,9 @@ def render_sections(
         taken[name].reverse()
         queues[name].reverse()
     chosen_by = {name: frozenset(taken[name]) for name in _TITLES}
+    # Filtered at C speed: the overflow of a long fold is tens of thousands of entries.
     overflow = {
-        name: tuple(e for e in queues[name] if e not in chosen_by[name])
+        name: tuple(filterfalse(chosen_by[name].__contains__, queues[name]))
         for name in _TITLES
         if name != "items"
     }

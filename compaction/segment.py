@@ -12,11 +12,11 @@ block too. Every other item, malformed ones included, is a block of its own.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from compaction.marker import TASK_HEADING
 from compaction.messages import CHAT, Item, Shape, read_items
-from compaction.tokens import REPLY_PRIMING_TOKENS
+from compaction.tokens import REPLY_PRIMING_TOKENS, count_messages
 from compaction.types import Block, Round, Segments, TokenEstimator
 
 
@@ -72,20 +72,40 @@ def _skip_leads(items: Sequence[Item], start: int) -> int:
     return start
 
 
-def split_blocks(items: Sequence[Item], start: int, end: int, counts: Sequence[int]) -> list[Block]:
-    """The blocks of items[start:end]; `counts` holds each message's tokens."""
-    blocks: list[Block] = []
-    i = start
-    while i < end:
-        stop = min(block_end(items, i), end)
-        kind: Literal["tool", "message"] = "message"
-        if stop > i + 1 and any(_acts(items[k]) for k in range(i, stop)):
-            kind = "tool"
-        user_led = items[i].kind in ("user", "summary")
-        tokens = counts[i] if stop == i + 1 else sum(counts[i:stop])
-        blocks.append(Block(i, stop, kind, tokens, user_led))
-        i = stop
-    return blocks
+def split_rounds(
+    items: Sequence[Item], starts: Sequence[int], counts: Sequence[int]
+) -> list[Round]:
+    """The rounds that begin at `starts`, each cut into its blocks; `counts` holds each
+    message's tokens. One loop for all of them: a history has a round per request."""
+    rounds: list[Round] = []
+    for start, end in zip(starts, [*starts[1:], len(items)], strict=False):
+        blocks: list[Block] = []
+        i = start
+        while i < end:
+            item = items[i]
+            # Most items neither lead nor call (every one of a chat without tools): their blocks
+            # are found here without `block_end`'s general walk; the result is the same.
+            if item.lead or item.calls:
+                stop = min(block_end(items, i), end)
+                tool = stop > i + 1 and any(_acts(items[k]) for k in range(i, stop))
+            elif item.kind == "assistant" and i + 1 < end and items[i + 1].observation:
+                stop, tool = i + 2, True  # an action in text and its observation
+            else:
+                stop, tool = i + 1, False
+            tokens = counts[i] if stop == i + 1 else sum(counts[i:stop])
+            kind = "tool" if tool else "message"
+            blocks.append(_new(Block, (i, stop, kind, tokens, item.kind in _USER_LED)))
+            i = stop
+        # The blocks cover the round exactly: their tokens are the round's messages' tokens.
+        has_user, tokens = items[start].is_request, sum(counts[start:end])
+        rounds.append(_new(Round, (start, end, tuple(blocks), has_user, tokens)))
+    return rounds
+
+
+_USER_LED = frozenset({"user", "summary"})
+_new = tuple.__new__
+"""A Block or a Round from all its fields in order, as the class builds it less its keyword
+handling (one per message)."""
 
 
 def _acts(item: Item) -> bool:
@@ -127,21 +147,20 @@ def split(
     *,
     shape: Shape = CHAT,
     items: Sequence[Item] | None = None,
+    counts: Sequence[int] | None = None,
 ) -> Segments:
     """Segment `messages` for planning; never raises on malformed items.
 
-    `items` is `read_items(messages, shape)` when the caller already has it.
+    `items` is `read_items(messages, shape)` and `counts` is `count_messages(messages,
+    estimator)` when the caller already has them.
     """
     if items is None:
         items = read_items(messages, shape)
-    counts = [estimator.count_message(m) for m in messages]
+    if counts is None:
+        counts = count_messages(messages, estimator)
     head = head_end(items)
     starts = round_starts(items, head)
-    rounds: list[Round] = []
-    for start, end in zip(starts, [*starts[1:], len(items)], strict=False):
-        blocks = tuple(split_blocks(items, start, end, counts))
-        has_user = items[start].is_request
-        rounds.append(Round(start, end, blocks, has_user, sum(b.tokens for b in blocks)))
+    rounds = split_rounds(items, starts, counts)
     tools_tokens = estimator.count_tools(tools)
     return Segments(
         head_end=head,

@@ -34,7 +34,7 @@ from compaction.segment import split
 from compaction.settings import CompactionSettings
 from compaction.summarize import summary_message
 from compaction.text import is_cjk_dominant
-from compaction.tokens import estimate_request
+from compaction.tokens import count_messages, estimate_request
 from compaction.transcript import render_transcript
 from compaction.types import CompactionResult, MemoryItem, Plan, TokenEstimator, Verification
 from compaction.verify import check_preserved
@@ -87,9 +87,14 @@ def make_plan(job: PlanJob) -> Plan:
 
 
 def _make_plan(job: PlanJob) -> Plan:
-    messages = job.messages.unpack()
-    items = job.reading.read(messages, job.shape) if job.reading is not None else None
-    segments = split(messages, job.estimator, job.tools, shape=job.shape, items=items)
+    messages, reading = job.messages.unpack(), job.reading
+    items = reading.read(messages, job.shape) if reading is not None else None
+    counts = count_messages(messages, job.estimator)
+    if reading is not None:
+        reading.counted(counts, job.estimator)
+    segments = split(
+        messages, job.estimator, job.tools, shape=job.shape, items=items, counts=counts
+    )
     return plan_compaction(
         segments,
         window=job.window,
@@ -115,6 +120,8 @@ class FoldJob:
     """What earlier folds found in the same texts (only in process: a cache does not travel)."""
     items: list[Item] | None = None
     """The folded messages already read by the plan (only in process)."""
+    counts: list[int] | None = None
+    """Their tokens as the plan counted them with the same estimator (only in process)."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +146,8 @@ def _fold(job: FoldJob) -> Fold:
     shape, estimator, messages = job.shape, job.estimator, job.messages.unpack()
     folded = [messages[i] for i in job.plan.folded]
     framing = estimator.count_message(summary_message("", shape))
-    counts = [estimator.count_message(m) for m in folded]  # once: the sums below share them
+    # Once: the sums below share them.
+    counts = job.counts if job.counts is not None else count_messages(folded, estimator)
     if is_too_little(sum(counts), framing):
         return Fold(True, "", None, False, "", build_ledger([], []), 0)
     items = job.items if job.items is not None else read_items(folded, shape)

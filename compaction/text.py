@@ -58,13 +58,19 @@ def collapse_spaces(text: str) -> str:
     """`text` with every run of whitespace made one space, and trimmed.
 
     `str.split` and `\\s` agree on what whitespace is (`str.isspace`); split-and-join is four
-    times faster than the regex substitution."""
+    times faster than the regex substitution. Most texts have nothing to collapse: every
+    whitespace character but the space is unprintable, so a printable text without two spaces
+    in a row nor one at either end comes back as it is, without a word list built and joined."""
+    if text.isprintable() and "  " not in text and text[:1] != " " and text[-1:] != " ":
+        return text
     return " ".join(text.split())
 
 
 def normalize(text: str) -> str:
-    """What two texts must share to count as the same: spacing and case aside."""
-    return collapse_spaces(text).casefold()
+    """What two texts must share to count as the same: spacing and case aside (ASCII text
+    casefolds as it lowers, which has a faster path)."""
+    collapsed = collapse_spaces(text)
+    return collapsed.lower() if collapsed.isascii() else collapsed.casefold()
 
 
 def clip_end(text: str, limit: int) -> str:

@@ -1,15 +1,17 @@
 """The values and protocols shared across the compaction library.
 
 Messages stay plain dicts exactly as the caller sent them (unknown fields included); everything
-the library derives from them is a frozen dataclass that points back into the list by index.
+the library derives from them is a frozen dataclass (or, where one is built per message, a
+NamedTuple: as immutable, and cheaper to build) that points back into the list by index.
 Whatever needs I/O (the summarizing LLM, the token counter) is a Protocol passed in.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from compaction.text import normalize
 
@@ -68,8 +70,7 @@ class TokenEstimator(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)  # slots: one is built per message; a third cheaper
-class Block:
+class Block(NamedTuple):
     """Messages [start, end) that are kept or folded together.
 
     kind "tool": an item with calls and every item answering them (segment.block_end).
@@ -85,8 +86,7 @@ class Block:
     when roles must alternate."""
 
 
-@dataclass(frozen=True, slots=True)
-class Round:
+class Round(NamedTuple):
     """A user item (at `start`) and everything after it up to the next user item.
 
     The preamble round (messages between the head and the first real user message, such as an
@@ -115,17 +115,23 @@ class Segments:
 
     def block_at(self, start: int) -> Block | None:
         """The block that starts at message `start`."""
-        return self._index[0].get(start)
+        return self._blocks.get(start)
 
     def round_of(self, index: int) -> Round | None:
-        """The round holding message `index`."""
-        return self._index[1].get(index)
+        """The round holding message `index` (found by bisection: rounds are in order)."""
+        found = bisect_right(self._round_starts, index) - 1
+        if found < 0:
+            return None
+        round_ = self.rounds[found]
+        return round_ if index < round_.end else None
 
     @cached_property
-    def _index(self) -> tuple[dict[int, Block], dict[int, Round]]:
-        blocks = {b.start: b for r in self.rounds for b in r.blocks}
-        rounds = {i: r for r in self.rounds for i in range(r.start, r.end)}
-        return blocks, rounds
+    def _blocks(self) -> dict[int, Block]:
+        return {b.start: b for r in self.rounds for b in r.blocks}
+
+    @cached_property
+    def _round_starts(self) -> list[int]:
+        return [r.start for r in self.rounds]
 
 
 @dataclass(frozen=True)
@@ -177,12 +183,18 @@ class MemoryItem:
     type: MemoryType
     content: str
 
-    @cached_property
+    @property
     def identity(self) -> str:
         """What two items must share to count as the same: case, spacing and end punctuation
         aside. Cached: it is computed where the item is made (a worker process) and travels with
-        it, so the memory writer on the event loop does not normalize thousands of texts."""
-        return normalize(self.content).rstrip(".。!！")
+        it, so the memory writer on the event loop does not normalize thousands of texts. Kept
+        in the instance's dict by hand: `functools.cached_property` takes a lock per first
+        read (Python 3.11), a third of the cost for a fold's thousands of items."""
+        cache = self.__dict__
+        found: str | None = cache.get("identity")
+        if found is None:
+            found = cache["identity"] = normalize(self.content).rstrip(".。!！")
+        return found
 
 
 @dataclass(frozen=True)

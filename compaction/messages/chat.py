@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from compaction.marker import is_summary_text
 from compaction.messages.item import (
     AUDIO_PART_TOKENS,
     FILE_PART_TOKENS,
@@ -54,23 +55,35 @@ def message_text(message: Any) -> str:
     return "\n".join(pieces)
 
 
+_item = tuple.__new__
+"""An Item from all its fields in order, as `Item(...)` builds it less its keyword handling:
+for the user and assistant messages that most of a history is made of."""
+
+
 class ChatShape:
     """The chat-completions message shape."""
 
     def read(self, raw: Any) -> Item:
-        if not is_message(raw):
+        role = raw.get("role") if isinstance(raw, dict) else None
+        if not isinstance(role, str):
             return Item("other", repr(raw))
-        role: str = raw["role"]
-        text = message_text(raw)
+        # Read once per message of every plan: the content looked up once, and the usual
+        # string content taken as it is.
+        content = raw.get("content")
+        text = content if isinstance(content, str) else message_text(raw)
+        if role == "user":
+            if text is not content:  # parts: neither a summary nor an observation
+                return Item("user", text, label=role)
+            if is_summary_text(text):
+                return Item("summary", text, label=role)
+            return _item(
+                Item, ("user", text, (), (), is_observation_text(text), False, False, role)
+            )
+        if role == "assistant":
+            calls = _calls(raw) if "tool_calls" in raw or "function_call" in raw else ()
+            return _item(Item, ("assistant", text, calls, (), False, False, False, role))
         if role in _HEAD_ROLES:
             return Item("head", text, label=role)
-        if role == "user":
-            if self.is_summary(raw):
-                return Item("summary", text, label=role)
-            observation = isinstance(raw.get("content"), str) and is_observation_text(text)
-            return Item("user", text, observation=observation, label=role)
-        if role == "assistant":
-            return Item("assistant", text, calls=_calls(raw), label=role)
         if role == "tool":
             answered = raw.get("tool_call_id")
             answers = (answered,) if isinstance(answered, str) else ()
@@ -91,6 +104,10 @@ class ChatShape:
         """Content, `name`, `tool_call_id` and every call, each message with its overhead."""
         if not isinstance(raw, dict):
             return MESSAGE_OVERHEAD_TOKENS + text_cost(json_text(raw))
+        if len(raw) == 2 and "role" in raw:  # the usual role and content: the same sum, sooner
+            content = raw.get("content")
+            if isinstance(content, str):
+                return float(MESSAGE_OVERHEAD_TOKENS) + text_cost(content)
         total = float(MESSAGE_OVERHEAD_TOKENS)
         total += _measure_content(raw.get("content"), text_cost)
         for key in ("name", "tool_call_id"):

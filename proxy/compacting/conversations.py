@@ -20,12 +20,12 @@ from compaction import CompactionResult, Compactor, Plan
 from compaction.checkpoints import (
     Checkpoint,
     CheckpointStore,
-    Prefix,
     View,
     checkpoint_after,
     plan_key,
     prefix_digests,
 )
+from compaction.prefix import Prefix
 from compaction.types import ChatLLM
 from proxy.compacting.fallback import fallback
 from proxy.compacting.flight import (
@@ -113,8 +113,8 @@ class Conversations:
     # -- shared with proxy.compacting.precompute and recall -------------------------------------
 
     async def latest(self, digests: Sequence[bytes], count: int) -> Checkpoint | None:
-        """The checkpoint of the longest remembered prefix of a request of `count` messages."""
-        return await self._store.longest(Prefix(digests, count - 1))  # the last: the new turn
+        """The checkpoint of the longest remembered prefix of `count` messages but the last."""
+        return await self._store.longest(Prefix(digests, count - 1))
 
     async def view(
         self, req: ParsedRequest, digests: Sequence[bytes], original_tokens: int | None = None
@@ -126,8 +126,7 @@ class Conversations:
         parent's, or the original) reaches the trigger: applied earlier, it would move every
         compaction after the first down to the precompute ratio.
         """
-        # The last message is never part of a checkpoint: it is the new turn.
-        newest = await self._store.longest(Prefix(digests, len(digests) - 1))
+        newest = await self.latest(digests, len(digests))
         view = View.of(req.messages, newest)
         if newest is None and original_tokens is not None:
             return view, original_tokens, None

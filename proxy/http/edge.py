@@ -24,7 +24,7 @@ from aiohttp import web
 
 from proxy import keys
 from proxy.errors import ProxyError, error_body
-from proxy.http.upstream import is_anthropic_tail
+from proxy.http.targets import is_anthropic_tail
 from proxy.logs import RequestInfo, log_request
 
 log = logging.getLogger(__name__)

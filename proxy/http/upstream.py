@@ -1,23 +1,20 @@
-"""The connection to the one configured upstream, and the only place aiohttp client errors are
+"""The connection to the one configured upstream, and the only place its client errors are
 caught (`raise_mapped`, for every call: the agents' requests, the bodies relayed, the proxy's
 own summary calls through `upstream_errors`): before the response headers they become
 `UpstreamUnreachable` (502) or `UpstreamTimeout` (504); while a body is read they become
-`UpstreamStreamCut`.
+`UpstreamStreamCut`. A request whose body is in memory goes by the wire client
+(proxy.http.wire); a streamed one, and the proxy's own calls, by aiohttp's.
 
-URLs are built from a configured base and a validated path tail only, so nothing a client
-sends can point the proxy at another host: `/v1/messages` and everything under it (Anthropic's
-Messages API) go to `upstream.anthropic_base_url`, every other path to `upstream.base_url`.
+URLs come from proxy.http.targets: `/v1/messages` and everything under it (Anthropic's Messages
+API) go to `upstream.anthropic_base_url`, every other path to `upstream.base_url`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, Protocol
-from urllib.parse import unquote
 
 import aiohttp
 import orjson
@@ -25,19 +22,17 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from proxy.errors import (
-    InvalidPath,
     ProxyError,
     UpstreamStreamCut,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
 from proxy.http.encodings import decode_body
-from proxy.http.wire import WireError, WirePool
+from proxy.http.framing import WireError
+from proxy.http.targets import build_url, is_anthropic_tail
+from proxy.http.wire import WirePool
 from proxy.metrics import Metrics
 from proxy.settings import UpstreamSettings
-
-_SCHEME_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
-_FORBIDDEN_CHARS = re.compile(r"[\\@#\s\x00-\x1f\x7f]")
 
 
 class Body(Protocol):
@@ -116,7 +111,7 @@ class Upstream:
         """`{base}/{raw_tail}?{raw_query}`, or InvalidPath if the tail tries to leave it; the
         base is `anthropic_base_url` for Anthropic's paths, else `base_url`."""
         base = self._anthropic_text if is_anthropic_tail(raw_tail) else self._base_text
-        return _build_url(base, raw_tail, raw_query)
+        return build_url(base, raw_tail, raw_query)
 
     def api_key_for(self, raw_tail: str, headers: Mapping[str, str]) -> str | None:
         """`upstream.api_key` is a key of `base_url`: never sent to Anthropic, nor added to a
@@ -275,39 +270,6 @@ def _translate_wire(kind: str, *, reading_body: bool) -> tuple[str, Exception]:
     if kind == "timeout":
         return "timeout", UpstreamTimeout("the upstream did not answer in time")
     return "connect", UpstreamUnreachable("the upstream failed before answering")
-
-
-def is_anthropic_tail(raw_tail: str) -> bool:
-    """True for the path tails of Anthropic's Messages API: `messages` and all under it, also
-    when percent-encoded (`%6Dessages`): the server routes by the decoded path, so the upstream
-    and its credential must be chosen by it too, or an Anthropic request would go to `base_url`
-    and be handed `upstream.api_key`."""
-    tail = unquote(raw_tail) if "%" in raw_tail else raw_tail
-    return tail == "messages" or tail.startswith(("messages/", "messages?"))
-
-
-@functools.lru_cache(maxsize=1024)  # the same few paths come again and again
-def _build_url(base_text: str, raw_tail: str, raw_query: str) -> URL:
-    check_tail(raw_tail)
-    text = f"{base_text}/{raw_tail}"
-    if raw_query:
-        text = f"{text}?{raw_query}"
-    url = URL(text, encoded=True)
-    base = URL(base_text, encoded=True)
-    if (url.scheme, url.host, url.port) != (base.scheme, base.host, base.port):
-        raise InvalidPath("the path does not stay on the upstream")
-    return url
-
-
-def check_tail(raw_tail: str) -> None:
-    """Refuse a path tail that could resolve outside `upstream.base_url` once forwarded: dot
-    segments, empty segments, a scheme, an authority (`@`), backslashes, control characters,
-    also when percent-encoded."""
-    for text in (raw_tail, unquote(raw_tail)) if "%" in raw_tail else (raw_tail,):
-        if _FORBIDDEN_CHARS.search(text) or "//" in f"/{text}" or _SCHEME_LIKE.match(text):
-            raise InvalidPath("invalid path: it must be a plain relative path under /v1/")
-        if any(segment in (".", "..") for segment in text.split("/")):
-            raise InvalidPath("invalid path: dot segments are not allowed")
 
 
 class BodyChunks:

@@ -9,7 +9,6 @@ import pytest
 from compaction.checkpoints import (
     Checkpoint,
     MemoryCheckpointStore,
-    Prefix,
     View,
     checkpoint_after,
     conversation_seed,
@@ -18,6 +17,7 @@ from compaction.checkpoints import (
     prefix_digests,
 )
 from compaction.marker import SUMMARY_MARKER
+from compaction.prefix import Prefix
 from compaction.types import CompactionResult
 
 

@@ -32,6 +32,22 @@ def test_roles_read_into_kinds() -> None:
     assert not items[4].is_request and not items[4].is_prose
 
 
+def test_user_and_assistant_items_are_built_field_by_field_as_by_name() -> None:
+    """The reader builds these two from their fields in order (the common case, at less cost):
+    the same Items as the named fields give."""
+    observation = "<returncode>0</returncode>"
+    call = f.tool_call("a")
+    assert CHAT.read(f.user("hi")) == Item("user", "hi", label="user")
+    assert CHAT.read(f.user(observation)) == Item(
+        "user", observation, observation=True, label="user"
+    )
+    assert CHAT.read(f.assistant("ok")) == Item("assistant", "ok", label="assistant")
+    calls = (ToolCall("a", call["function"]["name"], call["function"]["arguments"]),)
+    assert CHAT.read(f.assistant_calls(call)) == Item(
+        "assistant", "", calls=calls, label="assistant"
+    )
+
+
 def test_content_parts_give_their_text_and_media_placeholders() -> None:
     item = CHAT.read(f.content_parts("What is this?"))
     assert item.kind == "user"

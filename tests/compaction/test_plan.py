@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 from bench.corpus import read_corpus
 from compaction import is_summary_message
 from compaction.invariants import check_compacted
-from compaction.plan import plan_compaction, should_compact, target_tokens
+from compaction.plan import (
+    _kept_tokens,
+    _pinned_tokens,
+    _pins,
+    _tokens,
+    plan_compaction,
+    should_compact,
+    target_tokens,
+)
 from compaction.segment import split
 from compaction.tokens import HeuristicEstimator, estimate_request
 from compaction.types import Plan, Segments
@@ -298,3 +306,18 @@ def test_a_plan_sent_to_a_worker_leaves_its_folded_indices_behind() -> None:
     assert after == size
     copy = pickle.loads(pickle.dumps(plan))
     assert copy == plan and copy.folded == plan.folded
+
+
+@given(f.conversations(malformed=True), st.integers(500, 20_000))
+def test_the_sums_fill_asks_for_at_every_block_are_their_definitions(
+    messages: list[Any], window: int
+) -> None:
+    """`_fill` sums the pins and the kept blocks without building the pins' tuples or walking
+    the folded blocks: the same numbers as from `_pins` and from every block."""
+    segments = split(messages, EST)
+    blocks = [b for r in segments.rounds for b in r.blocks]
+    for block in blocks:
+        pinned, _ = _pins(segments, block.start, window, pin=True)
+        assert _pinned_tokens(segments, block.start, window) == _tokens(segments, pinned)
+        kept = sum(b.tokens for b in blocks if b.start >= block.start)
+        assert _kept_tokens(segments, block.start) == kept

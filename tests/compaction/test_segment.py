@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
 
 from hypothesis import given
 
-from compaction.segment import split
+from bench.corpus import read_corpus
+from bench.dialects import to_anthropic, to_responses
+from compaction.messages import ANTHROPIC, CHAT, RESPONSES, Item, Shape, read_items
+from compaction.segment import block_end, split
 from compaction.tokens import HeuristicEstimator, estimate_request
-from compaction.types import Segments
+from compaction.types import Block, Segments
 from tests import factories as f
 
 EST = HeuristicEstimator()
@@ -126,3 +132,60 @@ def test_every_well_formed_tool_block_is_found_whole(messages: list[Any]) -> Non
         if m.get("tool_calls"):
             block = starts[i]
             assert block.kind == "tool" and block.end - block.start == 1 + len(m["tool_calls"])
+
+
+def _reference_blocks(
+    items: Sequence[Item], start: int, end: int, counts: Sequence[int]
+) -> list[Block]:
+    """The blocks of items[start:end] by their definition: `block_end` from every start."""
+    blocks: list[Block] = []
+    i = start
+    while i < end:
+        stop = min(block_end(items, i), end)
+        acts = [(it.calls and it.call_ids) or it.observation for it in items[i:stop]]
+        kind: Literal["tool", "message"] = "tool" if stop > i + 1 and any(acts) else "message"
+        tokens = sum(counts[i:stop])
+        blocks.append(Block(i, stop, kind, tokens, items[i].kind in ("user", "summary")))
+        i = stop
+    return blocks
+
+
+def _assert_blocks_by_definition(messages: list[Any], shape: Shape = CHAT) -> None:
+    segments = split(messages, EST, shape=shape)
+    items = read_items(messages, shape)
+    counts = [EST.count_message(m) for m in messages]
+    for round_ in segments.rounds:
+        expected = _reference_blocks(items, round_.start, round_.end, counts)
+        assert list(round_.blocks) == expected
+        assert round_.tokens == sum(counts[round_.start : round_.end])
+
+
+@given(f.conversations(malformed=True))
+def test_blocks_are_the_block_end_definition(messages: list[Any]) -> None:
+    _assert_blocks_by_definition(messages)
+
+
+def test_blocks_are_the_block_end_definition_on_the_corpus(corpus_dir: Path) -> None:
+    """Every trajectory (text actions and their observations, tool calls, prose) in each
+    shape: the walk that skips `block_end` for items that neither lead nor call finds the
+    same blocks."""
+    checked = 0
+    for path in sorted(corpus_dir.glob("*.jsonl")):
+        for conversation in itertools.islice(read_corpus(path), 20):
+            messages, tools = conversation["messages"], conversation.get("tools")
+            _assert_blocks_by_definition(messages)
+            _assert_blocks_by_definition(to_responses(messages, tools)["input"], RESPONSES)
+            anthropic = to_anthropic(messages, tools)["messages"]
+            _assert_blocks_by_definition(anthropic, ANTHROPIC)
+            checked += 1
+    assert checked >= 50
+
+
+@given(f.conversations(malformed=True))
+def test_round_of_and_block_at_find_what_holds_or_starts_at_an_index(messages: list[Any]) -> None:
+    segments = split(messages, EST)
+    holding = {i: r for r in segments.rounds for i in range(r.start, r.end)}
+    starting = {b.start: b for r in segments.rounds for b in r.blocks}
+    for i in range(-1, len(messages) + 2):
+        assert segments.round_of(i) == holding.get(i)
+        assert segments.block_at(i) == starting.get(i)

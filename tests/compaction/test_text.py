@@ -36,6 +36,23 @@ def test_normalize_ignores_spacing_and_case() -> None:
     assert collapse_spaces(" a \n\n b ") == "a b"
 
 
+_SPACED = st.text(alphabet=st.sampled_from(list(" \t\n\x1f\x85\xa0\u2028\u3000aZ.é\x7fßİ")))
+
+
+@given(_SPACED)
+def test_collapse_spaces_and_normalize_are_their_definitions(text: str) -> None:
+    """The shortcut for texts with nothing to collapse, and lowering for casefolding ASCII,
+    change nothing."""
+    assert collapse_spaces(text) == " ".join(text.split())
+    assert normalize(text) == " ".join(text.split()).casefold()
+
+
+def test_every_whitespace_character_but_the_space_is_unprintable() -> None:
+    """What collapse_spaces's shortcut rests on, over all of Unicode."""
+    spaces = [chr(c) for c in range(0x110000) if chr(c).isspace()]
+    assert [c for c in spaces if c.isprintable()] == [" "]
+
+
 def test_cjk_dominance_counts_letters_not_punctuation() -> None:
     assert is_cjk_dominant([CJK_SAMPLE])
     assert is_cjk_dominant(["한국어 문장입니다 ok"])

@@ -7,7 +7,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compaction.messages import IMAGE_HIGH_TOKENS, IMAGE_LOW_TOKENS, MESSAGE_OVERHEAD_TOKENS
-from compaction.tokens import CL100K, REPLY_PRIMING_TOKENS, HeuristicEstimator, estimate_request
+from compaction.tokens import (
+    CL100K,
+    REPLY_PRIMING_TOKENS,
+    HeuristicEstimator,
+    count_messages,
+    estimate_request,
+)
 from tests import factories as f
 
 EST = HeuristicEstimator()
@@ -131,3 +137,28 @@ def test_least_tokens_bounds_any_text_from_below(text: str) -> None:
     """What lets the transcript skip counting a stage that cannot fit (rounding aside)."""
     for estimator in (EST, HeuristicEstimator(1.7, CL100K), HeuristicEstimator(0.5)):
         assert estimator.least_tokens(len(text)) <= estimator.count_text(text) + 0.5
+
+
+class _PerMessage:
+    """An estimator that counts only one message at a time (no count_messages of its own)."""
+
+    def __init__(self, inner: HeuristicEstimator) -> None:
+        self.inner = inner
+
+    def count_text(self, text: str) -> int:
+        return self.inner.count_text(text)
+
+    def count_message(self, message: object) -> int:
+        return self.inner.count_message(message)
+
+    def count_tools(self, tools: object) -> int:
+        return self.inner.count_tools(tools)
+
+
+@given(f.conversations(malformed=True), st.sampled_from([1.0, 0.83, 1.37]))
+def test_counting_a_list_is_counting_each_message(messages: list[object], factor: float) -> None:
+    estimator = HeuristicEstimator(factor)
+    each = [estimator.count_message(m) for m in messages]
+    assert count_messages(messages, estimator) == each
+    assert count_messages(messages, _PerMessage(estimator)) == each
+    assert estimate_request(messages, None, estimator) == sum(each) + REPLY_PRIMING_TOKENS

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from bench.corpus import read_corpus
@@ -12,11 +12,17 @@ from compaction import MemoryItem
 from compaction.messages import read_items
 from compaction.scan import first_lines
 from compaction.verify import (
+    PROBED_KEYS,
+    TOKEN_OVERLAP,
+    SummaryIndex,
     append_missing,
     ascii_key_tokens,
+    byte_tokens,
     check_preserved,
+    comparable,
     key_tokens,
     missing_items,
+    narrow_key,
 )
 
 
@@ -95,3 +101,64 @@ def test_ascii_key_tokens_are_the_regex_tokens_on_every_corpus_request(corpus_di
                         assert ascii_key_tokens(text) == _as_bytes(key_tokens(text))
                         compared += 1
     assert compared > 10_000
+
+
+def _reference_contains(key: str, summary: str) -> bool:
+    """The definition `SummaryIndex.contains` implements (module docstring), spelled out."""
+    wanted = comparable(key)
+    if not wanted or wanted in comparable(summary):
+        return True
+    tokens = key_tokens(key)
+    return bool(tokens) and len(tokens & key_tokens(summary)) >= TOKEN_OVERLAP * len(tokens)
+
+
+_MIXED_TEXT = st.text(
+    alphabet=st.sampled_from(list("aZ7_ -.`\n") + list("…’—é東京ßKͅ①٣")), max_size=60
+)
+
+
+@given(_MIXED_TEXT)
+@example("abc\u0345")  # a combining mark (not a letter) that casefolds to iota (a letter)
+def test_a_narrow_key_has_the_key_tokens(text: str) -> None:
+    narrow = narrow_key(text)
+    if narrow is not None:
+        assert {token.decode() for token in byte_tokens(narrow)} == key_tokens(text)
+
+
+def test_english_punctuation_keeps_a_key_narrow() -> None:
+    assert narrow_key("It’s done — mostly…") is not None
+    assert narrow_key("naïve café") is None
+
+
+@given(_MIXED_TEXT, _MIXED_TEXT, st.sampled_from([1, PROBED_KEYS]))
+@example("a1 1 abc xyz", "abc 1", 1)  # "a1" counts as the "1" the key has: 2 of 3 tokens
+@example("b2 abc xyz", "abc 2", 1)  # "b2" counts as "2": 2 of 3 tokens
+def test_contains_is_the_definition(key: str, summary: str, keys: int) -> None:
+    assert SummaryIndex(summary, keys=keys).contains(key) == _reference_contains(key, summary)
+
+
+def test_contains_is_the_definition_on_corpus_requests(corpus_dir: Path) -> None:
+    """Keys are folded requests; each summary quotes some of them whole, some in part, and
+    mixes in others' words, so all three ways of being found (and missing) occur."""
+    texts = [
+        item.text
+        for path in sorted(corpus_dir.glob("*.jsonl"))
+        for conversation in read_corpus(path)
+        for item in read_items(conversation["messages"])
+        if item.is_request and item.text.strip()
+    ]
+    # Keys of short words only have no tokens: only their text can be found.
+    shorts = [s for t in texts if len(s := " ".join(w for w in t.split() if len(w) < 3)) > 40]
+    keys = [k for pair in zip(texts[::7][:3000], shorts, strict=False) for k in pair]
+    found = 0
+    for start in range(0, len(keys), 500):
+        chunk = keys[start : start + 500]
+        summary = "\n".join(
+            [*chunk[::5], *(k[: len(k) // 2] for k in chunk[1::5]), *(k[::-1] for k in chunk[2::5])]
+        )
+        index = SummaryIndex(summary, keys=len(chunk))
+        for key in chunk:
+            expected = _reference_contains(key, summary)
+            assert index.contains(key) == expected, key
+            found += expected
+    assert 0 < found < len(keys)
