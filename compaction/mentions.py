@@ -7,10 +7,13 @@ and each hit is mapped back to its text by bisecting the texts' offsets.
 
 The joined texts are separated by a newline: every finder reads a newline as the edge of a word
 and of a line, which is what the start and end of a text are to it, so no hit spans two texts and
-none changes. Only the words that can hold a hit are read (as scan.py reads only those), found
-by two scans, forwards and over the reversed text, of a pattern that opens with a character
-class the regex engine skips to in C: one hit per candidate word gives its end, one per word of
-the reversed text its start. Those words, joined, are all the finders then read.
+none changes. Only the words that can hold a hit are read (as scan.py reads only those): one scan
+finds each from its first character that can hold a hit (a pattern that opens with a character
+class the regex engine skips to in C), and one short match over the reversed text per word finds
+its start. Those words, joined into a line (the words with a slash or a known extension for
+paths, those with a digit for numbers and identifiers), are all the finders then read; the hits
+go back to their texts by offsets summed and bisected by `map` over C functions, not by a Python
+step per hit. `find_paths_each` does the same for the paths of shell commands.
 
 `MentionCache` keeps each text's result by its content, so a compaction that folds messages an
 earlier one already read (a precomputed compaction redone over a longer history) scans only the
@@ -160,8 +163,8 @@ class _Words:
 
     A word is found from its first character that can hold a hit (forwards, by a pattern the
     engine skips to in C) to its end; its start is where the run of non-spaces before that
-    character begins, read from the reversed text. The work per word is done by `map` over
-    C functions: no Python frame per word."""
+    character begins, read from the reversed text. Both are done by `map` over C functions: no
+    Python frame per word."""
 
     def __init__(self, text: str, finder: re.Pattern[str]) -> None:
         size = len(text)
