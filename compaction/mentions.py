@@ -23,8 +23,8 @@ new ones.
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
-from collections import Counter, OrderedDict
+from bisect import bisect_left, bisect_right
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate, compress, filterfalse, islice, repeat
 from operator import add, contains, getitem, methodcaller, or_, sub
@@ -152,8 +152,8 @@ class _Numbering:
         are a run of them, since the offsets rise."""
         if not offsets:
             return repeat((), count)  # prose often names no path at all
-        hits = Counter(self.number(offsets))
-        cuts = list(accumulate(map(hits.get, range(1, count + 1), repeat(0)), initial=0))
+        # Where each text's run begins: the hits before its start (one bisection per text).
+        cuts = [*map(bisect_left, repeat(offsets), self.starts), len(offsets)]
         return map(values.__getitem__, map(slice, cuts, islice(cuts, 1, None)))
 
 
