@@ -58,7 +58,7 @@ class WirePool:
             raise WireError("closed")
         key = (url.scheme, url.raw_host or "", url.port or 0)
         connection = self._take_idle(key) or await self._connect(key)
-        response = WireResponse(connection, self, head_only=method == "HEAD")
+        response = WireResponse(connection, self)
         connection.response = response
         try:
             connection.send(_head(method, url, headers, len(body)), body)
