@@ -43,6 +43,13 @@ class WireResponse:
         self._connection = connection
         self._pool = pool
         self._parser = httptools.HttpResponseParser(self)
+        # As lenient as aiohttp's parser was: bare LF line ends, spaces after a chunk size,
+        # control characters in header values.
+        self._parser.set_dangerous_leniencies(
+            lenient_headers=True,
+            lenient_optional_cr_before_lf=True,
+            lenient_spaces_after_chunk_size=True,
+        )
         self._state = _HEAD
         self._head_size = 0
         self._raw_headers: CIMultiDict[str] = CIMultiDict()
@@ -72,6 +79,7 @@ class WireResponse:
         """What arrived since the last call (waiting for some), b"" once the body is complete."""
         while not self._chunks:
             if self._state == _DONE:
+                self.release()  # read whole: back to the pool, as aiohttp's client does
                 return b""
             if self._error is not None:
                 raise self._error
@@ -90,6 +98,7 @@ class WireResponse:
             return
         if self._state == _DONE and self._reusable and not self._chunks:
             self._settled = True
+            self._connection.response = None
             self._pool._release(self._connection)
         else:
             self.close()
@@ -138,7 +147,7 @@ class WireResponse:
             self._parser.feed_data(data)
             if self._state == _HEAD and self._head_size > _MAX_HEAD:
                 raise WireError("protocol")
-        except (httptools.HttpParserError, WireError):
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade, WireError):
             if self._state == _DONE:
                 self._reusable = False  # bytes past the end: the connection is not reused
                 return
@@ -164,8 +173,13 @@ class WireResponse:
     def on_status(self, reason: bytes) -> None:
         self._reason += reason
 
+    def on_message_begin(self) -> None:
+        if self._state == _DONE:  # bytes of another answer after this one
+            self._reusable = False
+
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._raw_headers.add(name.decode("latin-1"), value.decode("utf-8", "surrogateescape"))
+        if self._state == _HEAD:  # not the trailers after a chunked body: never headers
+            self._raw_headers.add(name.decode("latin-1"), value.decode("utf-8", "surrogateescape"))
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
@@ -177,7 +191,7 @@ class WireResponse:
         self.status = status
         self.reason = self._reason.decode("latin-1")
         self.headers = CIMultiDictProxy(self._raw_headers)
-        coding = self.headers.get("Transfer-Encoding", "")
+        coding = ",".join(self.headers.getall("Transfer-Encoding", ()))
         self._to_close = (
             "Content-Length" not in self.headers
             and coding.rsplit(",", 1)[-1].strip().lower() != "chunked"

@@ -21,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable, Mapping
+from socket import SOCK_STREAM
 from typing import cast
 
+from aiohappyeyeballs import start_connection
 from yarl import URL
 
 from proxy.http.framing import WireError, WireResponse
@@ -49,6 +51,7 @@ class WirePool:
         self._open: set[_Connection] = set()
         self._closed = False
         self._tls = tls
+        self._reaper: asyncio.TimerHandle | None = None
 
     async def request(
         self, method: str, url: URL, headers: Mapping[str, str], body: bytes
@@ -70,21 +73,31 @@ class WirePool:
 
     async def close(self) -> None:
         self._closed = True
+        if self._reaper is not None:
+            self._reaper.cancel()
         for connection in list(self._open):
             connection.close()
         self._idle.clear()
 
     def _take_idle(self, key: tuple[str, str, int]) -> _Connection | None:
         idle = self._idle.get(key)
-        if not idle:
-            return None
         too_old = asyncio.get_running_loop().time() - self.keepalive_s
         while idle:
-            connection = idle.pop()
-            if not connection.closed and connection.idle_since >= too_old:
+            connection = idle.pop()  # the most recently used: the least likely to be stale
+            if connection.usable() and connection.idle_since >= too_old:
                 return connection
             connection.close()
         return None
+
+    def _reap(self) -> None:
+        """Close the connections idle for `keepalive_s` (the oldest first in each list)."""
+        self._reaper = None
+        too_old = asyncio.get_running_loop().time() - self.keepalive_s
+        for idle in self._idle.values():
+            while idle and (idle[0].idle_since < too_old or not idle[0].usable()):
+                idle.pop(0).close()
+        if any(self._idle.values()):
+            self._reaper = asyncio.get_running_loop().call_later(self.keepalive_s, self._reap)
 
     async def _connect(self, key: tuple[str, str, int]) -> _Connection:
         scheme, host, port = key
@@ -97,7 +110,17 @@ class WirePool:
         connection = _Connection(key, self._forget)
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                await loop.create_connection(lambda: connection, host.strip("[]"), port, ssl=tls)
+                # Each address in turn, the next tried 0.25 s after the last (happy eyeballs,
+                # as aiohttp does): one address that swallows connects costs 0.25 s, not the
+                # connect timeout.
+                addresses = await loop.getaddrinfo(host.strip("[]"), port, type=SOCK_STREAM)
+                sock = await start_connection(addresses, happy_eyeballs_delay=0.25, interleave=1)
+                await loop.create_connection(
+                    lambda: connection,
+                    sock=sock,
+                    ssl=tls,
+                    server_hostname=host.strip("[]") if tls else None,
+                )
         except TimeoutError:
             connection.close()
             raise WireError("connect_timeout") from None
@@ -108,13 +131,16 @@ class WirePool:
         return connection
 
     def _release(self, connection: _Connection) -> None:
-        """A connection whose response was read whole, for the next request."""
-        connection.response = None
-        if self._closed or connection.closed:
+        """A connection whose response was read whole, for the next request (unless part of
+        the request is still unsent: the upstream answered before reading it all)."""
+        if self._closed or not connection.usable() or connection.sending():
             connection.close()
             return
-        connection.idle_since = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        connection.idle_since = loop.time()
         self._idle.setdefault(connection.key, []).append(connection)
+        if self._reaper is None:
+            self._reaper = loop.call_later(self.keepalive_s, self._reap)
 
     def _forget(self, connection: _Connection) -> None:
         self._open.discard(connection)
@@ -142,6 +168,12 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self._forget = forget
+
+    def usable(self) -> bool:
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
+    def sending(self) -> bool:
+        return self.transport is not None and self.transport.get_write_buffer_size() > 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
