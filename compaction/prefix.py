@@ -56,5 +56,5 @@ class Prefix(Sequence[bytes]):
         return True
 
     def index(self, value: Any, start: int = 0, stop: int | None = None) -> int:
-        end = self._count if stop is None else min(stop, self._count)
-        return self._digests.index(value, start, end)
+        begin, end, _ = slice(start, stop).indices(self._count)  # negatives count from its end
+        return self._digests.index(value, begin, end)

@@ -28,8 +28,9 @@ _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None)
 
 
 class JsonFormatter(logging.Formatter):
-    _second = -1
-    _second_text = ""
+    # One (second, its text) pair, replaced whole: a thread never sees a second's text paired
+    # with another second.
+    _second: tuple[int, str] = (-1, "")
 
     def format(self, record: logging.LogRecord) -> str:
         return self.encode(record).decode()
@@ -56,12 +57,13 @@ class JsonFormatter(logging.Formatter):
         """`created` (time.time()) as ISO 8601 UTC with milliseconds; `msecs` as a record has it."""
         # strftime is the slowest part of a log line; one access line per request makes the
         # per-second cache worth its three lines.
-        second = int(created)
-        if second != self._second:
-            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-            self._second = second
+        second, text = self._second
+        if int(created) != second:
+            second = int(created)
+            text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = (second, text)
         millis = int(created * 1000) % 1000 if msecs is None else int(msecs)
-        return f"{self._second_text}.{millis:03d}Z"
+        return f"{text}.{millis:03d}Z"
 
 
 class JsonLines(logging.Handler):
@@ -114,14 +116,19 @@ class JsonLines(logging.Handler):
             if loop is None or self._size >= self.max_pending:
                 self.flush()
             elif self._timer is None or self._timer_loop is not loop:  # (or a loop gone since)
-                self._timer = loop.call_later(self.flush_s, self.flush)
+                self._timer = loop.call_later(self.flush_s, self._due, loop)
                 self._timer_loop = loop
+
+    def _due(self, loop: asyncio.AbstractEventLoop) -> None:
+        # The timer is never cancelled (a flush may run on another thread, and a loop's timers
+        # are its own thread's): it fires, finds what waits now, if anything, and writes it.
+        with self._guard:
+            if self._timer_loop is loop:
+                self._timer = None
+        self.flush()
 
     def flush(self) -> None:
         with self._guard:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
             if not self._pending:
                 return
             data = b"".join(self._pending)
@@ -135,9 +142,13 @@ class JsonLines(logging.Handler):
 
 
 def configure_logging(level: str, stream: IO[bytes] | None = None) -> None:
-    """Send every logger's records to `stream` (stderr) as JSON lines at `level`."""
+    """Send every logger's records to `stream` (stderr) as JSON lines at `level`. The access
+    logger gets the same handler and does not propagate: a handler added to the root later
+    sees every record but the access lines."""
     handler = JsonLines(sys.stderr.buffer if stream is None else stream)
     root = logging.getLogger()
+    for replaced in root.handlers:
+        replaced.flush()
     root.handlers[:] = [handler]
     root.setLevel(level)
     # The access lines go to the same handler, by log_request's direct path.
@@ -227,6 +238,9 @@ def log_request(method: str, path: str, status: int, info: RequestInfo) -> None:
         # As configure_logging leaves it: the line goes to one JSON handler and nowhere else,
         # so it is written without a LogRecord and the logging module's per-record calls
         # (about two thirds of the line's cost). Any other setup gets a full record.
-        handler.write_access(fields)
-    else:
-        _access.handle(_AccessRecord(fields))
+        try:
+            handler.write_access(fields)
+            return
+        except Exception:  # the record's way reports it (Handler.handleError), never raises
+            pass
+    _access.handle(_AccessRecord(fields))

@@ -99,7 +99,7 @@ class WireResponse:
         if self._state == _DONE and self._reusable and not self._chunks:
             self._settled = True
             self._connection.response = None
-            self._pool._release(self._connection)
+            self._pool.release(self._connection)
         else:
             self.close()
 
@@ -110,7 +110,7 @@ class WireResponse:
         self._settled = True
         self._connection.response = None
         self._connection.close()
-        self._pool._forget(self._connection)
+        self._pool.forget(self._connection)
         if self._state != _DONE and self._error is None:
             self._fail("closed")
 

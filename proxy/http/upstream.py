@@ -82,15 +82,20 @@ class Upstream:
         self._anthropic_text = str(URL(settings.anthropic_base_url.rstrip("/")))
         self._metrics = metrics
         self._session: aiohttp.ClientSession | None = None
+        self._wire: WirePool | None = None
+
+    async def open(self) -> None:
+        settings = self._settings
+        self._session = open_session(settings)
         self._wire = WirePool(
             connect_timeout_s=settings.connect_timeout_s, read_timeout_s=settings.timeout_s
         )
-
-    async def open(self) -> None:
-        self._session = open_session(self._settings)
+        if self._base_text.startswith("https") or self._anthropic_text.startswith("https"):
+            self._wire.load_tls()  # ~20 ms (the system's CAs): not on the first request
 
     async def close(self) -> None:
-        await self._wire.close()
+        if self._wire is not None:
+            await self._wire.close()
         if self._session is not None:
             await self._session.close()
 
@@ -136,6 +141,8 @@ class Upstream:
         try:
             response: Response
             if isinstance(data, bytes):
+                if self._wire is None:
+                    raise RuntimeError("the upstream is used before the app started")
                 response = await self._wire.request(method, url, headers, data)
             else:
                 response = await self.session.request(
@@ -243,33 +250,30 @@ def raise_mapped(
 
 
 def _translate(exc: BaseException, *, reading_body: bool) -> tuple[str, Exception]:
-    if isinstance(exc, WireError):
-        return _translate_wire(exc.kind, reading_body=reading_body)
-    if reading_body:
-        kind = "stream_timeout" if isinstance(exc, TimeoutError) else "stream_cut"
-        return kind, UpstreamStreamCut(kind)
-    # ConnectionTimeoutError is also a TimeoutError: the connect failed, nothing was asked yet.
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return "connect", UpstreamUnreachable("timed out connecting to the upstream")
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return "connect", UpstreamUnreachable("cannot connect to the upstream")
-    if isinstance(exc, TimeoutError):
-        return "timeout", UpstreamTimeout("the upstream did not answer in time")
-    return "connect", UpstreamUnreachable("the upstream failed before answering")
-
-
-def _translate_wire(kind: str, *, reading_body: bool) -> tuple[str, Exception]:
-    """The same map for the wire client's failures, by their kind."""
+    kind = exc.kind if isinstance(exc, WireError) else _kind_of(exc)
     if reading_body:
         cut = "stream_timeout" if kind == "timeout" else "stream_cut"
         return cut, UpstreamStreamCut(cut)
-    if kind == "connect_timeout":
-        return "connect", UpstreamUnreachable("timed out connecting to the upstream")
-    if kind == "connect":
-        return "connect", UpstreamUnreachable("cannot connect to the upstream")
     if kind == "timeout":
         return "timeout", UpstreamTimeout("the upstream did not answer in time")
-    return "connect", UpstreamUnreachable("the upstream failed before answering")
+    return "connect", UpstreamUnreachable(_BEFORE_ANSWER.get(kind, _FAILED))
+
+
+_BEFORE_ANSWER = {
+    "connect_timeout": "timed out connecting to the upstream",
+    "connect": "cannot connect to the upstream",
+}
+_FAILED = "the upstream failed before answering"
+
+
+def _kind_of(exc: BaseException) -> str:
+    """An aiohttp client error as one of the wire client's kinds (see proxy.http.framing)."""
+    # ConnectionTimeoutError is also a TimeoutError: the connect failed, nothing was asked yet.
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return "connect_timeout"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "connect"
+    return "timeout" if isinstance(exc, TimeoutError) else "closed"
 
 
 class BodyChunks:

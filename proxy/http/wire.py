@@ -61,6 +61,9 @@ class WirePool:
             raise WireError("closed")
         key = (url.scheme, url.raw_host or "", url.port or 0)
         connection = self._take_idle(key) or await self._connect(key)
+        if self._closed:  # closed while connecting
+            connection.close()
+            raise WireError("closed")
         response = WireResponse(connection, self)
         connection.response = response
         try:
@@ -102,12 +105,8 @@ class WirePool:
     async def _connect(self, key: tuple[str, str, int]) -> _Connection:
         scheme, host, port = key
         loop = asyncio.get_running_loop()
-        tls = None
-        if scheme == "https":
-            if self._tls is None:
-                self._tls = ssl.create_default_context()
-            tls = self._tls
-        connection = _Connection(key, self._forget)
+        tls = self.load_tls() if scheme == "https" else None
+        connection = _Connection(key, self.forget)
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 # Each address in turn, the next tried 0.25 s after the last (happy eyeballs,
@@ -130,7 +129,12 @@ class WirePool:
         self._open.add(connection)
         return connection
 
-    def _release(self, connection: _Connection) -> None:
+    def load_tls(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
+
+    def release(self, connection: _Connection) -> None:
         """A connection whose response was read whole, for the next request (unless part of
         the request is still unsent: the upstream answered before reading it all)."""
         if self._closed or not connection.usable() or connection.sending():
@@ -142,7 +146,7 @@ class WirePool:
         if self._reaper is None:
             self._reaper = loop.call_later(self.keepalive_s, self._reap)
 
-    def _forget(self, connection: _Connection) -> None:
+    def forget(self, connection: _Connection) -> None:
         self._open.discard(connection)
 
 

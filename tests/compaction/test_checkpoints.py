@@ -38,6 +38,9 @@ def test_a_prefix_reads_as_the_slice_it_stands_for() -> None:
             with pytest.raises(IndexError):
                 prefix[index]
     assert Prefix(digests, 4).index(digests[3]) == 3
+    assert Prefix(digests, 4).index(digests[3], -1) == 3  # negatives count from the prefix's end
+    with pytest.raises(ValueError):
+        Prefix(digests, 8).index(digests[7], 0, -1)
     with pytest.raises(ValueError):
         Prefix(digests, 4).index(digests[4])  # past the prefix
 

@@ -7,8 +7,11 @@ import asyncio
 import io
 import logging
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import orjson
 import pytest
@@ -22,6 +25,8 @@ from proxy.logs import (
     configure_logging,
     log_request,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -139,3 +144,38 @@ async def test_a_broken_stream_fails_no_request(stream: io.BytesIO) -> None:
     log_request("POST", "/v1/chat/completions", 200, _info("s-1"))
     handler.flush()
     logging.getLogger("proxy.test").warning("still fine")
+
+
+async def test_a_thread_that_logs_while_lines_wait_writes_them_first(
+    stream: io.BytesIO,
+) -> None:
+    _handler().flush_s = 0.05
+    log_request("POST", "/v1/chat/completions", 200, _info("s-1"))  # waits, its timer set
+    warn = threading.Thread(target=logging.getLogger("proxy.test").warning, args=("from a thread",))
+    warn.start()
+    warn.join()
+    assert [line["msg"] for line in _lines(stream)] == ["request", "from a thread"]
+    log_request("POST", "/v1/chat/completions", 200, _info("s-2"))
+    await asyncio.sleep(0.2)  # the first timer fires (nothing left), then the second's
+    assert [line.get("session") for line in _lines(stream)] == ["s-1", None, "s-2"]
+
+
+def test_lines_that_wait_are_written_when_the_process_exits(tmp_path: Path) -> None:
+    program = (
+        "import asyncio\n"
+        "from proxy.logs import RequestInfo, configure_logging, log_request\n"
+        "configure_logging('INFO')\n"
+        "async def main():\n"
+        "    log_request('GET', '/healthz', 200, RequestInfo(route='healthz'))\n"
+        "asyncio.run(main())\n"  # exits at once: the 100 ms have not passed
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        timeout=30,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert orjson.loads(line)["path"] == "/healthz"
