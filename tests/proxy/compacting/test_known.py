@@ -18,6 +18,7 @@ from tests.proxy.compacting.conftest import post
 
 BIG_WINDOW = 40_000  # bodies past the 64 KiB below which nothing is remembered
 CHAT_ITEMS: dict[str, Any] = {"items_key": "messages", "shape": CHAT}
+SEED = conversation_seed("tenant", "session")
 
 
 def long_history(turns: int) -> list[dict[str, Any]]:
@@ -31,6 +32,21 @@ def long_history(turns: int) -> list[dict[str, Any]]:
 
 def grown(messages: list[dict[str, Any]], step: int) -> list[dict[str, Any]]:
     return [*messages, f.assistant(f"Reply {step}."), f.user(f"Next question {step}?")]
+
+
+def chat(messages: list[dict[str, Any]], **fields: Any) -> bytes:
+    return orjson.dumps({"model": "m", "messages": messages, **fields})
+
+
+async def learned(first: list[dict[str, Any]], **fields: Any) -> tuple[KnownRequests, int]:
+    """Known requests that learned the body `chat(first, **fields)`, and its key."""
+    known = KnownRequests(max_bytes=1 << 30, min_body_bytes=0)
+    body = chat(first, **fields)
+    key = known.conversation_key("scope", body)
+    assert key is not None
+    found = await known.learn(key, body, len(first), seed=SEED, opening=first[:2], **CHAT_ITEMS)
+    assert found is not None
+    return known, key
 
 
 async def replay(start: Any, script: Script, client: Any, **compaction: Any) -> list[bytes]:
@@ -76,78 +92,54 @@ async def test_an_edited_history_is_not_taken_for_the_known_one(
 
 
 async def test_a_recognized_body_gets_the_digests_and_counts_of_a_full_computation() -> None:
-    known = KnownRequests(max_bytes=1 << 30, min_body_bytes=0)
-    seed = conversation_seed("tenant", "session")
     first = long_history(3)
-    body = orjson.dumps({"model": "m", "messages": first, "stream": True})
-    key = known.conversation_key("scope", body)
-    assert key is not None
-    assert (
-        await known.learn(key, body, len(first), seed=seed, opening=first[:2], **CHAT_ITEMS)
-        is not None
-    )
+    known, key = await learned(first, stream=True)
     second = grown(first, 1)
-    body2 = orjson.dumps({"model": "m", "messages": second, "stream": True})
+    body2 = chat(second, stream=True)
     seen = known.recognize(key, body2, "messages")
     assert seen is not None
     assert seen.fields == {"model": "m", "messages": [], "stream": True}
     assert seen.added == second[-2:]
     extended = known.extend(key, seen)
-    assert extended.digests == prefix_digests(second, seed)
-    learned = await KnownRequests(max_bytes=1 << 30, min_body_bytes=0).learn(
-        key, body2, len(second), seed=seed, opening=second[:2], **CHAT_ITEMS
+    assert extended.digests == prefix_digests(second, SEED)
+    full = await KnownRequests(max_bytes=1 << 30, min_body_bytes=0).learn(
+        key, body2, len(second), seed=SEED, opening=second[:2], **CHAT_ITEMS
     )
-    assert learned is not None
-    assert extended.tokens == learned.tokens
-    assert extended.items == learned.items
+    assert full is not None
+    assert extended.tokens == full.tokens
+    assert extended.items == full.items
 
 
 async def test_a_body_that_does_not_continue_the_known_one_is_not_recognized() -> None:
-    known = KnownRequests(max_bytes=1 << 30, min_body_bytes=0)
     first = long_history(12)
-    body = orjson.dumps({"model": "m", "messages": first})
-    key = known.conversation_key("scope", body)
-    assert key is not None
-    await known.learn(key, body, len(first), seed=b"s", opening=first[:2], **CHAT_ITEMS)
+    known, key = await learned(first)
     # An edit further back than the last few items: not recognized.
     edited = [*first[:3], f.assistant("another answer"), *first[4:]]
-    assert (
-        known.recognize(key, orjson.dumps({"model": "m", "messages": edited}), "messages") is None
-    )
+    assert known.recognize(key, chat(edited), "messages") is None
     other_model = orjson.dumps({"model": "n", "messages": grown(first, 1)})
     assert known.recognize(key, other_model, "messages") is None
 
 
 async def test_a_body_that_took_back_its_last_items_is_recognized_up_to_them() -> None:
-    known = KnownRequests(max_bytes=1 << 30, min_body_bytes=0)
-    seed = conversation_seed("tenant", "session")
     first = long_history(12)
-    body = orjson.dumps({"model": "m", "messages": first})
-    key = known.conversation_key("scope", body)
-    assert key is not None
-    await known.learn(key, body, len(first), seed=seed, opening=first[:2], **CHAT_ITEMS)
+    known, key = await learned(first)
     shorter = [*first[:-2], f.user("other")]
-    seen = known.recognize(key, orjson.dumps({"model": "m", "messages": shorter}), "messages")
+    seen = known.recognize(key, chat(shorter), "messages")
     assert seen is not None and seen.added == shorter[-1:]
-    assert known.extend(key, seen).request_digests() == prefix_digests(shorter, seed)
+    assert known.extend(key, seen).request_digests() == prefix_digests(shorter, SEED)
 
 
 async def test_two_continuations_of_one_request_each_get_their_own_digests() -> None:
-    known = KnownRequests(max_bytes=1 << 30, min_body_bytes=0)
-    seed = conversation_seed("tenant", "session")
     first = long_history(3)
-    body = orjson.dumps({"model": "m", "messages": first})
-    key = known.conversation_key("scope", body)
-    assert key is not None
-    await known.learn(key, body, len(first), seed=seed, opening=first[:2], **CHAT_ITEMS)
+    known, key = await learned(first)
     one, other = grown(first, 1), grown(first, 2)
-    seen_one = known.recognize(key, orjson.dumps({"model": "m", "messages": one}), "messages")
-    seen_other = known.recognize(key, orjson.dumps({"model": "m", "messages": other}), "messages")
+    seen_one = known.recognize(key, chat(one), "messages")
+    seen_other = known.recognize(key, chat(other), "messages")
     assert seen_one is not None and seen_other is not None
     extended_one = known.extend(key, seen_one)
     extended_other = known.extend(key, seen_other)  # branches off the same request
-    assert extended_one.request_digests() == prefix_digests(one, seed)
-    assert extended_other.request_digests() == prefix_digests(other, seed)
+    assert extended_one.request_digests() == prefix_digests(one, SEED)
+    assert extended_other.request_digests() == prefix_digests(other, SEED)
     assert extended_one.tokens[: extended_one.count + 1] == extended_other.tokens[: len(one) + 1]
 
 
