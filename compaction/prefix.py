@@ -15,15 +15,13 @@ class Prefix(Sequence[bytes]):
     __slots__ = ("_count", "_digests")
 
     def __init__(self, digests: Sequence[bytes], count: int) -> None:
-        # Of a Prefix, the list under it; of another sequence, a list once.
-        self._digests: list[bytes] = (
-            digests._digests
-            if isinstance(digests, Prefix)
-            else list(digests)
-            if not isinstance(digests, list)
-            else digests
-        )
         self._count = max(0, min(count, len(digests)))
+        if isinstance(digests, Prefix):  # the list under it
+            self._digests: list[bytes] = digests._digests
+        elif isinstance(digests, list):
+            self._digests = digests
+        else:  # another sequence: made a list once
+            self._digests = list(digests)
 
     def __len__(self) -> int:
         return self._count

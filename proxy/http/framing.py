@@ -109,8 +109,7 @@ class WireResponse:
             return
         self._settled = True
         self._connection.response = None
-        self._connection.close()
-        self._pool.forget(self._connection)
+        self._connection.close()  # the pool forgets it once it is lost
         if self._state != _DONE and self._error is None:
             self._fail("closed")
 

@@ -106,7 +106,7 @@ class WirePool:
         scheme, host, port = key
         loop = asyncio.get_running_loop()
         tls = self.load_tls() if scheme == "https" else None
-        connection = _Connection(key, self.forget)
+        connection = _Connection(key, self._forget)
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 # Each address in turn, the next tried 0.25 s after the last (happy eyeballs,
@@ -146,7 +146,7 @@ class WirePool:
         if self._reaper is None:
             self._reaper = loop.call_later(self.keepalive_s, self._reap)
 
-    def forget(self, connection: _Connection) -> None:
+    def _forget(self, connection: _Connection) -> None:
         self._open.discard(connection)
 
 
