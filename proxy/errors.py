@@ -9,6 +9,7 @@
     │                                Content-Encoding), invalid_request_body (a malformed body)
     ├── Unauthorized          401    code invalid_admin_token
     ├── NotFound              404    code not_found
+    ├── RequestTimeout        408    code request_timeout (the client stopped sending its body)
     ├── BodyTooLarge          413    code request_too_large
     ├── UpstreamUnreachable   502    code upstream_unreachable (connect failed, connection lost
     │                                before the response headers)
@@ -77,6 +78,12 @@ class NotFound(ProxyError):
     status = 404
     type = "invalid_request_error"
     code = "not_found"
+
+
+class RequestTimeout(ProxyError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
 
 
 class BodyTooLarge(ProxyError):

@@ -148,6 +148,64 @@ async def test_a_small_compressed_body_that_decodes_past_the_limit_is_a_413(
     assert upstream.requests == []
 
 
+async def _half_sent(
+    port: int, path: str, *, length: int, sent: bytes
+) -> tuple[asyncio.StreamReader, Any]:
+    """A POST that states `length` bytes of body, sends `sent` of them and then nothing."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    )
+    writer.write(head.encode() + sent)
+    await writer.drain()
+    return reader, writer
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/files", "/v1/messages"])
+async def test_a_client_that_stops_sending_its_body_gets_a_408(
+    start_proxy: StartProxy, upstream: FakeUpstream, path: str
+) -> None:
+    proxy = await start_proxy(server={"read_timeout_s": 0.2})
+    reader, writer = await _half_sent(proxy.port, path, length=1000, sent=b'{"model": "m", ')
+    head, body = await _response(reader)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 408"), head
+    error = orjson.loads(body)["error"]
+    assert "server.read_timeout_s" in error["message"]
+    if path == "/v1/messages":  # Anthropic's shape on Anthropic's paths
+        assert error["type"] == "invalid_request_error" and "code" not in error
+    else:
+        assert_openai_error(body, "request_timeout")
+    # Nothing but the streamed route's partial upload ever left for the upstream, and that one
+    # was never answered as a whole request.
+    assert all(request.path.endswith("/files") for request in upstream.requests)
+
+
+async def test_a_slow_client_that_keeps_sending_is_not_cut_off(
+    start_proxy: StartProxy, upstream: FakeUpstream
+) -> None:
+    # The timeout is the longest silence, not the whole upload: pieces every 0.1 s for 0.6 s
+    # against a 0.3 s timeout go through.
+    proxy = await start_proxy(server={"read_timeout_s": 0.3})
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    pieces = [body[i : i + 10] for i in range(0, len(body), 10)]
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    )
+    for piece in pieces:
+        await asyncio.sleep(0.1)
+        writer.write(piece)
+        await writer.drain()
+    head, _ = await _response(reader)
+    writer.close()
+    assert len(pieces) * 0.1 > 0.3
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert upstream.requests[-1].body == body
+
+
 @pytest.mark.parametrize(
     "session",
     ["..", ".hidden", "a%20b", "a%2Fb", "%2e%2e", "x" * 129, "caf%C3%A9", "a%00b"],
