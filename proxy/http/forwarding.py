@@ -6,39 +6,29 @@
   for one retry with a new body.
 - `forward_verbatim`: everything else under /v1/. The body streams to the upstream as it arrives.
 
-On both, a client silent for `server.read_timeout_s` while it sends its body gets a 408. Both
-relay the response with `relay.relay`. Invalid JSON in a hooked request is not our business: the
+Bodies are taken from the client by `bodies` (413 past the size limit, 408 after a silence).
+Both relay the response with `relay.relay`. Invalid JSON in a hooked request is not our business: the
 bytes go upstream unchanged and the upstream's own 400 comes back.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
-from aiohttp import StreamReader, web
-from aiohttp.web_protocol import RequestPayloadError
+from aiohttp import web
 
 from proxy import keys
-from proxy.errors import (
-    BodyTooLarge,
-    InvalidPath,
-    ProxyError,
-    RequestTimeout,
-    UpstreamStreamCut,
-)
+from proxy.errors import InvalidPath, ProxyError, UpstreamStreamCut
 from proxy.hook import Exchange, Hook, Passthrough, RequestContext
-from proxy.http.encodings import decode_body, unreadable_body
+from proxy.http.bodies import LimitedBody, read_body, too_large
+from proxy.http.encodings import decode_body
 from proxy.http.headers import upstream_request_headers
 from proxy.http.relay import relay
 from proxy.http.sessions import resolve_session_id
 from proxy.http.upstream import Response
 from proxy.http.usage import UsageProbe
-from proxy.metrics import Metrics
-from proxy.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +57,7 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
     info.session = explicit_session
     tail = raw_tail(request, path_session)
     url = upstream.url_for(tail, request.rel_url.raw_query_string)
-    body = await _read_body(request, settings.server)
+    body = await read_body(request, settings.server)
     metrics.traffic.add_request_bytes(info.route, len(body))
     headers, credential = upstream_request_headers(
         request.headers, upstream.api_key_for(tail, request.headers), keep_length=False
@@ -147,12 +137,12 @@ async def forward_verbatim(request: web.Request, path_session: str | None) -> we
     url = upstream.url_for(tail, request.rel_url.raw_query_string)
     limit = settings.server.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
-        raise _too_large(limit)
+        raise too_large(limit)
     headers, _ = upstream_request_headers(
         request.headers, upstream.api_key_for(tail, request.headers), keep_length=True
     )
     body = (
-        _LimitedBody(request, settings.server, app[keys.METRICS], info.route)
+        LimitedBody(request, settings.server, app[keys.METRICS], info.route)
         if request.body_exists
         else None
     )
@@ -160,11 +150,11 @@ async def forward_verbatim(request: web.Request, path_session: str | None) -> we
         response = await _send(request, request.method, url, headers, body)
     except ProxyError:
         if body is not None and body.exceeded:
-            raise _too_large(limit) from None
+            raise too_large(limit) from None
         raise
     if body is not None and body.exceeded:
         response.close()
-        raise _too_large(limit)
+        raise too_large(limit)
     return await relay(
         request, response, upstream.chunks(response), info=info, metrics=app[keys.METRICS]
     )
@@ -195,55 +185,6 @@ async def _read_error(request: web.Request, response: Response) -> tuple[bytes, 
         info.upstream_wait_s += time.perf_counter() - started
 
 
-async def _read_body(request: web.Request, server: ServerSettings) -> bytes:
-    """The whole body, refused past `server.max_body_mb` (decoded bytes, for a compressed body),
-    and after `server.read_timeout_s` without a byte of it.
-
-    Read as the chunks arrive and joined once: `request.read()` grows a bytearray chunk by chunk
-    and then copies it into bytes, two to three copies of a body that may be megabytes, on
-    every request of a long conversation."""
-    limit, patience_s = server.max_body_bytes, server.read_timeout_s
-    if request.content_length is not None and request.content_length > limit:
-        raise _too_large(limit)
-    content = request.content
-    # As request.read() does (where aiohttp has it): buffer limits raised to the limit, so a
-    # compressed body decompresses in large pieces rather than 256 KiB at a time.
-    raise_limits = getattr(content, "set_read_chunk_size", None)
-    if raise_limits is not None:
-        raise_limits(limit)
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        while chunk := await _next_chunk(content, patience_s):
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(limit)
-            chunks.append(chunk)
-    except RequestPayloadError:
-        raise unreadable_body(request.headers.get("Content-Encoding", "")) from None
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-async def _next_chunk(content: StreamReader, patience_s: float) -> bytes:
-    """The next piece of a request body (b"" at its end), waited for at most `patience_s`."""
-    if content.is_eof():  # the rest has arrived (all of a small body, often): no timer
-        return await content.readany()
-    try:
-        async with asyncio.timeout(patience_s):
-            return await content.readany()
-    except TimeoutError:
-        raise RequestTimeout(
-            f"the client sent no part of its request body for {patience_s:g} s "
-            "(server.read_timeout_s)"
-        ) from None
-
-
-def _too_large(limit: int) -> BodyTooLarge:
-    return BodyTooLarge(
-        f"request body exceeds the proxy's limit of {limit} bytes (server.max_body_mb)"
-    )
-
-
 # The hook is the compaction layer's code: it must fail open, so the handler treats any
 # exception from it (other than a deliberate ProxyError) as "pass through" and says so in the log.
 
@@ -271,38 +212,6 @@ def _observe(exchange: Exchange, status: int, probe: UsageProbe | None) -> None:
         exchange.observe(status, probe.usage() if probe is not None else None)
     except Exception:
         log.exception("hook failed in observe")
-
-
-class _LimitedBody:
-    """The request body as an async iterable for the client library, streamed as it arrives,
-    stopped past `server.max_body_mb` (only chunked bodies can get there: a declared length is
-    checked first) or after `server.read_timeout_s` of silence."""
-
-    def __init__(
-        self, request: web.Request, server: ServerSettings, metrics: Metrics, route: str
-    ) -> None:
-        self._content = request.content
-        self._limit = server.max_body_bytes
-        self._patience_s = server.read_timeout_s
-        self._metrics = metrics
-        self._route = route
-        self._encoding = request.headers.get("Content-Encoding", "")
-        self.exceeded = False
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        size = 0
-        try:
-            while chunk := await _next_chunk(self._content, self._patience_s):
-                size += len(chunk)
-                self._metrics.traffic.add_request_bytes(self._route, len(chunk))
-                if size > self._limit:
-                    self.exceeded = True
-                    raise _too_large(self._limit)
-                yield chunk
-        except RequestPayloadError:
-            # Raised inside the client library's body writer, which wraps it; Upstream.send
-            # unwraps a ProxyError, so this stays the client's 400, not an upstream failure.
-            raise unreadable_body(self._encoding) from None
 
 
 class _Failing:
