@@ -1,16 +1,17 @@
 """The hot path: does one conversation's compaction or size cost anyone else, or cost per request?
 
     .venv/bin/python -m bench.hotpath [--only abcde] [--big-mb 50] [--wrk-duration 4]
-                                      [--windows 1,2,5,10,20] [--dialect chat|responses|anthropic|all]
-                                      [--marked]
+                                      [--stall-windows 1,5] [--windows 1,2,5,10,20]
+                                      [--dialect chat|responses|anthropic|all] [--marked]
 
 The proxy runs through its CLI (default config, uvloop, JSON access log on) in its own process,
 against a stand-in upstream in another that answers everything at once (summaries included); the
 client runs here. Histories are real prose (bench.history). One run prints:
 
 (a) other sessions' small chat requests and `/healthz`, polled every 5 ms from this process:
-    their p99 and max latency while one session compacts a 1x and a 5x window history (samples
-    overlapping the compacting request, plus 250 ms after it). Targets at 5x: p99 <= 50, max <= 100.
+    their p99 and max latency, and how many took over 100 ms, while one session compacts a 1x and
+    a 5x window history (`--stall-windows`; samples overlapping the compacting request, plus
+    250 ms after it). Targets at 5x: p99 <= 50, max <= 100.
 (b) the proxy's own time (`x-compaction-proxy-overhead-ms`) for `reused` requests of 1x ... 20x
     window histories, medians, with the floor measured in the same run: a bare aiohttp server's
     time to read the same body off the socket. Targets: own time minus floor <= 5 ms at 10x,
@@ -119,10 +120,12 @@ def _chat(messages: list[dict[str, Any]]) -> bytes:
     return orjson.dumps({"model": "gpt-4o", "messages": messages})
 
 
-async def stall_figures(session: aiohttp.ClientSession, proxy: str, run_id: str) -> None:
+async def stall_figures(
+    session: aiohttp.ClientSession, proxy: str, run_id: str, sizes: tuple[int, ...]
+) -> None:
     print("(a) other sessions while one compacts (ms; 4 sessions + /healthz, each every 5 ms)")
     tiny = _chat([{"role": "user", "content": "hi"}])
-    for windows in (1, 5):
+    for windows in sizes:
         body = _chat(history(windows * WINDOW, tag=f"a{windows}{run_id}-"))
         samples: dict[str, list[tuple[float, float]]] = {"chat": [], "healthz": []}
         stop = asyncio.Event()
@@ -160,7 +163,11 @@ async def stall_figures(session: aiohttp.ClientSession, proxy: str, run_id: str)
         line.append(f"in {(ended - started) * 1000:.0f} ms;")
         for kind, spans in samples.items():
             during = [(e - s) * 1000 for s, e in spans if e >= started and s <= ended + 0.25]
-            line.append(f"{kind} n={len(during)} p99 {_p99(during):.1f} max {max(during):.1f};")
+            slow = sum(took > 100 for took in during)
+            line.append(
+                f"{kind} n={len(during)} p99 {_p99(during):.1f} max {max(during):.1f} "
+                f"over 100: {slow};"
+            )
         print(" ".join(line))
 
 
@@ -223,6 +230,7 @@ async def run(
     windows: tuple[int, ...],
     dialects: tuple[str, ...] = ("chat",),
     marked: bool = False,
+    stall_windows: tuple[int, ...] = (1, 5),
 ) -> None:
     up, prx, flr = free_port(), free_port(), free_port()
     upstream, proxy, floor = (f"http://127.0.0.1:{p}" for p in (up, prx, flr))
@@ -248,7 +256,7 @@ async def run(
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             if "a" in only:
-                await stall_figures(session, proxy, run_id)
+                await stall_figures(session, proxy, run_id, stall_windows)
             if "b" in only:
                 await reuse_figures(session, proxy, floor, run_id, windows, dialects)
             if "c" in only:
@@ -274,6 +282,11 @@ def main() -> None:
     parser.add_argument("--big-mb", type=float, default=50, help="(e) body size; 0 skips it")
     parser.add_argument("--wrk-duration", type=int, default=4, help="(d) seconds per wrk run")
     parser.add_argument(
+        "--stall-windows",
+        default="1,5",
+        help="(a) sizes of the compacting history, in windows (default 1,5)",
+    )
+    parser.add_argument(
         "--windows",
         default="1,2,5,10,20",
         help="(b) history sizes, in windows (default 1,2,5,10,20)",
@@ -297,6 +310,7 @@ def main() -> None:
     else:
         with asyncio.Runner(loop_factory=_loop) as runner:
             windows = tuple(int(w) for w in options.windows.split(","))
+            stall_windows = tuple(int(w) for w in options.stall_windows.split(","))
             dialects = DIALECTS if options.dialect == "all" else (options.dialect,)
             runner.run(
                 run(
@@ -306,6 +320,7 @@ def main() -> None:
                     windows,
                     dialects,
                     options.marked,
+                    stall_windows,
                 )
             )
 

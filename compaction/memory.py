@@ -130,24 +130,16 @@ class MemoryWriter:
             if seen is None:
                 seen = await asyncio.to_thread(_load_keys, path)
                 self._seen[session_id] = seen
-            timestamp = self._now().astimezone(UTC).isoformat()
-            records: list[dict[str, str]] = []
-            claims: list[str] = []
-            for item in items:
-                key = (item.type, item.identity)  # computed where the item was made
-                if key in seen:
-                    continue
-                claims.append(f"{item.type}\x00{item.identity}")
-                seen.add(key)
-                records.append(
-                    {
-                        "type": item.type,
-                        "content": item.content,
-                        "session_id": session_id,
-                        "compaction_id": compaction_id,
-                        "timestamp": timestamp,
-                    }
-                )
+            stamp = {
+                "session_id": session_id,
+                "compaction_id": compaction_id,
+                "timestamp": self._now().astimezone(UTC).isoformat(),
+            }
+            # In a thread: a long fold's overflow is tens of thousands of items, a Python step
+            # each (a quarter of a second at 50 MiB of history), which the event loop would wait
+            # out whole; a thread gives the GIL back every few milliseconds. The session's lock
+            # keeps `seen` to this writer meanwhile.
+            records, claims = await asyncio.to_thread(_unseen, items, seen, stamp)
             if records and self._claims is not None:
                 records = await self._claimed(session_id, records, claims)
             if records:
@@ -173,6 +165,23 @@ class MemoryWriter:
         except Exception:
             return records
         return [record for record, key in zip(records, keys, strict=True) if key in fresh]
+
+
+def _unseen(
+    items: Sequence[MemoryItem], seen: set[tuple[str, str]], stamp: dict[str, str]
+) -> tuple[list[dict[str, str]], list[str]]:
+    """The records of the items not in `seen` (added to it), each with `stamp`'s fields, and
+    their claim keys."""
+    records: list[dict[str, str]] = []
+    claims: list[str] = []
+    for item in items:
+        key = (item.type, item.identity)  # computed where the item was made
+        if key in seen:
+            continue
+        claims.append(f"{item.type}\x00{item.identity}")
+        seen.add(key)
+        records.append({"type": item.type, "content": item.content, **stamp})
+    return records, claims
 
 
 def _claim_key(record: dict[str, str]) -> str:
