@@ -20,6 +20,8 @@ client runs here. Histories are real prose (bench.history). One run prints:
     (`--marked`: Anthropic bodies whose cache_control marks move to the newest turns).
 (c) CPU (process time) of the library per 128k tokens folded, in this process, prose and coding
     histories of 1x and 4x a window; the summarizer answers at once. Target <= 20 ms, linear.
+    Then a fold redone over a 10% longer history in one worker process (as the proxy runs it):
+    wall time cold, and after the 4x fold (what the worker scanned then is not scanned again).
 (d) pass-through req/s and added median against a minimal aiohttp forwarder, with wrk
     (bench.wrk). Targets: >= 0.9x (2 KB), >= 0.8x (400 KB), added median <= 1.3x.
 (e) one `--big-mb` MiB prose body over the trigger: status, compaction status and seconds.
@@ -45,6 +47,7 @@ from bench.passthrough import COMPLETION, _loop, free_port, spawn, stop, wait_re
 from bench.reuse import DIALECTS, answer_of, prepare_figures, reuse_figures
 from bench.wrk import passthrough_figures
 from compaction import Compactor, HeuristicEstimator
+from proxy.compacting.workers import Workers
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = 128_000
@@ -198,6 +201,37 @@ async def cpu_figures() -> None:
             )
 
 
+async def redone_figures() -> None:
+    """A fold redone over a longer history (a precomputed compaction the conversation overtook),
+    in a worker process as the proxy runs it: the worker keeps what it scanned before."""
+    print("(c) a fold redone over a 10% longer history, through one worker process (wall ms)")
+    for source in ("prose", "coding"):
+        longer = history(int(4.4 * WINDOW), source=source, tag="r-")
+        cut = len(longer) * 10 // 11
+        shorter = longer[: cut + (longer[cut]["role"] != "user")]  # ends on a user message
+        took = []
+        for earlier in ([], [shorter]):
+            workers = Workers(1)
+            workers.open()
+            compactor = Compactor(offload=workers)
+            try:
+                warm_up = history(WINDOW // 2, source=source, tag="w-")  # starts the worker
+                await _compact(compactor, warm_up, WINDOW // 4)
+                for messages in earlier:
+                    await _compact(compactor, messages, WINDOW)
+                started = time.perf_counter()
+                await _compact(compactor, longer, WINDOW)
+                took.append((time.perf_counter() - started) * 1000)
+            finally:
+                await workers.close()
+        print(f"    {source:>6} 4.4x: {took[0]:.0f} ms cold, {took[1]:.0f} ms after the 4x fold")
+
+
+async def _compact(compactor: Compactor, messages: list[dict[str, Any]], window: int) -> None:
+    plan = compactor.plan(messages, window=window)
+    await compactor.run(messages, plan, llm=_InstantLLM(), session_id=None)
+
+
 # --- (e) one very large body ------------------------------------------------------------------
 
 
@@ -261,6 +295,7 @@ async def run(
                 await reuse_figures(session, proxy, floor, run_id, windows, dialects)
             if "c" in only:
                 await cpu_figures()
+                await redone_figures()
             if "e" in only and big_mb > 0:
                 await big_figures(session, proxy, big_mb, run_id)
     finally:

@@ -54,7 +54,8 @@ class Compactor:
         mentions: MentionCache | None = None,
     ) -> None:
         """`offload` runs the CPU stages (default: inline; the proxy passes a process pool);
-        `mentions` lets a longer fold scan only new texts (inline: jobs travel without it)."""
+        `mentions` lets a longer fold scan only new texts (inline; a job sent to another process
+        travels without it and uses that process's own, `stages.worker_mentions`)."""
         self.settings = settings or CompactionSettings()
         self.offload: Offload = offload or Inline()
         self.crossing = not isinstance(self.offload, Inline)

@@ -8,6 +8,7 @@ list and checks it. Each is a module-level function of one frozen, picklable job
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,7 @@ from compaction.composition import (
 from compaction.extract import extract_memory_items
 from compaction.invariants import check_compacted
 from compaction.ledger import Ledger, build_ledger
-from compaction.mentions import MentionCache, scan_prose
+from compaction.mentions import MentionCache
 from compaction.messages import Item, Shape, read_items
 from compaction.offload import collector_paused
 from compaction.plan import plan_compaction
@@ -81,6 +82,14 @@ class PlanJob:
     """Keeps the Items read here for the run that follows (in process only: Items stay)."""
 
 
+@functools.cache
+def worker_mentions() -> MentionCache:
+    """This process's own MentionCache, for the folds that come without one: those sent to a
+    worker process, which keeps it from job to job. So a fold redone over a longer history (a
+    precomputed compaction overtaken by the conversation) scans only the new texts there too."""
+    return MentionCache()
+
+
 def make_plan(job: PlanJob) -> Plan:
     with collector_paused():
         return _make_plan(job)
@@ -117,7 +126,8 @@ class FoldJob:
     estimator: TokenEstimator
     settings: CompactionSettings
     mentions: MentionCache | None = None
-    """What earlier folds found in the same texts (only in process: a cache does not travel)."""
+    """What earlier folds found in the same texts (only in process: a cache does not travel;
+    a job that crossed to a worker uses the worker's own, `worker_mentions`)."""
     items: list[Item] | None = None
     """The folded messages already read by the plan (only in process)."""
     counts: list[int] | None = None
@@ -167,7 +177,7 @@ def _fold(job: FoldJob) -> Fold:
             max_tokens=job.settings.transcript_max_tokens,
             tool_output_clip_chars=job.settings.tool_output_clip_chars,
         ),
-        ledger=build_ledger(items, fresh, scan=job.mentions.scan if job.mentions else scan_prose),
+        ledger=build_ledger(items, fresh, scan=(job.mentions or worker_mentions()).scan),
         body_budget=body_budget(job.plan.summary_budget_tokens, framing, replaced),
     )
 

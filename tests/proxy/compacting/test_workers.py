@@ -7,7 +7,11 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 
+from compaction import Compactor
+from compaction.stages import worker_mentions
 from proxy.compacting.workers import Workers
+from tests.compaction.conftest import ScriptedLLM
+from tests.factories import simple_conversation
 
 
 def pid_of(_: None) -> int:
@@ -16,6 +20,10 @@ def pid_of(_: None) -> int:
 
 def die(_: None) -> None:
     os._exit(3)
+
+
+def scanned_here(_: None) -> int:
+    return worker_mentions().scanned
 
 
 async def test_jobs_run_in_another_process() -> None:
@@ -43,3 +51,28 @@ async def test_a_pool_broken_by_a_dying_worker_is_replaced() -> None:
         assert await workers.run(pid_of, None) != os.getpid()
     finally:
         await workers.close()
+
+
+async def test_a_worker_scans_only_the_new_texts_of_a_fold_redone_over_a_longer_history() -> None:
+    # A fold sent to a worker carries no cache; the worker keeps its own from job to job, as an
+    # inline Compactor does (a precomputed compaction overtaken by the conversation is redone).
+    workers = Workers(1)
+    workers.open()
+    compactor = Compactor(offload=workers)
+    longer = simple_conversation(120)
+    shorter = longer[:161]  # ends on a user message, as a request does
+    folded: list[set[str]] = []
+    scanned: list[int] = []
+    try:
+        for messages in (shorter, longer):
+            plan = compactor.plan(messages, window=6000)
+            result = await compactor.run(messages, plan, llm=ScriptedLLM(), session_id=None)
+            assert result.path == "llm"
+            folded.append({messages[i]["content"] for i in plan.folded})
+            scanned.append(await workers.run(scanned_here, None))
+    finally:
+        await workers.close()
+    first, second = folded
+    assert first < second
+    # Each folded text scanned once over both folds: the second scanned only its new ones.
+    assert scanned == [len(first), len(second)]
