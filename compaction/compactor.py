@@ -25,11 +25,12 @@ from compaction.memory import MemoryWriter, write_items
 from compaction.mentions import MentionCache
 from compaction.messages import CHAT, Shape
 from compaction.offload import Inline, Offload
+from compaction.packing import LastPacked
 from compaction.plan import should_compact
 from compaction.reading import LastRead
 from compaction.run import Run
 from compaction.settings import CompactionSettings
-from compaction.stages import Packed, PlanJob, make_plan
+from compaction.stages import PlanJob, make_plan
 from compaction.tokens import HeuristicEstimator, estimate_request
 from compaction.types import ChatLLM, CompactionResult, MemoryItem, Plan, TokenEstimator
 
@@ -65,6 +66,7 @@ class Compactor:
         self.clock = clock
         self.mentions = mentions if mentions is not None else MentionCache()
         self.last_read = LastRead()  # inline: what plan() read, for the run() after it
+        self.last_packed = LastPacked()  # crossing: what plan() packed, for the run() after it
 
     def estimate(
         self, messages: Sequence[Any], tools: Any = None, *, estimator: TokenEstimator | None = None
@@ -126,7 +128,7 @@ class Compactor:
     ) -> PlanJob:
         estimator = estimator or self.estimator
         return PlanJob(
-            messages=Packed.of(messages, crossing=self.crossing),
+            messages=self.last_packed.pack(messages, crossing=self.crossing),
             tools=tools,
             estimator=estimator,
             # A request's own HeuristicEstimator also says how its messages read (its shape).

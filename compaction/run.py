@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from compaction.composition import LLM_SHARE
 from compaction.messages import Shape
-from compaction.stages import FinishJob, FoldJob, Packed, compacted_list, finish, fold
+from compaction.stages import FinishJob, FoldJob, compacted_list, finish, fold
 from compaction.summarize import ask_both, build_memory_request, build_summary_request
 from compaction.types import ChatLLM, CompactionResult, Plan, TokenEstimator
 
@@ -68,11 +68,11 @@ class Run:
         self, llm: ChatLLM | None, session_id: str | None, *, flush_memory: bool = True
     ) -> CompactionResult:
         plan, messages, shape = self.plan, self.messages, self.shape
+        offload, crossing = self.compactor.offload, self.compactor.crossing
+        packed = self.compactor.last_packed.take(messages, crossing=crossing)
         folded = plan.folded
         if not folded:
             return self.unchanged(plan.note or "nothing to fold")
-        offload, crossing = self.compactor.offload, self.compactor.crossing
-        packed = Packed.of(messages, crossing=crossing)
         taken = (
             None
             if crossing

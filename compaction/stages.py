@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from compaction.composition import (
     Composed,
     body_budget,
@@ -28,6 +26,7 @@ from compaction.ledger import Ledger, build_ledger
 from compaction.mentions import MentionCache
 from compaction.messages import Item, Shape, read_items
 from compaction.offload import collector_paused
+from compaction.packing import Packed
 from compaction.plan import plan_compaction
 from compaction.reading import LastRead
 from compaction.sections import Body
@@ -39,31 +38,6 @@ from compaction.tokens import count_messages, estimate_request
 from compaction.transcript import render_transcript
 from compaction.types import CompactionResult, MemoryItem, Plan, TokenEstimator, Verification
 from compaction.verify import check_preserved
-
-
-@dataclass(frozen=True)
-class Packed:
-    """Messages on their way to a job: as JSON bytes when they cross to another process (a
-    megabyte of JSON pickles as one buffer, where the same messages as objects cost a pickle
-    memo entry each, both ways), else the list itself."""
-
-    json: bytes | None
-    items: list[Any] | None
-
-    @classmethod
-    def of(cls, messages: Sequence[Any], *, crossing: bool) -> Packed:
-        if crossing:
-            try:
-                return cls(orjson.dumps(list(messages)), None)
-            except (TypeError, orjson.JSONEncodeError):
-                pass  # not plain JSON (an in-process caller's objects): pickled as they are
-        return cls(None, list(messages))
-
-    def unpack(self) -> list[Any]:
-        if self.json is not None:
-            loaded: list[Any] = orjson.loads(self.json)
-            return loaded
-        return self.items if self.items is not None else []
 
 
 @dataclass(frozen=True)

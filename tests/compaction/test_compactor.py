@@ -45,6 +45,39 @@ async def _compact(
     return await compactor.run(messages, plan, llm=llm, session_id=session_id), plan, window
 
 
+class _CrossingOffload:
+    """Runs each job at once and keeps it; not `Inline`, so the messages travel packed, as they
+    do to a worker process."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Any] = []
+
+    async def run(self, fn: Any, job: Any) -> Any:
+        self.jobs.append(job)
+        return fn(job)
+
+
+async def test_a_run_sends_the_history_packed_once_by_its_plan(llm: ScriptedLLM) -> None:
+    # Packing serializes the whole history on the caller's loop: the run takes the plan's
+    # packing for the very messages the plan packed, and packs anew for any others.
+    offload = _CrossingOffload()
+    compactor = Compactor(settings=FAST, offload=offload)
+    messages = agent_conversation(8, blocks=4, output_chars=1500)
+    window = _over(compactor, messages)
+    plan = await compactor.plan_async(messages, window=window)
+    assert (await compactor.run(messages, plan, llm=llm, session_id=None)).path == "llm"
+    planned, folding, finishing = offload.jobs
+    assert planned.messages.json is not None
+    assert folding.messages is planned.messages and finishing.messages is planned.messages
+
+    equal = [dict(message) for message in messages]  # the same content, other objects
+    plan = await compactor.plan_async(messages, window=window)
+    assert (await compactor.run(equal, plan, llm=llm, session_id=None)).path == "llm"
+    planned, folding = offload.jobs[3:5]
+    assert folding.messages is not planned.messages
+    assert folding.messages.json == planned.messages.json
+
+
 # ---------------------------------------------------------------- the LLM path
 
 
