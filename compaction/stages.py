@@ -137,6 +137,7 @@ def _fold(job: FoldJob) -> Fold:
     items = job.items if job.items is not None else read_items(folded, shape)
     previous_summary, previous = read_previous(folded, items, range(len(folded)), shape)
     fresh = [i for i, item in enumerate(items) if item.kind != "summary"]
+    mentions = job.mentions if job.mentions is not None else worker_mentions()
     prose = [items[i].text for i in fresh if items[i].is_prose]
     replaced = sum(counts[i] for i in fresh)
     return Fold(
@@ -151,7 +152,7 @@ def _fold(job: FoldJob) -> Fold:
             max_tokens=job.settings.transcript_max_tokens,
             tool_output_clip_chars=job.settings.tool_output_clip_chars,
         ),
-        ledger=build_ledger(items, fresh, scan=(job.mentions or worker_mentions()).scan),
+        ledger=build_ledger(items, fresh, scan=mentions.scan),
         body_budget=body_budget(job.plan.summary_budget_tokens, framing, replaced),
     )
 
