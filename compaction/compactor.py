@@ -25,7 +25,7 @@ from compaction.memory import MemoryWriter, write_items
 from compaction.mentions import MentionCache
 from compaction.messages import CHAT, Shape
 from compaction.offload import Inline, Offload
-from compaction.packing import LastPacked
+from compaction.packing import Packed, Packings
 from compaction.plan import should_compact
 from compaction.reading import LastRead
 from compaction.run import Run
@@ -59,14 +59,14 @@ class Compactor:
         travels without it and uses that process's own, `stages.worker_mentions`)."""
         self.settings = settings or CompactionSettings()
         self.offload: Offload = offload or Inline()
-        self.crossing = not isinstance(self.offload, Inline)
+        self.crossing: bool = getattr(self.offload, "crossing", True)
         self.shape = shape
         self.estimator: TokenEstimator = estimator or HeuristicEstimator(shape=shape)
         self.memory = memory
         self.clock = clock
         self.mentions = mentions if mentions is not None else MentionCache()
         self.last_read = LastRead()  # inline: what plan() read, for the run() after it
-        self.last_packed = LastPacked()  # crossing: what plan() packed, for the run() after it
+        self.packings = Packings()  # crossing: what each plan packed, for its run
 
     def estimate(
         self, messages: Sequence[Any], tools: Any = None, *, estimator: TokenEstimator | None = None
@@ -101,7 +101,9 @@ class Compactor:
         """Where to cut; `target_ratio` overrides the setting (a compaction prepared ahead of
         the trigger aims lower by the growth still to come)."""
         job = self._plan_job(messages, window, tools, max_output_tokens, estimator, target_ratio)
-        return make_plan(job)
+        plan = make_plan(job)
+        self.packings.keep(plan, messages, job.messages)
+        return plan
 
     async def plan_async(
         self,
@@ -115,7 +117,9 @@ class Compactor:
     ) -> Plan:
         """`plan()`, run through the offload (its cost grows with the whole history)."""
         job = self._plan_job(messages, window, tools, max_output_tokens, estimator, target_ratio)
-        return await self.offload.run(make_plan, job)
+        plan = await self.offload.run(make_plan, job)
+        self.packings.keep(plan, messages, job.messages)
+        return plan
 
     def _plan_job(
         self,
@@ -128,7 +132,7 @@ class Compactor:
     ) -> PlanJob:
         estimator = estimator or self.estimator
         return PlanJob(
-            messages=self.last_packed.pack(messages, crossing=self.crossing),
+            messages=Packed.of(messages, crossing=self.crossing),
             tools=tools,
             estimator=estimator,
             # A request's own HeuristicEstimator also says how its messages read (its shape).

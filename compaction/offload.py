@@ -19,6 +19,10 @@ Result = TypeVar("Result")
 
 
 class Offload(Protocol):
+    """Runs a job's function somewhere. One whose jobs stay in the caller's process says so with
+    `crossing = False` (its jobs then carry the messages as they are, and the compactor's
+    caches); any other is taken to send them to another process, packed."""
+
     async def run(self, fn: Callable[[Job], Result], job: Job) -> Result:
         """`fn(job)`, wherever this offload runs CPU work."""
         ...
@@ -26,6 +30,8 @@ class Offload(Protocol):
 
 class Inline:
     """Runs each job at once, in the caller's thread (the default)."""
+
+    crossing = False
 
     async def run(self, fn: Callable[[Job], Result], job: Job) -> Result:
         return fn(job)

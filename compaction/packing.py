@@ -1,5 +1,5 @@
 """Messages on their way to a job (`Packed`), and the packing a plan made kept for the run that
-applies it (`LastPacked`).
+applies it (`Packings`).
 
 A job sent to a worker process takes the messages as JSON bytes. A compaction sends the same
 history twice, to plan and then to run; packing it is a serialization of the whole history on
@@ -14,8 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import is_
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import orjson
+
+from compaction.types import Plan
 
 
 @dataclass(frozen=True)
@@ -43,26 +46,28 @@ class Packed:
         return self.items if self.items is not None else []
 
 
-class LastPacked:
-    """The messages the last plan packed and their packing (one history held at a time, and only
-    until a run takes it)."""
+class Packings:
+    """Each plan's packing of the messages it was made from, for the run that applies it: kept
+    as long as the plan lives (a plan that is never run takes its packing with it) and taken
+    once. Every plan has its own, so concurrent compactions of other sessions do not displace
+    it."""
 
     def __init__(self) -> None:
-        self._messages: tuple[Any, ...] = ()
-        self._packed: Packed | None = None
+        self._by_plan: WeakKeyDictionary[Plan, tuple[tuple[Any, ...], Packed]] = WeakKeyDictionary()
 
-    def pack(self, messages: Sequence[Any], *, crossing: bool) -> Packed:
-        """`Packed.of(messages)`, kept for `take` when it crosses to another process."""
-        packed = Packed.of(messages, crossing=crossing)
-        if crossing:
-            self._messages, self._packed = tuple(messages), packed
-        return packed
+    def __len__(self) -> int:
+        return len(self._by_plan)
 
-    def take(self, messages: Sequence[Any], *, crossing: bool) -> Packed:
-        """The last packing if `messages` holds the objects it packed, in the same places; else
-        `Packed.of(messages)`. Either way it is let go: one plan's packing serves one run."""
-        known, packed = self._messages, self._packed
-        self._messages, self._packed = (), None
+    def keep(self, plan: Plan, messages: Sequence[Any], packed: Packed) -> None:
+        """Keep `packed`, made from `messages`, for the run of `plan` (JSON only: a packing that
+        does not cross is the list itself, nothing to save)."""
+        if packed.json is not None:
+            self._by_plan[plan] = (tuple(messages), packed)
+
+    def take(self, plan: Plan, messages: Sequence[Any], *, crossing: bool) -> Packed:
+        """The packing kept for `plan` if `messages` holds the objects it was made from, in the
+        same places; else `Packed.of(messages)`."""
+        known, packed = self._by_plan.pop(plan, ((), None))
         if (
             packed is not None
             and crossing

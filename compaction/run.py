@@ -69,7 +69,7 @@ class Run:
     ) -> CompactionResult:
         plan, messages, shape = self.plan, self.messages, self.shape
         offload, crossing = self.compactor.offload, self.compactor.crossing
-        packed = self.compactor.last_packed.take(messages, crossing=crossing)
+        packed = self.compactor.packings.take(plan, messages, crossing=crossing)
         folded = plan.folded
         if not folded:
             return self.unchanged(plan.note or "nothing to fold")

@@ -29,6 +29,11 @@ class Workers:
     def processes(self) -> int:
         return self._processes
 
+    @property
+    def crossing(self) -> bool:
+        """Whether jobs leave this process (with no workers they run inline, as they are)."""
+        return self._processes > 0
+
     def open(self) -> None:
         """Processes start on the first job (an app that never compacts starts none)."""
         if self._processes > 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,7 @@ async def test_a_run_sends_the_history_packed_once_by_its_plan(llm: ScriptedLLM)
     planned, folding, finishing = offload.jobs
     assert planned.messages.json is not None
     assert folding.messages is planned.messages and finishing.messages is planned.messages
+    assert len(compactor.packings) == 0  # taken once, by the run
 
     equal = [dict(message) for message in messages]  # the same content, other objects
     plan = await compactor.plan_async(messages, window=window)
@@ -76,6 +78,16 @@ async def test_a_run_sends_the_history_packed_once_by_its_plan(llm: ScriptedLLM)
     planned, folding = offload.jobs[3:5]
     assert folding.messages is not planned.messages
     assert folding.messages.json == planned.messages.json
+
+
+async def test_a_plan_that_is_never_run_takes_its_packing_with_it() -> None:
+    compactor = Compactor(settings=FAST, offload=_CrossingOffload())
+    messages = agent_conversation(8, blocks=4, output_chars=1500)
+    plans = [await compactor.plan_async(messages, window=_over(compactor, messages))]
+    assert len(compactor.packings) == 1
+    plans.clear()  # the caller let the plan go (a precomputed one already stored elsewhere)
+    gc.collect()
+    assert len(compactor.packings) == 0
 
 
 # ---------------------------------------------------------------- the LLM path
