@@ -9,8 +9,9 @@ list and checks it. Each is a module-level function of one frozen, picklable job
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from compaction.composition import (
@@ -23,7 +24,7 @@ from compaction.composition import (
 from compaction.extract import extract_memory_items
 from compaction.invariants import check_compacted
 from compaction.ledger import Ledger, build_ledger
-from compaction.mentions import MentionCache
+from compaction.mentions import MentionCache, scan_prose
 from compaction.messages import Item, Shape, read_items
 from compaction.offload import collector_paused
 from compaction.packing import Packed
@@ -58,9 +59,10 @@ class PlanJob:
 
 @functools.cache
 def worker_mentions() -> MentionCache:
-    """This process's own MentionCache, for the folds that come without one: those sent to a
-    worker process, which keeps it from job to job. So a fold redone over a longer history (a
-    precomputed compaction overtaken by the conversation) scans only the new texts there too."""
+    """A worker process's own MentionCache, for the folds sent to it (a cache does not travel
+    with a job), kept from job to job. So a fold redone over a longer history (a precomputed
+    compaction overtaken by the conversation) scans only the new texts there too. Only ever
+    made in a process that jobs were sent to."""
     return MentionCache()
 
 
@@ -101,7 +103,9 @@ class FoldJob:
     settings: CompactionSettings
     mentions: MentionCache | None = None
     """What earlier folds found in the same texts (only in process: a cache does not travel;
-    a job that crossed to a worker uses the worker's own, `worker_mentions`)."""
+    a job that crossed to a worker process uses the worker's own, `worker_mentions`)."""
+    origin: int = field(default_factory=os.getpid)
+    """The process the job was made in."""
     items: list[Item] | None = None
     """The folded messages already read by the plan (only in process)."""
     counts: list[int] | None = None
@@ -137,7 +141,9 @@ def _fold(job: FoldJob) -> Fold:
     items = job.items if job.items is not None else read_items(folded, shape)
     previous_summary, previous = read_previous(folded, items, range(len(folded)), shape)
     fresh = [i for i, item in enumerate(items) if item.kind != "summary"]
-    mentions = job.mentions if job.mentions is not None else worker_mentions()
+    mentions = job.mentions
+    if mentions is None and os.getpid() != job.origin:
+        mentions = worker_mentions()  # one job at a time in a worker process: never shared
     prose = [items[i].text for i in fresh if items[i].is_prose]
     replaced = sum(counts[i] for i in fresh)
     return Fold(
@@ -152,7 +158,7 @@ def _fold(job: FoldJob) -> Fold:
             max_tokens=job.settings.transcript_max_tokens,
             tool_output_clip_chars=job.settings.tool_output_clip_chars,
         ),
-        ledger=build_ledger(items, fresh, scan=mentions.scan),
+        ledger=build_ledger(items, fresh, scan=scan_prose if mentions is None else mentions.scan),
         body_budget=body_budget(job.plan.summary_budget_tokens, framing, replaced),
     )
 

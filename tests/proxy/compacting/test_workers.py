@@ -60,7 +60,7 @@ async def test_a_worker_scans_only_the_new_texts_of_a_fold_redone_over_a_longer_
     workers.open()
     compactor = Compactor(offload=workers)
     longer = simple_conversation(120)
-    shorter = longer[:161]  # ends on a user message, as a request does
+    shorter = longer[:162]  # ends on a user message, as a request does
     folded: list[set[str]] = []
     scanned: list[int] = []
     try:
@@ -76,3 +76,18 @@ async def test_a_worker_scans_only_the_new_texts_of_a_fold_redone_over_a_longer_
     assert first < second
     # Each folded text scanned once over both folds: the second scanned only its new ones.
     assert scanned == [len(first), len(second)]
+
+
+async def test_without_workers_a_compactor_keeps_its_jobs_in_process() -> None:
+    # Workers(0) runs jobs inline: they carry the messages as they are, and the compactor's own
+    # cache of what folds scanned (no JSON packing, no cache left unused).
+    workers = Workers(0)
+    workers.open()
+    compactor = Compactor(offload=workers)
+    messages = simple_conversation(120)
+    plan = compactor.plan(messages, window=6000)
+    result = await compactor.run(messages, plan, llm=ScriptedLLM(), session_id=None)
+    await workers.close()
+    assert (Workers(0).crossing, Workers(1).crossing) == (False, True)
+    assert result.path == "llm" and len(compactor.packings) == 0
+    assert compactor.mentions.scanned == len({messages[i]["content"] for i in plan.folded})
