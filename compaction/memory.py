@@ -137,9 +137,10 @@ class MemoryWriter:
             }
             # In a thread: a long fold's overflow is tens of thousands of items, a Python step
             # each (a quarter of a second at 50 MiB of history), which the event loop would wait
-            # out whole; a thread gives the GIL back every few milliseconds. The session's lock
-            # keeps `seen` to this writer meanwhile.
-            records, claims = await asyncio.to_thread(_unseen, items, seen, stamp)
+            # out whole; a thread gives the GIL back every few milliseconds. It only reads
+            # `seen` (the session's lock keeps other writers out); the keys join `seen` once
+            # written, so a flush cancelled or failed on the way leaves nothing marked.
+            records, keys, claims = await asyncio.to_thread(_unseen, items, seen, stamp)
             if records and self._claims is not None:
                 records = await self._claimed(session_id, records, claims)
             if records:
@@ -147,11 +148,10 @@ class MemoryWriter:
                     await asyncio.to_thread(_append_lines, path, records, self._write)
                 except BaseException:
                     # Not written (a flush is all or nothing): a later flush may try them again.
-                    for record in records:
-                        seen.discard((record["type"], item_identity(record["content"])))
                     if self._claims is not None:
                         await self._claims.release(session_id, [_claim_key(r) for r in records])
                     raise
+            seen.update(keys)  # those another writer claimed too: it writes them
             return records
 
     async def _claimed(
@@ -169,19 +169,22 @@ class MemoryWriter:
 
 def _unseen(
     items: Sequence[MemoryItem], seen: set[tuple[str, str]], stamp: dict[str, str]
-) -> tuple[list[dict[str, str]], list[str]]:
-    """The records of the items not in `seen` (added to it), each with `stamp`'s fields, and
-    their claim keys."""
+) -> tuple[list[dict[str, str]], list[tuple[str, str]], list[str]]:
+    """The records of the items whose key is neither in `seen` nor earlier among them (each with
+    `stamp`'s fields), their keys and their claim keys."""
     records: list[dict[str, str]] = []
+    keys: list[tuple[str, str]] = []
     claims: list[str] = []
+    new: set[tuple[str, str]] = set()
     for item in items:
         key = (item.type, item.identity)  # computed where the item was made
-        if key in seen:
+        if key in seen or key in new:
             continue
+        new.add(key)
+        keys.append(key)
         claims.append(f"{item.type}\x00{item.identity}")
-        seen.add(key)
         records.append({"type": item.type, "content": item.content, **stamp})
-    return records, claims
+    return records, keys, claims
 
 
 def _claim_key(record: dict[str, str]) -> str:
