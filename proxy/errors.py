@@ -33,6 +33,8 @@ class ProxyError(Exception):
     status = 500
     type = "server_error"
     code = "internal_error"
+    closes = False
+    """True when the client's connection cannot serve another request after this answer."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -84,6 +86,7 @@ class RequestTimeout(ProxyError):
     status = 408
     type = "invalid_request_error"
     code = "request_timeout"
+    closes = True  # the rest of the body may still come: it would read as the next request
 
 
 class BodyTooLarge(ProxyError):

@@ -102,7 +102,10 @@ def _shaped(request: web.Request, route: str, exc: Exception) -> web.Response:
     """The error response for `exc`, raised by the handler (called in its `except` block);
     re-raises an HTTPException that is not an error (a redirect)."""
     if isinstance(exc, ProxyError):
-        return error_response(exc.status, exc.body(api_of(request, route)))
+        response = error_response(exc.status, exc.body(api_of(request, route)))
+        if exc.closes:
+            response.force_close()
+        return response
     if isinstance(exc, web.HTTPException):
         if exc.status < 400:
             raise exc

@@ -7,8 +7,8 @@
 - `forward_verbatim`: everything else under /v1/. The body streams to the upstream as it arrives.
 
 Bodies are taken from the client by `bodies` (413 past the size limit, 408 after a silence).
-Both relay the response with `relay.relay`. Invalid JSON in a hooked request is not our business: the
-bytes go upstream unchanged and the upstream's own 400 comes back.
+Both relay the response with `relay.relay`. Invalid JSON in a hooked request is not our
+business: the bytes go upstream unchanged and the upstream's own 400 comes back.
 """
 
 from __future__ import annotations
