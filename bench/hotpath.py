@@ -208,7 +208,7 @@ async def redone_figures() -> None:
     for source in ("prose", "coding"):
         longer = history(int(4.4 * WINDOW), source=source, tag="r-")
         cut = len(longer) * 10 // 11
-        shorter = longer[: cut + (longer[cut]["role"] != "user")]  # ends on a user message
+        shorter = longer[: cut + (longer[cut]["role"] == "user")]  # ends on a user message
         took = []
         for earlier in ([], [shorter]):
             workers = Workers(1)
