@@ -4,6 +4,8 @@ A `compaction.Offload` over a `ProcessPoolExecutor` of `compaction.workers` proc
 on the loop). Workers are started with "spawn" (never forked from a process with a running loop
 and threads) on the first job and stopped with the app; a pool broken by a dying worker is replaced
 for the next job (the job that saw it fails, and its compaction falls back like any other error).
+A worker ends with the process that started it, however that one ended: a proxy killed outright
+never shuts its pool down, and its workers, waiting for jobs, would otherwise live on.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import multiprocessing
+import multiprocessing.connection
+import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -60,5 +65,21 @@ class Workers:
 
     def _new_pool(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(
-            max_workers=self._processes, mp_context=multiprocessing.get_context("spawn")
+            max_workers=self._processes,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_exit_with_parent,
         )
+
+
+def _exit_with_parent() -> None:
+    """In a worker, at its start: a thread that ends the process once its parent is gone (the
+    parent's sentinel, a pipe the parent holds open, reads as closed then)."""
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        watch = threading.Thread(target=_wait_then_exit, args=(parent.sentinel,), daemon=True)
+        watch.start()
+
+
+def _wait_then_exit(sentinel: int) -> None:
+    multiprocessing.connection.wait([sentinel])
+    os._exit(0)

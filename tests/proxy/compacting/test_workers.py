@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 
 import pytest
 
@@ -91,3 +96,52 @@ async def test_without_workers_a_compactor_keeps_its_jobs_in_process() -> None:
     assert (Workers(0).crossing, Workers(1).crossing) == (False, True)
     assert result.path == "llm" and len(compactor.packings) == 0
     assert compactor.mentions.scanned == len({messages[i]["content"] for i in plan.folded})
+
+
+_KILLED_WITH_A_WORKER = """
+import asyncio, os, signal
+from proxy.compacting.workers import Workers
+from tests.proxy.compacting.test_workers import pid_of
+
+async def main():
+    workers = Workers(1)
+    workers.open()
+    print(await workers.run(pid_of, None), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # no shutdown of the pool, as under the OOM killer
+
+asyncio.run(main())
+"""
+
+
+def is_alive(pid: int) -> bool:
+    """The process exists and is not a zombie waiting to be reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def test_workers_end_with_a_proxy_killed_outright() -> None:
+    # Its resource tracker, left to clean up after it, says so on stderr: not this test's news.
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WITH_A_WORKER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert parent.stdout is not None
+    worker = None
+    try:
+        # One line, not to the end: a worker that outlives the parent holds its stdout open.
+        worker = int(parent.stdout.readline())
+        assert parent.wait(30) == -signal.SIGKILL
+        deadline = time.monotonic() + 10  # the worker notices within milliseconds
+        while is_alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not is_alive(worker)
+    finally:
+        parent.kill()
+        parent.stdout.close()
+        if worker is not None and is_alive(worker):
+            os.kill(worker, signal.SIGKILL)
