@@ -274,7 +274,9 @@ class MentionCache:
             # runs them all, in C).
             any(map(found.move_to_end, texts))
             result = list(map(found.__getitem__, texts))
-        while self._held > self.max_chars and len(found) > len(texts):
+        # Past the bound even this call's texts go, the earliest first (its answer is built):
+        # a fold of tens of MiB would otherwise stay held whole until the next.
+        while self._held > self.max_chars:
             text, _ = found.popitem(last=False)
             self._held -= len(text)
         return result

@@ -79,6 +79,17 @@ def test_the_cache_drops_the_least_recently_used_texts_beyond_its_size() -> None
     assert cache.scanned == 3
 
 
+def test_the_cache_holds_no_more_than_its_size_even_of_the_texts_just_scanned() -> None:
+    cache = MentionCache(max_chars=20)
+    texts = ["order 12345 " + "c" * 10, "d" * 15]  # 37 characters in one call
+    assert cache.scan(texts) == scan_prose(texts)
+    assert cache.scan(texts[:1]) == scan_prose(texts[:1])  # let go at once: scanned again
+    assert cache.scanned == 3
+    # Held again it pushed the other out, and then went too: 22 characters alone are past 20.
+    assert cache.scan(texts[1:]) == scan_prose(texts[1:])
+    assert cache.scanned == 4
+
+
 def _conversation(turns: int) -> list[Message]:
     messages: list[Message] = [system()]
     for turn in range(turns):
