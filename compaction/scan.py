@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable
 
 from compaction.messages import ToolCall
-from compaction.text import clip_end, collapse_spaces
+from compaction.text import clip_end, collapse_spaces, is_collapsed
 
 REQUEST_CHARS = 300
 COMMAND_CHARS = 160
@@ -274,16 +274,8 @@ def first_lines(text: str, limit: int = REQUEST_CHARS) -> str:
 
 
 def first_lines_of(texts: Iterable[str], limit: int = REQUEST_CHARS) -> list[str]:
-    """`first_lines` of each text. One already on one line, with single spaces between words and
-    none around them, within the limit, is its own: `isprintable` is false for every whitespace
-    character but the space, so the test costs a few scans in C where collapsing splits it."""
+    """`first_lines` of each text; one within the limit with nothing to collapse is its own."""
     return [
-        text
-        if len(text) <= limit
-        and text.isprintable()
-        and "  " not in text
-        and text[:1] != " "
-        and text[-1:] != " "
-        else first_lines(text, limit)
+        text if len(text) <= limit and is_collapsed(text) else first_lines(text, limit)
         for text in texts
     ]

@@ -54,16 +54,20 @@ def is_cjk_dominant(texts: Iterable[str]) -> bool:
     return cjk * 4 >= ascii_letters + len(_WIDE_LETTER.findall(wide_text))
 
 
+def is_collapsed(text: str) -> bool:
+    """`text` is its own `collapse_spaces`: every whitespace character but the space is
+    unprintable, so a printable text without two spaces in a row nor one at either end has
+    nothing to collapse. A few scans in C, where collapsing splits the text into words."""
+    return text.isprintable() and "  " not in text and text[:1] != " " and text[-1:] != " "
+
+
 def collapse_spaces(text: str) -> str:
     """`text` with every run of whitespace made one space, and trimmed.
 
     `str.split` and `\\s` agree on what whitespace is (`str.isspace`); split-and-join is four
-    times faster than the regex substitution. Most texts have nothing to collapse: every
-    whitespace character but the space is unprintable, so a printable text without two spaces
-    in a row nor one at either end comes back as it is, without a word list built and joined."""
-    if text.isprintable() and "  " not in text and text[:1] != " " and text[-1:] != " ":
-        return text
-    return " ".join(text.split())
+    times faster than the regex substitution. Most texts have nothing to collapse
+    (`is_collapsed`) and come back as they are, without a word list built and joined."""
+    return text if is_collapsed(text) else " ".join(text.split())
 
 
 def normalize(text: str) -> str:
