@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from bench.corpus import read_corpus
 from compaction import MemoryWriter
+from compaction.messages import Item, read_items
 from compaction.types import Message, Purpose
 
 Reply = str | BaseException | Callable[[list[Message]], Awaitable[str]]
@@ -74,3 +76,14 @@ def writer(memory_dir: Path) -> MemoryWriter:
 
 def text_of(messages: list[Any]) -> str:
     return "\n".join(str(m.get("content")) for m in messages if isinstance(m, dict))
+
+
+@pytest.fixture(scope="session")
+def corpus_items(corpus_dir: Path) -> list[Item]:
+    """Every message of every corpus conversation, read as an Item (read once per run)."""
+    return [
+        item
+        for path in sorted(corpus_dir.glob("*.jsonl"))
+        for conversation in read_corpus(path)
+        for item in read_items(conversation["messages"])
+    ]

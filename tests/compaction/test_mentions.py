@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from bench.corpus import read_corpus
 from compaction import Compactor
 from compaction.mentions import _EXTENSION, MentionCache, Mentions, find_paths_each, scan_prose
-from compaction.messages import read_items
+from compaction.messages import Item, read_items
 from compaction.scan import CODE_EXTENSIONS, find_paths, mentioned_values, strip_fences
 from compaction.types import Message
 from tests.compaction.conftest import ScriptedLLM
@@ -163,13 +163,10 @@ def test_the_paths_of_many_commands_are_each_command_s_paths(texts: list[str]) -
     assert find_paths_each(texts) == [tuple(find_paths(text)) for text in texts]
 
 
-def test_the_paths_of_every_corpus_text_at_once_are_each_text_s_paths(corpus_dir: Path) -> None:
-    texts = [
-        item.text
-        for path in sorted(corpus_dir.glob("*.jsonl"))
-        for conversation in read_corpus(path)
-        for item in read_items(conversation["messages"])
-    ]
+def test_the_paths_of_every_corpus_text_at_once_are_each_text_s_paths(
+    corpus_items: list[Item],
+) -> None:
+    texts = [item.text for item in corpus_items]
     found = find_paths_each(texts)
     assert found == [tuple(find_paths(text)) for text in texts]
     assert sum(map(len, found)) > 1000

@@ -3,13 +3,10 @@ as the version that always split them, on every number of the corpus and on any 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.corpus import read_corpus
-from compaction.messages import read_items
+from compaction.messages import Item
 from compaction.scan import DIGITS_PATTERN, number_in_context, strip_fences
 
 _CONTEXT_CHARS = 130
@@ -38,14 +35,14 @@ def _both(prose: str) -> tuple[list[str], list[str]]:
     ]
 
 
-def test_number_context_equals_the_always_splitting_version_on_the_corpus(corpus_dir: Path) -> None:
+def test_number_context_equals_the_always_splitting_version_on_the_corpus(
+    corpus_items: list[Item],
+) -> None:
     numbers = 0
-    for path in sorted(corpus_dir.glob("*.jsonl")):
-        for conversation in read_corpus(path):
-            for item in read_items(conversation["messages"]):
-                found, expected = _both(strip_fences(item.text))
-                assert found == expected
-                numbers += len(found)
+    for item in corpus_items:
+        found, expected = _both(strip_fences(item.text))
+        assert found == expected
+        numbers += len(found)
     assert numbers > 10_000
 
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from bench.corpus import read_corpus
-from compaction.messages import read_items
+from compaction.messages import Item
 from compaction.scan import (
     command_key,
     error_lines,
@@ -122,14 +120,9 @@ def test_command_keys_and_first_lines_are_what_splitting_every_line_gave(text: s
 
 
 def test_command_keys_and_first_lines_of_the_corpus_are_what_splitting_every_line_gave(
-    corpus_dir: Path,
+    corpus_items: list[Item],
 ) -> None:
-    texts = [
-        item.text
-        for path in sorted(corpus_dir.glob("*.jsonl"))
-        for conversation in read_corpus(path)
-        for item in read_items(conversation["messages"])
-    ]
+    texts = [item.text for item in corpus_items]
     commands = [command for text in texts for command in fenced_commands(text)]
     assert len(commands) > 1000
     assert [command_key(c) for c in commands] == [_command_key_by_lines(c) for c in commands]

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from bench.corpus import read_corpus
 from compaction import MemoryItem
-from compaction.messages import read_items
+from compaction.messages import Item
 from compaction.scan import first_lines
 from compaction.verify import (
     PROBED_KEYS,
@@ -91,15 +88,15 @@ def test_ascii_key_tokens_are_the_regex_tokens_on_any_ascii_text(text: str) -> N
     assert ascii_key_tokens(text) == _as_bytes(key_tokens(text))
 
 
-def test_ascii_key_tokens_are_the_regex_tokens_on_every_corpus_request(corpus_dir: Path) -> None:
+def test_ascii_key_tokens_are_the_regex_tokens_on_every_corpus_request(
+    corpus_items: list[Item],
+) -> None:
     compared = 0
-    for path in sorted(corpus_dir.glob("*.jsonl")):
-        for conversation in read_corpus(path):
-            for item in read_items(conversation["messages"]):
-                for text in (item.text, first_lines(item.text)):
-                    if text.isascii():
-                        assert ascii_key_tokens(text) == _as_bytes(key_tokens(text))
-                        compared += 1
+    for item in corpus_items:
+        for text in (item.text, first_lines(item.text)):
+            if text.isascii():
+                assert ascii_key_tokens(text) == _as_bytes(key_tokens(text))
+                compared += 1
     assert compared > 10_000
 
 
@@ -137,16 +134,10 @@ def test_contains_is_the_definition(key: str, summary: str, keys: int) -> None:
     assert SummaryIndex(summary, keys=keys).contains(key) == _reference_contains(key, summary)
 
 
-def test_contains_is_the_definition_on_corpus_requests(corpus_dir: Path) -> None:
+def test_contains_is_the_definition_on_corpus_requests(corpus_items: list[Item]) -> None:
     """Keys are folded requests; each summary quotes some of them whole, some in part, and
     mixes in others' words, so all three ways of being found (and missing) occur."""
-    texts = [
-        item.text
-        for path in sorted(corpus_dir.glob("*.jsonl"))
-        for conversation in read_corpus(path)
-        for item in read_items(conversation["messages"])
-        if item.is_request and item.text.strip()
-    ]
+    texts = [item.text for item in corpus_items if item.is_request and item.text.strip()]
     # Keys of short words only have no tokens: only their text can be found.
     shorts = [s for t in texts if len(s := " ".join(w for w in t.split() if len(w) < 3)) > 40]
     keys = [k for pair in zip(texts[::7][:3000], shorts, strict=False) for k in pair]
