@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+import pytest
 from yarl import URL
 
-from proxy.http.framing import WireResponse
+from proxy.http.framing import WireError, WireResponse
 from proxy.http.wire import WirePool
 
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
@@ -71,6 +72,13 @@ async def body_of(response: WireResponse) -> bytes:
     while chunk := await response.content.readany():
         parts.append(chunk)
     return b"".join(parts)
+
+
+async def failure_of(step: Awaitable[object]) -> str:
+    """The kind of the WireError that awaiting `step` raises (the test fails if none is)."""
+    with pytest.raises(WireError) as failed:
+        await step
+    return failed.value.kind
 
 
 async def send(pool: WirePool, server: Server, body: bytes = b"{}") -> WireResponse:

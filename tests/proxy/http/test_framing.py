@@ -8,9 +8,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from proxy.http.framing import WireError
 from proxy.http.wire import WirePool
-from tests.fakes.scripted import OK, Answer, Server, body_of, send, writes
+from tests.fakes.scripted import OK, Answer, Server, body_of, failure_of, send, writes
 
 
 async def test_a_chunked_body_is_decoded_whatever_its_pieces(
@@ -78,9 +77,7 @@ async def test_an_answer_that_is_not_http_is_a_protocol_error(
     serve: Callable[[Answer], Awaitable[Server]], pool: WirePool, answer: bytes
 ) -> None:
     server = await serve(writes(answer))
-    with pytest.raises(WireError) as failed:
-        await send(pool, server)
-    assert failed.value.kind == "protocol"
+    assert await failure_of(send(pool, server)) == "protocol"
 
 
 @pytest.mark.parametrize(
@@ -118,9 +115,7 @@ async def test_trailers_are_not_headers_and_two_coding_lines_still_frame_chunked
         close=True,
     )
     response = await send(pool, server)
-    with pytest.raises(WireError) as failed:
-        await body_of(response)
-    assert failed.value.kind == "closed"
+    assert await failure_of(body_of(response)) == "closed"
 
 
 async def test_an_upgrade_answer_is_a_protocol_error(
@@ -131,9 +126,7 @@ async def test_an_upgrade_answer_is_a_protocol_error(
             b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n"
         )
     )
-    with pytest.raises(WireError) as failed:
-        await send(pool, server)
-    assert failed.value.kind == "protocol"
+    assert await failure_of(send(pool, server)) == "protocol"
 
 
 async def test_a_bad_chunk_size_cuts_the_body(
@@ -144,9 +137,7 @@ async def test_a_bad_chunk_size_cuts_the_body(
     )
     response = await send(pool, server)
     assert await response.content.readany() == b"ok"
-    with pytest.raises(WireError) as failed:
-        await body_of(response)
-    assert failed.value.kind == "protocol"
+    assert await failure_of(body_of(response)) == "protocol"
 
 
 async def test_a_connection_that_breaks_mid_body_is_a_closed_error(
@@ -156,9 +147,7 @@ async def test_a_connection_that_breaks_mid_body_is_a_closed_error(
         writes(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial", close=True)
     )
     response = await send(pool, server)
-    with pytest.raises(WireError) as failed:
-        await body_of(response)
-    assert failed.value.kind == "closed"
+    assert await failure_of(body_of(response)) == "closed"
 
 
 async def test_a_slow_reader_holds_back_the_upstream_not_memory(
