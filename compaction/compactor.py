@@ -114,9 +114,16 @@ class Compactor:
         max_output_tokens: int | None = None,
         estimator: TokenEstimator | None = None,
         target_ratio: float | None = None,
+        messages_json: bytes | None = None,
     ) -> Plan:
-        """`plan()`, run through the offload (its cost grows with the whole history)."""
-        job = self._plan_job(messages, window, tools, max_output_tokens, estimator, target_ratio)
+        """`plan()`, run through the offload (its cost grows with the whole history).
+
+        `messages_json`: the messages as a JSON array, when the caller has that already (the
+        proxy has its client's bytes): the history then crosses to a worker process without
+        being serialized again on the caller's thread. It must parse to `messages`."""
+        job = self._plan_job(
+            messages, window, tools, max_output_tokens, estimator, target_ratio, messages_json
+        )
         plan = await self.offload.run(make_plan, job)
         self.packings.keep(plan, messages, job.messages)
         return plan
@@ -129,10 +136,11 @@ class Compactor:
         max_output_tokens: int | None,
         estimator: TokenEstimator | None,
         target_ratio: float | None,
+        messages_json: bytes | None = None,
     ) -> PlanJob:
         estimator = estimator or self.estimator
         return PlanJob(
-            messages=Packed.of(messages, crossing=self.crossing),
+            messages=Packed.of(messages, crossing=self.crossing, json=messages_json),
             tools=tools,
             estimator=estimator,
             # A request's own HeuristicEstimator also says how its messages read (its shape).

@@ -5,7 +5,9 @@ A job sent to a worker process takes the messages as JSON bytes. A compaction se
 history twice, to plan and then to run; packing it is a serialization of the whole history on
 the caller's thread (the proxy's event loop: ~5 ms at 2.7 MiB, 60–70 ms at 50 MiB), so the run
 takes the plan's packing when it is given the very messages the plan packed (the same objects in
-the same places: messages are never edited in place, see types.Message).
+the same places: messages are never edited in place, see types.Message). A caller that has the
+messages as JSON already (the proxy: its client's bytes) gives them to the plan, and the history
+is not serialized at all.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ class Packed:
     items: list[Any] | None
 
     @classmethod
-    def of(cls, messages: Sequence[Any], *, crossing: bool) -> Packed:
+    def of(cls, messages: Sequence[Any], *, crossing: bool, json: bytes | None = None) -> Packed:
+        """`messages` packed for a job; `json`, their JSON array if the caller has it already."""
         if crossing:
+            if json is not None:
+                return cls(json, None)
             try:
                 return cls(orjson.dumps(list(messages)), None)
             except (TypeError, orjson.JSONEncodeError):

@@ -67,8 +67,7 @@ class Conversations:
         self._records = records
         self._metrics = metrics
         self._clock = clock
-        # Cooldowns and cross-process leases live in the state backend (proxy.compacting.stores).
-        self._state = state
+        self._state = state  # cooldowns and cross-process leases (proxy.compacting.stores)
         self._flight: SingleFlight[bytes, CompactionResult | Checkpoint] = SingleFlight(tasks)
         # Reserves whose memory items this process has written (applied at least once).
         self._flushed: LRUCache[str, None] = LRUCache(options.checkpoint_max_entries)
@@ -150,6 +149,7 @@ class Conversations:
             max_output_tokens=req.max_output_tokens,
             estimator=req.estimator,
             target_ratio=target_ratio,
+            messages_json=req.messages_json(view.messages),
         )
 
     async def is_running(self, digests: Sequence[bytes]) -> bool:

@@ -116,6 +116,8 @@ class CompactingHook:
             return untouched
         if key is not None and known is None:
             known = await self._recall.learn(key, body, request)
+        if known is not None:
+            request = request.located(known.items, known.count)
         try:
             return await self._prepare(body, request, known)
         except Exception:  # fail open: the agent's request always goes through

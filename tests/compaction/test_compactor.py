@@ -24,6 +24,7 @@ from compaction.invariants import check_compacted, check_tool_pairing
 from compaction.types import Message, Plan
 from tests.compaction.conftest import ScriptedLLM, memory_reply, sleep_forever
 from tests.factories import agent_conversation, conversations, simple_conversation
+from tests.fakes.offload import RecordingOffload
 
 FAST = CompactionSettings(llm_timeout_s=0.2)
 
@@ -46,22 +47,10 @@ async def _compact(
     return await compactor.run(messages, plan, llm=llm, session_id=session_id), plan, window
 
 
-class _CrossingOffload:
-    """Runs each job at once and keeps it; not `Inline`, so the messages travel packed, as they
-    do to a worker process."""
-
-    def __init__(self) -> None:
-        self.jobs: list[Any] = []
-
-    async def run(self, fn: Any, job: Any) -> Any:
-        self.jobs.append(job)
-        return fn(job)
-
-
 async def test_a_run_sends_the_history_packed_once_by_its_plan(llm: ScriptedLLM) -> None:
     # Packing serializes the whole history on the caller's loop: the run takes the plan's
     # packing for the very messages the plan packed, and packs anew for any others.
-    offload = _CrossingOffload()
+    offload = RecordingOffload()
     compactor = Compactor(settings=FAST, offload=offload)
     messages = agent_conversation(8, blocks=4, output_chars=1500)
     window = _over(compactor, messages)
@@ -80,8 +69,25 @@ async def test_a_run_sends_the_history_packed_once_by_its_plan(llm: ScriptedLLM)
     assert folding.messages.json == planned.messages.json
 
 
+async def test_a_plan_takes_the_callers_json_of_the_messages_and_its_run_too(
+    llm: ScriptedLLM,
+) -> None:
+    # The proxy has its client's bytes of the history: they cross to the worker as they are.
+    offload = RecordingOffload()
+    compactor = Compactor(settings=FAST, offload=offload)
+    messages = agent_conversation(8, blocks=4, output_chars=1500)
+    window = _over(compactor, messages)
+    sent = json.dumps(messages, indent=1).encode()  # written as a client might
+    plan = await compactor.plan_async(messages, window=window, messages_json=sent)
+    assert (await compactor.run(messages, plan, llm=llm, session_id=None)).path == "llm"
+    planned, folding, finishing = offload.jobs
+    assert planned.messages.json is sent
+    assert folding.messages.json is sent and finishing.messages.json is sent
+    assert plan == compactor.plan(messages, window=window)  # as planned from its own packing
+
+
 async def test_a_plan_that_is_never_run_takes_its_packing_with_it() -> None:
-    compactor = Compactor(settings=FAST, offload=_CrossingOffload())
+    compactor = Compactor(settings=FAST, offload=RecordingOffload())
     messages = agent_conversation(8, blocks=4, output_chars=1500)
     plans = [await compactor.plan_async(messages, window=_over(compactor, messages))]
     assert len(compactor.packings) == 1

@@ -4,7 +4,8 @@ window, and conversations of a chosen size."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,16 @@ import aiohttp
 import orjson
 import pytest
 
+from proxy.compacting.hook import build_hook
+from proxy.compacting.stores.memory import MemoryStore
+from proxy.http.sessions import SessionRecords
+from proxy.http.upstream import Upstream
+from proxy.metrics import Metrics
+from proxy.tasks import BackgroundTasks
 from tests import factories as f
 from tests.fakes.script import Script, tokens
 from tests.fakes.upstream import FakeUpstream
-from tests.proxy.conftest import RunningProxy, StartProxy
+from tests.proxy.conftest import RunningProxy, StartProxy, build_settings
 
 WINDOW = 4000
 
@@ -90,3 +97,24 @@ async def wait_for(condition: Callable[[], bool], timeout_s: float = 5) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError("condition not reached in time")
+
+
+@contextlib.asynccontextmanager
+async def with_hook(
+    start_proxy: StartProxy, upstream: FakeUpstream, sections: dict[str, Any], **parts: Any
+) -> AsyncIterator[RunningProxy]:
+    """A proxy whose compacting hook is built with `parts` (a compactor, known requests)."""
+    settings = build_settings(upstream, **sections)
+    metrics = Metrics()
+    async with Upstream(settings.upstream, metrics) as own_upstream:
+        hook = build_hook(
+            settings,
+            upstream=own_upstream,
+            store=MemoryStore(100, 600),
+            llm_for=None,
+            records=SessionRecords(max_sessions=10, records_per_session=10),
+            metrics=metrics.compaction,
+            tasks=BackgroundTasks(),
+            **parts,
+        )
+        yield await start_proxy(hook=hook, **sections)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +13,11 @@ import pytest
 from aiohttp import web
 
 from compaction import CompactionResult, Compactor, Plan, is_summary_message
-from proxy.compacting.hook import build_hook
 from proxy.compacting.known import KnownRequests
-from proxy.compacting.stores.memory import MemoryStore
-from proxy.http.sessions import SessionRecords
-from proxy.http.upstream import Upstream
-from proxy.metrics import Metrics
-from proxy.tasks import BackgroundTasks
 from tests.fakes.script import Script, tokens
 from tests.fakes.upstream import FakeUpstream
-from tests.proxy.compacting.conftest import WINDOW, conversation_of, post
-from tests.proxy.conftest import RunningProxy, StartProxy, build_settings
+from tests.proxy.compacting.conftest import WINDOW, conversation_of, post, with_hook
+from tests.proxy.conftest import RunningProxy, StartProxy
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 
@@ -175,27 +167,6 @@ class FoldsOnce(Compactor):
         return await super().run(messages, plan, **kwargs)
 
 
-@contextlib.asynccontextmanager
-async def _with_hook(
-    start_proxy: StartProxy, upstream: FakeUpstream, sections: dict[str, Any], **parts: Any
-) -> AsyncIterator[RunningProxy]:
-    """A proxy whose compacting hook is built with `parts` (a compactor, known requests)."""
-    settings = build_settings(upstream, **sections)
-    metrics = Metrics()
-    async with Upstream(settings.upstream, metrics) as own_upstream:
-        hook = build_hook(
-            settings,
-            upstream=own_upstream,
-            store=MemoryStore(100, 600),
-            llm_for=None,
-            records=SessionRecords(max_sessions=10, records_per_session=10),
-            metrics=metrics.compaction,
-            tasks=BackgroundTasks(),
-            **parts,
-        )
-        yield await start_proxy(hook=hook, **sections)
-
-
 async def test_failed_is_reported_only_when_the_original_request_went_out(
     start_proxy: StartProxy, upstream: FakeUpstream, script: Script, client: aiohttp.ClientSession
 ) -> None:
@@ -203,7 +174,7 @@ async def test_failed_is_reported_only_when_the_original_request_went_out(
         "models": {"default_context_window": WINDOW},
         "compaction": {"keep_recent_rounds": 2, "summary_max_tokens": 300, "precompute_ratio": 0},
     }
-    async with _with_hook(start_proxy, upstream, sections, compactor=FoldsOnce()) as proxy:
+    async with with_hook(start_proxy, upstream, sections, compactor=FoldsOnce()) as proxy:
         messages = conversation_of(int(WINDOW * 1.2))
         first = await post(client, proxy, messages)
         assert first.headers["x-compaction-status"] == "applied"
@@ -268,7 +239,7 @@ async def test_a_request_whose_recognition_fails_is_decided_by_the_full_path(
 ) -> None:
     sections: dict[str, Any] = {"models": {"default_context_window": WINDOW}}
     known = _RecognitionFails(max_bytes=64 * 1024 * 1024, min_body_bytes=1024)
-    async with _with_hook(start_proxy, upstream, sections, known=known) as proxy:
+    async with with_hook(start_proxy, upstream, sections, known=known) as proxy:
         messages = conversation_of(int(WINDOW * 1.2))
         response = await post(client, proxy, messages)
         # Compacted as the full path does it (not passed through without a status).

@@ -11,10 +11,12 @@ import orjson
 
 from compaction.checkpoints import conversation_seed, prefix_digests
 from compaction.messages import CHAT
+from compaction.stages import PlanJob
 from proxy.compacting.known import KnownRequests
 from tests import factories as f
+from tests.fakes.offload import RecordingOffload
 from tests.fakes.script import Script
-from tests.proxy.compacting.conftest import post
+from tests.proxy.compacting.conftest import post, with_hook
 
 BIG_WINDOW = 40_000  # bodies past the 64 KiB below which nothing is remembered
 CHAT_ITEMS: dict[str, Any] = {"items_key": "messages", "shape": CHAT}
@@ -174,3 +176,27 @@ async def test_the_prefix_keeps_its_bytes_when_a_conversation_starts_being_remem
     assert reused_after_compaction
     for before, after in reused_after_compaction:
         assert after.startswith(before[: before.rfind(b"]")])
+
+
+async def test_a_remembered_history_crosses_to_the_worker_as_the_clients_bytes(
+    start_proxy: Any, upstream: Any, script: Script, client: Any
+) -> None:
+    # Serializing a long history again for the worker process costs the event loop 60-70 ms
+    # at 50 MiB; a remembered body's messages array is already JSON.
+    offload = RecordingOffload()
+    sections: dict[str, Any] = {
+        "models": {"default_context_window": BIG_WINDOW},
+        "compaction": {"keep_recent_rounds": 2, "precompute_ratio": 0},
+    }
+    async with with_hook(start_proxy, upstream, sections, offload=offload) as proxy:
+        messages = long_history(110)  # about 1.1 windows
+        body = json.dumps({"model": "gpt-test", "messages": messages}, indent=1).encode()
+        headers = {"Authorization": "Bearer sk", "X-Session-Id": "indented"}
+        async with client.post(
+            f"{proxy.url}/v1/chat/completions", data=body, headers=headers
+        ) as response:
+            assert response.headers["x-compaction-status"] == "applied"
+    (planned,) = [job for job in offload.jobs if isinstance(job, PlanJob)]
+    sent = planned.messages.json
+    assert sent[1:-1] in body and orjson.loads(sent) == messages
+    assert orjson.loads(script.calls(None)[-1].body)["messages"][-1] == messages[-1]
