@@ -25,7 +25,7 @@ from compaction.memory import MemoryWriter, write_items
 from compaction.mentions import MentionCache
 from compaction.messages import CHAT, Shape
 from compaction.offload import Inline, Offload
-from compaction.packing import Packed, Packings
+from compaction.packing import JsonArray, Packed, Packings
 from compaction.plan import should_compact
 from compaction.reading import LastRead
 from compaction.run import Run
@@ -114,7 +114,7 @@ class Compactor:
         max_output_tokens: int | None = None,
         estimator: TokenEstimator | None = None,
         target_ratio: float | None = None,
-        messages_json: bytes | None = None,
+        messages_json: JsonArray | None = None,
     ) -> Plan:
         """`plan()`, run through the offload (its cost grows with the whole history).
 
@@ -136,7 +136,7 @@ class Compactor:
         max_output_tokens: int | None,
         estimator: TokenEstimator | None,
         target_ratio: float | None,
-        messages_json: bytes | None = None,
+        messages_json: JsonArray | None = None,
     ) -> PlanJob:
         estimator = estimator or self.estimator
         return PlanJob(

@@ -117,7 +117,7 @@ class CompactingHook:
         if key is not None and known is None:
             known = await self._recall.learn(key, body, request)
         if known is not None:
-            request = request.located(known.items, known.count)
+            request = request.located(known.array(), known.count)
         try:
             return await self._prepare(body, request, known)
         except Exception:  # fail open: the agent's request always goes through

@@ -33,6 +33,7 @@ from compaction import HeuristicEstimator
 from compaction.checkpoints import prefix_digests
 from compaction.messages import Shape
 from compaction.offload import Inline, Offload
+from compaction.packing import JsonArray
 from proxy.compacting.learning import LearnJob, learn_body
 from proxy.compacting.parts import Part, other_fields, splice
 from proxy.compacting.spans import Items, scan_items
@@ -76,6 +77,10 @@ class Known:
     def request_digests(self) -> list[bytes]:
         """The prefix digests of this request's items (a copy)."""
         return self.digests[: self.count]
+
+    def array(self) -> JsonArray:
+        """Its items array, `[` to `]`, in its body."""
+        return JsonArray(self.body, self.open_at, self.items.close + 1)
 
     def splice(self, parts: Sequence[Part]) -> bytes:
         """The body with its items array replaced by `parts`; runs of consecutive original items

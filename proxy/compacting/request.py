@@ -19,11 +19,11 @@ import orjson
 
 from compaction import HeuristicEstimator
 from compaction.checkpoints import conversation_seed
+from compaction.packing import JsonArray
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.dialects import Dialect
 from proxy.compacting.llm_client import LLMRequest
 from proxy.compacting.overflow import LearnedWindows
-from proxy.compacting.spans import Items
 from proxy.hook import RequestContext
 from proxy.settings import ModelsSettings
 
@@ -82,28 +82,24 @@ class ParsedRequest:
     """Digest of tenant and session: scopes checkpoints, so conversations never share them."""
     factor: float
     estimator: HeuristicEstimator
-    items: Items | None = None
-    """Where each of `messages` sits in `body`, once that is known (a remembered body's)."""
+    array: JsonArray | None = None
+    """Its `messages` as the JSON array in `body`, once that is located (a remembered body)."""
 
     def with_budget(self, *, window: int, factor: float) -> ParsedRequest:
         estimator = HeuristicEstimator(factor, shape=self.dialect.shape)
         return replace(self, window=window, factor=factor, estimator=estimator)
 
-    def located(self, items: Items, count: int) -> ParsedRequest:
-        """This request knowing where its messages sit in its body: `items`, a remembered
-        body's, of `count` items (its lists may run past them); unchanged if `count` is not
-        how many messages it has."""
-        return replace(self, items=items) if count == len(self.messages) else self
+    def located(self, array: JsonArray, count: int) -> ParsedRequest:
+        """This request knowing where its messages array is in its body: `array`, of `count`
+        items (unchanged if that is not how many messages it has)."""
+        return replace(self, array=array) if count == len(self.messages) else self
 
-    def messages_json(self, messages: list[Any]) -> bytes | None:
+    def messages_json(self, messages: list[Any]) -> JsonArray | None:
         """`messages` as a JSON array in the client's own bytes, when they are this request's
-        whole list and where it sits is known (None otherwise): a compaction's history then
-        crosses to a worker process as one slice of the body, not serialized again on the
-        event loop (60-70 ms at 50 MiB)."""
-        items, count = self.items, len(self.messages)
-        if messages is not self.messages or items is None or not count:
-            return None
-        return b"[" + self.body[items.starts[0] : items.ends[count - 1]] + b"]"
+        whole list and it is located (None otherwise): a compaction's history then crosses to a
+        worker process as the body it came in, not serialized again on the event loop (60-70
+        ms at 50 MiB)."""
+        return self.array if messages is self.messages else None
 
     def summarizer(self, model: str) -> LLMRequest:
         """What this request's summarizer is built from: `model`, the caller's credentials, the

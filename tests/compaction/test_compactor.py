@@ -21,6 +21,7 @@ from compaction import (
     summary_text,
 )
 from compaction.invariants import check_compacted, check_tool_pairing
+from compaction.packing import JsonArray
 from compaction.types import Message, Plan
 from tests.compaction.conftest import ScriptedLLM, memory_reply, sleep_forever
 from tests.factories import agent_conversation, conversations, simple_conversation
@@ -77,7 +78,9 @@ async def test_a_plan_takes_the_callers_json_of_the_messages_and_its_run_too(
     compactor = Compactor(settings=FAST, offload=offload)
     messages = agent_conversation(8, blocks=4, output_chars=1500)
     window = _over(compactor, messages)
-    sent = json.dumps(messages, indent=1).encode()  # written as a client might
+    # A request body as a client might write it; the array is where its brackets are.
+    body = json.dumps({"model": "m", "messages": messages}, indent=1).encode()
+    sent = JsonArray(body, body.index(b"["), body.rindex(b"]") + 1)
     plan = await compactor.plan_async(messages, window=window, messages_json=sent)
     assert (await compactor.run(messages, plan, llm=llm, session_id=None)).path == "llm"
     planned, folding, finishing = offload.jobs
