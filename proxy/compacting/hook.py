@@ -111,7 +111,7 @@ class CompactingHook:
             if recalled is not None:
                 return recalled
         try:
-            request = self._builder.parse(ctx, dialect, body)
+            request = await self._builder.parse_async(ctx, dialect, body)
         except NotCompactable:
             return untouched
         if key is not None and known is None:

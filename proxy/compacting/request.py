@@ -9,6 +9,7 @@ exception and are looked for), and only bodies that could reach the lowest ratio
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections.abc import Mapping
@@ -24,6 +25,7 @@ from proxy.compacting.calibration import Calibration
 from proxy.compacting.dialects import Dialect
 from proxy.compacting.llm_client import LLMRequest
 from proxy.compacting.overflow import LearnedWindows
+from proxy.compacting.pieces import PIECES_FROM_BYTES
 from proxy.hook import RequestContext
 from proxy.settings import ModelsSettings
 
@@ -170,6 +172,17 @@ class RequestBuilder:
     def parse(self, ctx: RequestContext, dialect: Dialect, body: bytes) -> ParsedRequest:
         """The whole request (NotCompactable when the dialect does not compact it)."""
         payload, messages = dialect.parse(body)
+        return self.build(ctx, dialect, body, payload, messages, messages, None)
+
+    async def parse_async(
+        self, ctx: RequestContext, dialect: Dialect, body: bytes
+    ) -> ParsedRequest:
+        """`parse`, in a thread for a large body: parsed by pieces (proxy.compacting.pieces), it
+        leaves the event loop free, where parsing it whole would hold every other request
+        (about 170 ms at 50 MiB)."""
+        if len(body) < PIECES_FROM_BYTES:
+            return self.parse(ctx, dialect, body)
+        payload, messages = await asyncio.to_thread(dialect.parse, body)
         return self.build(ctx, dialect, body, payload, messages, messages, None)
 
     def build(

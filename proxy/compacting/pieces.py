@@ -1,0 +1,85 @@
+"""A large request body parsed in pieces, so that a thread can parse it beside the event loop.
+
+orjson parses 50 MiB in about 170 ms without letting go of the GIL: in the event loop's thread
+or in any other, every other request waits that long. Parsed a megabyte at a time (the body's
+list cut between two of its items, each piece parsed as an array of its own; the other members
+in one call without the list, as parts.other_fields reads them), the parse is a run of calls of
+about 3 ms, between which a thread hands the GIL to the loop: the request builder runs it in one
+(request.RequestBuilder.parse_async). It costs what the whole parse costs, give or take a copy.
+
+The pieces make the whole by construction: "[" + one piece + "]" parses, between two pieces
+there is one comma, the last piece ends where the list does and the list is the member a parser
+keeps; then the body parses, and to the same value. A body where the cuts cannot be found or
+checked is not read here (`by_pieces` gives None) and is parsed whole, so a body is read the
+same way either way, and one that is not JSON is refused the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+from proxy.compacting.parts import other_fields
+from proxy.compacting.spans import locate_value, scan_items
+
+PIECES_FROM_BYTES = 1 << 20
+"""Bodies from this size on are parsed in pieces, in a thread (a whole parse of a megabyte holds
+the loop about 3 ms)."""
+
+_PIECE_BYTES = 1 << 20
+_MAX_PIECE_BYTES = 16 << 20
+"""A piece that does not parse is extended to the next cut, up to this size."""
+
+# Between two items of the list: one object's end, a comma, and the next object, whose first
+# member is "role" (chat's and Anthropic's messages, most of Responses' items). A quote right
+# after the brace is not inside a string (there it is escaped) nor closes one (a name follows
+# it), so a cut never falls in a string; it may fall between two objects nested in one item,
+# and the piece before it then does not parse.
+_BETWEEN_ITEMS = re.compile(rb'\}[ \t\r\n]*,[ \t\r\n]*(?=\{[ \t\r\n]*"role")')
+
+
+def by_pieces(
+    body: bytes, items_key: str, *, piece_bytes: int = _PIECE_BYTES
+) -> dict[str, Any] | None:
+    """The JSON object `body` parsed, as orjson parses it whole, with the list under `items_key`
+    parsed in pieces; None when the body is not an object holding such a list, a piece does not
+    parse (a number beyond a double, say) or the cuts cannot be found (then the whole parse
+    decides)."""
+    open_at = locate_value(body, orjson.dumps(items_key))
+    if open_at is None or body[open_at : open_at + 1] != b"[":
+        return None
+    view = memoryview(body)
+    items: list[Any] = []
+    start = open_at + 1
+    reach = start + piece_bytes
+    while (cut := _BETWEEN_ITEMS.search(body, reach)) is not None:
+        piece = _array(view[start : cut.start() + 1])
+        if piece is None:  # cut between objects nested in an item, or not JSON
+            if cut.end() - start > _MAX_PIECE_BYTES:
+                return None
+            reach = cut.end()
+            continue
+        items += piece
+        start = cut.end()  # the next item's `{`
+        reach = start + piece_bytes
+    # The last piece runs to the list's `]`, found by scanning its items.
+    rest = scan_items(body, open_at, first=start)
+    last = _array(view[start : rest.close]) if rest is not None else None
+    if rest is None or last is None:
+        return None
+    fields = other_fields(body, open_at, rest.close, items_key)
+    if fields is None:
+        return None
+    fields[items_key] = items + last
+    return fields
+
+
+def _array(piece: memoryview) -> list[Any] | None:
+    """The items `piece` holds, parsed as the array "[" + piece + "]"; None if it is not one."""
+    try:
+        parsed = orjson.loads(b"".join((b"[", piece, b"]")))
+    except orjson.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, list) else None
