@@ -136,7 +136,8 @@ class MemoryWriter:
                 "timestamp": self._now().astimezone(UTC).isoformat(),
             }
             # In a thread: a long fold's overflow is tens of thousands of items, a Python step
-            # each (a quarter of a second at 50 MiB of history), which the event loop would wait
+            # and a normalization (the item's identity) each (a quarter of a second and more at
+            # 50 MiB of history), which the event loop would wait
             # out whole; a thread gives the GIL back every few milliseconds. It only reads
             # `seen` (the session's lock keeps other writers out); the keys join `seen` once
             # written, so a flush cancelled or failed on the way leaves nothing marked.
@@ -177,7 +178,7 @@ def _unseen(
     claims: list[str] = []
     new: set[tuple[str, str]] = set()
     for item in items:
-        key = (item.type, item.identity)  # computed where the item was made
+        key = (item.type, item.identity)
         if key in seen or key in new:
             continue
         new.add(key)

@@ -141,11 +141,11 @@ class Run:
             self.errors.append(error)
         return CompactionResult(
             messages=compacted,
-            path=done.summary.path,
+            path=done.path,
             reason=plan.note or f"folded {len(folded)} messages",
             keep_from=plan.keep_from,
             prefix_len=plan.head_end + 1 + len(plan.pinned),
-            summary_text=done.summary.body,
+            summary_text=done.summary,
             summary_message=inserted,
             memory_items=memory_items,
             verification=done.verification,

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compaction.composition import (
-    Composed,
     body_budget,
     compose_summary,
     is_too_little,
@@ -37,7 +36,14 @@ from compaction.summarize import summary_message
 from compaction.text import is_cjk_dominant
 from compaction.tokens import count_messages, estimate_request
 from compaction.transcript import render_transcript
-from compaction.types import CompactionResult, MemoryItem, Plan, TokenEstimator, Verification
+from compaction.types import (
+    CompactionResult,
+    MemoryItem,
+    Plan,
+    ResultPath,
+    TokenEstimator,
+    Verification,
+)
 from compaction.verify import check_preserved
 
 
@@ -177,11 +183,16 @@ class FinishJob:
 
 @dataclass(frozen=True)
 class Finish:
-    found: list[MemoryItem]
+    """What the caller needs of a finished compaction, no more: a worker's result is pickled
+    whole, in one call that holds the caller's GIL as long (the ledger entries with no room in
+    the summary are in `memory_items` only; a 53 MiB history's overflow took 22 MiB more)."""
+
     memory_items: tuple[MemoryItem, ...]
-    """What the memory file gets, each item's identity computed here (it travels cached)."""
+    """What the memory file gets. Without their identities: computed here, they doubled what
+    travels; the memory writer computes them in a thread."""
     memory_error: str | None
-    summary: Composed
+    summary: str
+    path: ResultPath
     verification: Verification
     summary_message: Any
     problems: list[str]
@@ -216,14 +227,11 @@ def _finish(job: FinishJob) -> Finish:
     verification = check_preserved(keys, summary.body, moved_to_memory=True)
     inserted = summary_message(summary.body, shape)
     compacted = compacted_list(messages, plan, inserted)
-    memory_items = summary.memory_items(found)
-    for item in memory_items:
-        _ = item.identity
     return Finish(
-        found=found,
-        memory_items=memory_items,
+        memory_items=summary.memory_items(found),
         memory_error=memory_error,
-        summary=summary,
+        summary=summary.body,
+        path=summary.path,
         verification=verification,
         summary_message=inserted,
         problems=check_compacted(messages, compacted, plan, shape=shape),

@@ -186,10 +186,8 @@ class MemoryItem:
     @property
     def identity(self) -> str:
         """What two items must share to count as the same: case, spacing and end punctuation
-        aside. Cached: it is computed where the item is made (a worker process) and travels with
-        it, so the memory writer on the event loop does not normalize thousands of texts. Kept
-        in the instance's dict by hand: `functools.cached_property` takes a lock per first
-        read (Python 3.11), a third of the cost for a fold's thousands of items."""
+        aside. Cached in the instance's dict by hand: `functools.cached_property` takes a lock
+        per first read (Python 3.11), a third of the cost for a fold's thousands of items."""
         cache = self.__dict__
         found: str | None = cache.get("identity")
         if found is None:

@@ -25,7 +25,7 @@ from compaction.packing import JsonArray
 from compaction.types import Message, Plan
 from tests.compaction.conftest import ScriptedLLM, memory_reply, sleep_forever
 from tests.factories import agent_conversation, conversations, simple_conversation
-from tests.fakes.offload import RecordingOffload
+from tests.fakes.offload import PicklingOffload, RecordingOffload
 
 FAST = CompactionSettings(llm_timeout_s=0.2)
 
@@ -87,6 +87,23 @@ async def test_a_plan_takes_the_callers_json_of_the_messages_and_its_run_too(
     assert planned.messages.json is sent
     assert folding.messages.json is sent and finishing.messages.json is sent
     assert plan == compactor.plan(messages, window=window)  # as planned from its own packing
+
+
+async def test_a_finished_compaction_sends_back_its_texts_once(llm: ScriptedLLM) -> None:
+    # A worker's result is unpickled in one call that holds the proxy's GIL as long: a long
+    # fold's overflow went back three times (as ledger entries, as memory items, and as those
+    # items' identities), 70 MiB for a 53 MiB history.
+    offload = PicklingOffload()
+    settings = CompactionSettings(llm_timeout_s=0.2, summary_max_tokens=256)
+    compactor = Compactor(settings=settings, offload=offload)
+    messages = agent_conversation(400, blocks=4, output_chars=100)  # more than a summary holds
+    plan = await compactor.plan_async(messages, window=_over(compactor, messages))
+    result = await compactor.run(messages, plan, llm=llm, session_id=None)
+    assert result.path == "llm" and result.verification is not None
+    texts = [item.content for item in result.memory_items]
+    carried = sum(map(len, [*texts, *result.verification.missing_key_info, result.summary_text]))
+    assert sum(map(len, texts)) > 10_000
+    assert len(offload.results[-1]) < 1.3 * carried
 
 
 async def test_a_plan_that_is_never_run_takes_its_packing_with_it() -> None:

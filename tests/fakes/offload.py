@@ -1,10 +1,13 @@
-"""An offload that runs each job at once in this process and keeps it (`jobs`).
+"""Offloads that run each job at once in this process and keep it (`jobs`).
 
-Not `Inline`: a Compactor or KnownRequests given it packs the messages as for a worker process
-(it does not say `crossing = False`), so a test sees what a worker would be sent."""
+Not `Inline`: a Compactor or KnownRequests given one packs the messages as for a worker process
+(it does not say `crossing = False`), so a test sees what a worker would be sent; `Pickling`
+also sends each job and its result through pickle, as a worker's pipe does, and keeps the
+pickled results (`results`)."""
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 
@@ -15,3 +18,15 @@ class RecordingOffload:
     async def run(self, fn: Any, job: Any) -> Any:
         self.jobs.append(job)
         return fn(job)
+
+
+class PicklingOffload(RecordingOffload):
+    def __init__(self) -> None:
+        super().__init__()
+        self.results: list[bytes] = []
+
+    async def run(self, fn: Any, job: Any) -> Any:
+        self.jobs.append(job)
+        result = pickle.dumps(fn(pickle.loads(pickle.dumps(job))))
+        self.results.append(result)
+        return pickle.loads(result)
