@@ -27,6 +27,8 @@ _SPACE_CHARS = b" \t\r\n"
 # How many occurrences of a key's text are tried before giving up (a key's name may also appear
 # as a string value or a nested key; each false one costs a parse of the other fields).
 _MAX_CANDIDATES = 16
+# The integers orjson reads and writes as integers (see load_json).
+_MIN_INT, _MAX_INT = -(2**63), 2**64 - 1
 # What a JSON string's lone surrogate escape starts with (see load_json), and the escapes read to
 # find one: an escaped backslash, a surrogate pair or a lone surrogate, matched left to right so
 # that an escaped backslash is never read as the start of an escape.
@@ -131,10 +133,11 @@ def load_json(text: bytes) -> Any:
     """`text` parsed by orjson, or by the standard library when orjson refuses it: a number it
     cannot hold (an integer or exponent beyond a double), a lone surrogate escape (a string cut
     inside a UTF-16 pair, as JavaScript's JSON.stringify writes it). A request that is valid
-    JSON is read; a lone surrogate is read as U+FFFD, since a string holding one could be
-    neither hashed, counted nor sent. Raises ValueError for what is not JSON (or not Unicode).
-    (What is read here never goes upstream in place of the original bytes, see locate_field
-    and proxy.compacting.parts.)"""
+    JSON is read, into values orjson can write again (the payload is hashed, counted and parts
+    of it sent): a lone surrogate as U+FFFD, an integer beyond 64 bits as a float, as orjson
+    reads one. Raises ValueError for what is not JSON (or not Unicode). (What is read here
+    never goes upstream in place of the original bytes, see locate_field and
+    proxy.compacting.parts.)"""
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
@@ -142,7 +145,17 @@ def load_json(text: bytes) -> Any:
         decoded = text.decode(json.detect_encoding(text))
         if _SURROGATE_ESCAPE.search(decoded):
             decoded = _ESCAPE.sub(_without_lone_surrogate, decoded)
-        return json.loads(decoded)
+        return json.loads(decoded, parse_int=_integer)
+
+
+def _integer(text: str) -> int | float:
+    """An integer as orjson reads it: beyond 64 bits, a float (infinite beyond a double). Only
+    a short one is made an int: Python refuses to read one of more than 4300 digits."""
+    if len(text) <= 20:  # 20 digits, or a sign and 19
+        value = int(text)
+        if _MIN_INT <= value <= _MAX_INT:
+            return value
+    return float(text)
 
 
 def _without_lone_surrogate(escape: re.Match[str]) -> str:

@@ -300,3 +300,25 @@ async def test_a_string_cut_inside_a_surrogate_pair_is_compacted_and_kept_byte_f
     (sent,) = script.calls(None)
     last = json.dumps(messages[-1]).encode()
     assert sent.body.endswith(last + b"]}")
+
+
+async def test_a_number_beyond_any_float_inside_a_message_is_compacted(
+    start: Any, script: Script, client: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    proxy = await start()
+    messages = orjson.dumps(conversation_of(int(WINDOW * 1.2)))
+    huge = b"1" + b"0" * 400  # orjson refuses it: beyond 64 bits and beyond a double
+    body = (
+        b'{"model": "gpt-test", "messages": '
+        + messages.replace(b'"content":', b'"id": ' + huge + b', "content":', 4)
+        + b"}"
+    )
+    with caplog.at_level(logging.WARNING):
+        async with client.post(
+            f"{proxy.url}/v1/chat/completions",
+            data=body,
+            headers={"Content-Type": "application/json", "X-Session-Id": "agent-1"},
+        ) as response:
+            assert response.status == 200
+            assert response.headers["x-compaction-status"] == "applied"
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []

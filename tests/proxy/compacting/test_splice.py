@@ -78,9 +78,15 @@ def test_any_object_keeps_every_other_member_byte_for_byte(
         (rb'"\\ud83d"', "\\ud83d"),  # an escaped backslash, then text
         (rb'"\\\ud83d"', "\\\ufffd"),
         (b'\xef\xbb\xbf{"n": 1e400}', {"n": float("inf")}),
+        # As orjson reads them: integers beyond 64 bits as floats (none it could not write).
+        (
+            b"[1e400, 18446744073709551615, 18446744073709551616, -9223372036854775809]",
+            [float("inf"), 2**64 - 1, float(2**64), float(-(2**63) - 1)],
+        ),
+        (b"[1" + b"0" * 400 + b", -" + b"9" * 5000 + b"]", [float("inf"), float("-inf")]),
     ],
 )
-def test_what_orjson_refuses_is_read_with_lone_surrogates_replaced(
+def test_what_orjson_refuses_is_read_into_values_orjson_can_write(
     text: bytes, read: object
 ) -> None:
     assert load_json(text) == read
