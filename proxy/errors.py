@@ -64,6 +64,7 @@ class InvalidPath(BadRequest):
 
 class UnreadableBody(BadRequest):
     code = "invalid_request_body"
+    closes = True  # the server's parser stopped where the body broke: it cannot read on
 
 
 class BadContentEncoding(UnreadableBody):

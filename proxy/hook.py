@@ -34,13 +34,15 @@ class RequestContext(NamedTuple):
     `route` is the kind of route ("chat", "responses", "messages"): the request's API shape.
     `explicit_session` is the session the client named (header or path), None if it named none.
     `credential` is the Authorization value sent upstream (the client's, or the injected
-    `upstream.api_key`); key caches by a hash of it and never log it."""
+    `upstream.api_key`); key caches by a hash of it and never log it. `query` is the raw query
+    string sent upstream (Azure OpenAI's `api-version`): the proxy's own calls carry it too."""
 
     route: str
     explicit_session: str | None
     credential: str | None
     path: str
     headers: CIMultiDictProxy[str]
+    query: str = ""
 
 
 class Exchange(Protocol):

@@ -172,7 +172,7 @@ def _measure_content(content: Any, text_cost: Callable[[str], float]) -> float:
 def _measure_part(part: Any, text_cost: Callable[[str], float]) -> float:
     kind = part.get("type") if isinstance(part, dict) else None
     text = part.get("text") if isinstance(part, dict) else None
-    if kind in _TEXT_PARTS and isinstance(text, str):
+    if isinstance(kind, str) and kind in _TEXT_PARTS and isinstance(text, str):
         return text_cost(text)
     if kind == "input_image":
         return IMAGE_LOW_TOKENS if part.get("detail") == "low" else IMAGE_HIGH_TOKENS

@@ -76,6 +76,8 @@ class LLMRequest:
     auth_headers: Mapping[str, str]
     dialect: Dialect = CHAT_COMPLETIONS
     """The API shape of the request: its summaries are asked in the same shape."""
+    query: str = ""
+    """The request's raw query string: the upstream may need it (Azure OpenAI's api-version)."""
 
 
 # The summarizer factory the compacting hook is given (`llm_for`): tests and other transports
@@ -108,7 +110,7 @@ class UpstreamLLM:
     ) -> None:
         self._upstream = upstream
         self._dialect = request.dialect
-        self._url = upstream.url_for(request.dialect.summary_path)
+        self._url = upstream.url_for(request.dialect.summary_path, request.query)
         self._model = request.model
         self._timeout_s = timeout_s
         self._parameters = parameters

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from proxy.compacting.spans import Items, locate_value, scan_items
+from proxy.compacting.splice import load_json
 
 Part = int | range | bytes
 """A piece of a spliced array: the index of an original item, a run of them, or the bytes of a
@@ -94,8 +95,8 @@ def is_same(body: bytes, items: Items, messages: list[Any]) -> bool:
     """Spot check that the scanned items are the parsed ones (first and last)."""
     for i in {0, len(messages) - 1}:
         try:
-            if orjson.loads(body[items.starts[i] : items.ends[i]]) != messages[i]:
+            if load_json(body[items.starts[i] : items.ends[i]]) != messages[i]:
                 return False
-        except orjson.JSONDecodeError:
+        except ValueError:
             return False
     return True

@@ -78,6 +78,8 @@ class ParsedRequest:
     auth_headers: dict[str, str]
     """The caller's credentials besides Authorization, and the headers the dialect's summary
     call needs (anthropic-version); never logged."""
+    query: str
+    """The raw query string the request goes upstream with (Azure OpenAI's `api-version`)."""
     tenant: bytes
     """Digest of the caller's credentials: scopes the summarizer's cooldown."""
     seed: bytes
@@ -105,8 +107,8 @@ class ParsedRequest:
 
     def summarizer(self, model: str) -> LLMRequest:
         """What this request's summarizer is built from: `model`, the caller's credentials, the
-        dialect to ask in."""
-        return LLMRequest(model, self.credential, self.auth_headers, self.dialect)
+        dialect to ask in, the query string its upstream needs."""
+        return LLMRequest(model, self.credential, self.auth_headers, self.dialect, self.query)
 
     def serialize(self, messages: list[Any]) -> bytes:
         """The request with its list replaced; every other field as sent, in its place."""
@@ -222,6 +224,7 @@ class RequestBuilder:
             # The client's own: the summarizer adds the key of the upstream it calls.
             credential=ctx.headers.get("Authorization"),
             auth_headers=auth,
+            query=ctx.query,
             tenant=tenant,
             seed=conversation_seed(tenant.hex(), session_id),
             factor=factor,

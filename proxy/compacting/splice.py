@@ -27,6 +27,17 @@ _SPACE_CHARS = b" \t\r\n"
 # How many occurrences of a key's text are tried before giving up (a key's name may also appear
 # as a string value or a nested key; each false one costs a parse of the other fields).
 _MAX_CANDIDATES = 16
+# The integers orjson reads and writes as integers (see load_json).
+_MIN_INT, _MAX_INT = -(2**63), 2**64 - 1
+# What a JSON string's lone surrogate escape starts with (see load_json), and the escapes read to
+# find one: an escaped backslash, a surrogate pair or a lone surrogate, matched left to right so
+# that an escaped backslash is never read as the start of an escape.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_ESCAPE = re.compile(
+    r"\\\\"
+    r"|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+    r"|\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
+)
 
 
 @dataclass(frozen=True)
@@ -119,14 +130,36 @@ def _keys_of(text: bytes) -> list[str] | None:
 
 
 def load_json(text: bytes) -> Any:
-    """`text` parsed by orjson, or by the standard library when orjson refuses a number it
-    cannot hold (an integer or exponent beyond a double): a request that is valid JSON is read.
-    Raises ValueError for what is not JSON. (Numbers are only read here; what goes upstream
-    keeps the original bytes, see locate_field.)"""
+    """`text` parsed by orjson, or by the standard library when orjson refuses it: a number it
+    cannot hold (an integer or exponent beyond a double), a lone surrogate escape (a string cut
+    inside a UTF-16 pair, as JavaScript's JSON.stringify writes it). A request that is valid
+    JSON is read, into values orjson can write again (the payload is hashed, counted and parts
+    of it sent): a lone surrogate as U+FFFD, an integer beyond 64 bits as a float, as orjson
+    reads one. Raises ValueError for what is not JSON (or not Unicode). (What is read here
+    never goes upstream in place of the original bytes, see locate_field and
+    proxy.compacting.parts.)"""
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
-        return json.loads(text)
+        # Decoded strictly: json.loads would let raw surrogate bytes through.
+        decoded = text.decode(json.detect_encoding(text))
+        if _SURROGATE_ESCAPE.search(decoded):
+            decoded = _ESCAPE.sub(_without_lone_surrogate, decoded)
+        return json.loads(decoded, parse_int=_integer)
+
+
+def _integer(text: str) -> int | float:
+    """An integer as orjson reads it: beyond 64 bits, a float (infinite beyond a double). Only
+    a short one is made an int: Python refuses to read one of more than 4300 digits."""
+    if len(text) <= 20:  # 20 digits, or a sign and 19
+        value = int(text)
+        if _MIN_INT <= value <= _MAX_INT:
+            return value
+    return float(text)
+
+
+def _without_lone_surrogate(escape: re.Match[str]) -> str:
+    return "\\ufffd" if len(escape.group()) == 6 else escape.group()
 
 
 def _end_before_space(body: bytes, end: int) -> int:

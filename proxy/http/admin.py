@@ -41,7 +41,7 @@ def _require_admin(request: web.Request) -> None:
         raise web.HTTPMethodNotAllowed(request.method, GET_ONLY)
     sent = request.headers.get("Authorization", "")
     scheme, _, value = sent.partition(" ")
-    if not (
-        scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
-    ):
+    # As sent: aiohttp reads bytes that are not UTF-8 as lone surrogates (surrogateescape).
+    given = value.strip().encode("utf-8", "surrogateescape")
+    if not (scheme.lower() == "bearer" and hmac.compare_digest(given, token.encode())):
         raise Unauthorized("missing or wrong admin token (Authorization: Bearer <admin.token>)")

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from aiohttp import StreamReader, web
 from aiohttp.web_protocol import RequestPayloadError
 
-from proxy.errors import BodyTooLarge, RequestTimeout
+from proxy.errors import BodyTooLarge, RequestTimeout, UnreadableBody
 from proxy.http.encodings import unreadable_body
 from proxy.metrics import Metrics
 from proxy.settings import ServerSettings
@@ -42,8 +42,16 @@ async def read_body(request: web.Request, server: ServerSettings) -> bytes:
                 raise too_large(limit)
             chunks.append(chunk)
     except RequestPayloadError:
-        raise unreadable_body(request.headers.get("Content-Encoding", "")) from None
+        raise _unreadable(content, request.headers.get("Content-Encoding", "")) from None
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _unreadable(content: StreamReader, encoding: str) -> UnreadableBody:
+    """The 400 for a body aiohttp's server failed to read. Its parser gave the body up, so the
+    reader is marked finished: after the answer, aiohttp would read it again, to drain it for
+    the next request, and log the same failure as an unhandled exception, traceback and all."""
+    content.feed_eof()
+    return unreadable_body(encoding)
 
 
 async def _next_chunk(content: StreamReader, patience_s: float) -> bytes:
@@ -95,4 +103,4 @@ class LimitedBody:
         except RequestPayloadError:
             # Raised inside the client library's body writer, which wraps it; Upstream.send
             # unwraps a ProxyError, so this stays the client's 400, not an upstream failure.
-            raise unreadable_body(self._encoding) from None
+            raise _unreadable(self._content, self._encoding) from None

@@ -68,6 +68,7 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
         credential=credential,
         path=request.path,
         headers=request.headers,
+        query=request.rel_url.raw_query_string,
     )
     exchange = await _prepare(app[keys.HOOK], ctx, body)
     session = exchange.session_id

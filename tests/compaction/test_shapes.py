@@ -9,7 +9,15 @@ import pytest
 
 from bench.dialects import check_anthropic, check_responses, to_anthropic, to_responses
 from compaction import CompactionSettings, Compactor, HeuristicEstimator
-from compaction.messages import ANTHROPIC, RESPONSES, Shape, check_turns, join_summary, read_items
+from compaction.messages import (
+    ANTHROPIC,
+    CHAT,
+    RESPONSES,
+    Shape,
+    check_turns,
+    join_summary,
+    read_items,
+)
 from compaction.segment import block_end
 from compaction.summarize import summary_message
 from tests import factories as f
@@ -108,3 +116,38 @@ def test_responses_model_turn_with_a_message_before_its_calls_is_one_block() -> 
         "function_call",
     ]
     assert block_end(read_items(items, RESPONSES), 1) == 7  # reasoning .. both outputs
+
+
+def _with_each_value_replaced(item: Any, by: Any) -> list[Any]:
+    """Copies of `item`, each with one of its values (at any depth) replaced by `by`."""
+    copies: list[Any] = []
+    pairs = item.items() if isinstance(item, dict) else enumerate(item)
+    for key, value in pairs:
+        copy = dict(item) if isinstance(item, dict) else list(item)
+        copy[key] = by
+        copies.append(copy)
+        if isinstance(value, dict | list):
+            for inner in _with_each_value_replaced(value, by):
+                copy = dict(item) if isinstance(item, dict) else list(item)
+                copy[key] = inner
+                copies.append(copy)
+    return copies
+
+
+@pytest.mark.parametrize(
+    "shape", [CHAT, RESPONSES, ANTHROPIC], ids=["chat", "responses", "anthropic"]
+)
+def test_an_item_with_a_list_or_object_where_a_string_belongs_is_read_and_measured(
+    shape: Shape,
+) -> None:
+    history = chat_history(2)
+    if shape is RESPONSES:
+        history = to_responses(history, TOOLS)["input"]
+    elif shape is ANTHROPIC:
+        history = to_anthropic(history, TOOLS)["messages"]
+    history.append(f.content_parts() if shape is CHAT else history[-1])
+    estimator = HeuristicEstimator(shape=shape)
+    for item in history:
+        for odd in (odd for by in ([], {}) for odd in _with_each_value_replaced(item, by)):
+            shape.read(odd)
+            estimator.count_messages([odd])

@@ -1,5 +1,6 @@
 """A bare HTTP/1.1 client for requests a normal client library would tidy up (dot segments,
-odd paths): the request line goes out exactly as written."""
+odd paths, bytes in a header that are not UTF-8): the request line goes out exactly as
+written."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ async def raw_request(
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     if body:
         lines.append(f"Content-Length: {len(body)}")
-    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+    # Lone surrogates (from surrogateescape) go out as the raw bytes they stand for.
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape") + body)
     await writer.drain()
     data = await reader.read()
     writer.close()

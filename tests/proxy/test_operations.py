@@ -12,6 +12,7 @@ import pytest
 
 from proxy.hook import Exchange, Passthrough, RequestContext
 from proxy.logs import JsonFormatter
+from tests.fakes.rawhttp import raw_request
 from tests.fakes.upstream import FakeUpstream, hang_reply, json_reply
 from tests.proxy.conftest import RunningProxy, StartProxy
 
@@ -83,6 +84,21 @@ async def test_admin_endpoints_refuse_a_wrong_token(
     async with client.get(f"{proxy.url}/admin/sessions", headers=headers) as response:
         assert response.status == 401
         assert (await response.json())["error"]["type"] == "authentication_error"
+
+
+async def test_an_admin_token_that_is_not_utf8_is_refused_and_not_logged(
+    start_proxy: StartProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    proxy = await start_proxy(admin={"token": "admin-secret"})
+    # "\udcff" goes out as the byte 0xff: a header aiohttp reads with surrogateescape.
+    sent = {"Authorization": f"Bearer {SECRET_KEY}\udcff"}
+    status, payload = await raw_request(proxy.port, "GET", "/admin/sessions", sent)
+    assert status == 401
+    assert orjson.loads(payload)["error"]["type"] == "authentication_error"
+    assert not any(
+        SECRET_KEY in record.getMessage() or record.exc_info for record in caplog.records
+    )
 
 
 async def test_admin_endpoints_list_sessions_with_the_right_token(

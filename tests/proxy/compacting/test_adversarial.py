@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -245,3 +246,50 @@ async def test_a_request_whose_recognition_fails_is_decided_by_the_full_path(
         # Compacted as the full path does it (not passed through without a status).
         assert response.headers["x-compaction-status"] == "applied"
         assert len(orjson.loads(script.calls(None)[-1].body)["messages"]) < len(messages)
+
+
+async def test_a_string_cut_inside_a_surrogate_pair_is_compacted_and_kept_byte_for_byte(
+    start: Any, script: Script, client: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An agent in JavaScript that cuts a tool output inside an emoji's UTF-16 pair sends a lone
+    # surrogate, which JSON.stringify writes as an escape: valid JSON that orjson refuses.
+    proxy = await start()
+    messages = conversation_of(int(WINDOW * 1.2))
+    messages[3]["content"] += "\ud83d"  # folded
+    messages[-1]["content"] += " \ude00 and \\ud83d"  # kept; the second is no escape
+    body = json.dumps({"model": "gpt-test", "messages": messages}).encode()
+    assert b"\\ud83d" in body and b"\\ude00" in body
+    with caplog.at_level(logging.WARNING):
+        async with client.post(
+            f"{proxy.url}/v1/chat/completions",
+            data=body,
+            headers={"Content-Type": "application/json", "X-Session-Id": "agent-1"},
+        ) as response:
+            assert response.status == 200
+            assert response.headers["x-compaction-status"] == "applied"
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
+    (sent,) = script.calls(None)
+    last = json.dumps(messages[-1]).encode()
+    assert sent.body.endswith(last + b"]}")
+
+
+async def test_a_number_beyond_any_float_inside_a_message_is_compacted(
+    start: Any, script: Script, client: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    proxy = await start()
+    messages = orjson.dumps(conversation_of(int(WINDOW * 1.2)))
+    huge = b"1" + b"0" * 400  # orjson refuses it: beyond 64 bits and beyond a double
+    body = (
+        b'{"model": "gpt-test", "messages": '
+        + messages.replace(b'"content":', b'"id": ' + huge + b', "content":', 4)
+        + b"}"
+    )
+    with caplog.at_level(logging.WARNING):
+        async with client.post(
+            f"{proxy.url}/v1/chat/completions",
+            data=body,
+            headers={"Content-Type": "application/json", "X-Session-Id": "agent-1"},
+        ) as response:
+            assert response.status == 200
+            assert response.headers["x-compaction-status"] == "applied"
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.compacting.splice import locate_field
+from proxy.compacting.splice import load_json, locate_field
 
 NEW = b'[{"role":"user","content":"new"}]'
 
@@ -67,3 +67,31 @@ def test_any_object_keeps_every_other_member_byte_for_byte(
     assert spliced is not None
     assert orjson.loads(spliced) == {**head, "messages": orjson.loads(NEW), **tail}
     assert len(spliced) == len(body) - len(orjson.dumps(messages)) + len(NEW)
+
+
+@pytest.mark.parametrize(
+    ("text", "read"),
+    [
+        (rb'"\ud83d cut"', "\ufffd cut"),
+        (rb'"\ude00\ud83d"', "\ufffd\ufffd"),
+        (rb'"\ud83d\ud83d\ude00"', "\ufffd\U0001f600"),
+        (rb'"\\ud83d"', "\\ud83d"),  # an escaped backslash, then text
+        (rb'"\\\ud83d"', "\\\ufffd"),
+        (b'\xef\xbb\xbf{"n": 1e400}', {"n": float("inf")}),
+        # As orjson reads them: integers beyond 64 bits as floats (none it could not write).
+        (
+            b"[1e400, 18446744073709551615, 18446744073709551616, -9223372036854775809]",
+            [float("inf"), 2**64 - 1, float(2**64), float(-(2**63) - 1)],
+        ),
+        (b"[1" + b"0" * 400 + b", -" + b"9" * 5000 + b"]", [float("inf"), float("-inf")]),
+    ],
+)
+def test_what_orjson_refuses_is_read_into_values_orjson_can_write(
+    text: bytes, read: object
+) -> None:
+    assert load_json(text) == read
+
+
+def test_a_body_that_is_not_unicode_is_not_read() -> None:
+    with pytest.raises(ValueError):
+        load_json(b'{"n": 1e400, "s": "\xed\xa0\xbd"}')  # a surrogate in raw bytes

@@ -76,19 +76,22 @@ async def test_repeated_summarizer_failures_cool_down(
     assert len(script.calls("summary")) == 3
 
 
-async def test_azure_style_keys_reach_the_summarizer(
+async def test_azure_style_keys_and_api_version_reach_the_summarizer(
     start: Any, script: Script, client: Any
 ) -> None:
     proxy = await start()
     body = orjson.dumps({"model": "gpt-test", "messages": conversation_of(int(WINDOW * 1.2))})
     headers = {"Content-Type": "application/json", "api-key": "azure-secret", "X-Session-Id": "az"}
+    # Azure OpenAI's deployments refuse a call without its api-version.
     async with client.post(
-        f"{proxy.url}/v1/chat/completions", data=body, headers=headers
+        f"{proxy.url}/v1/chat/completions?api-version=2024-10-21", data=body, headers=headers
     ) as response:
         assert response.headers["x-compaction-status"] == "applied"
-    summary = script.calls("summary")[0]
-    assert summary.headers["api-key"] == "azure-secret"
-    assert "Authorization" not in summary.headers
+    for call in (*script.calls("summary"), *script.calls("memory")):
+        assert call.headers["api-key"] == "azure-secret"
+        assert "Authorization" not in call.headers
+        assert call.query_string == "api-version=2024-10-21"
+    assert script.calls("summary") and script.calls("memory")
 
 
 async def test_a_client_without_a_key_has_its_summaries_sent_with_the_configured_key(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import logging
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -118,9 +119,11 @@ async def test_a_body_not_in_its_stated_encoding_is_a_400_naming_the_encoding(
     start_proxy: StartProxy,
     upstream: FakeUpstream,
     client: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
     encoding: str,
     path: str,
 ) -> None:
+    caplog.set_level(logging.WARNING)
     proxy = await start_proxy()
     async with client.post(
         f"{proxy.url}{path}",
@@ -128,12 +131,16 @@ async def test_a_body_not_in_its_stated_encoding_is_a_400_naming_the_encoding(
         headers={"Content-Encoding": encoding, "Content-Type": "application/json"},
     ) as response:
         assert response.status == 400
+        # The server's parser stopped where the body broke: the connection cannot serve on.
+        assert response.headers["Connection"] == "close"
         body = await response.read()
     assert_openai_error(body, "invalid_content_encoding")
     assert encoding in orjson.loads(body)["error"]["message"]
     assert upstream.requests == []
     async with client.get(f"{proxy.url}/metrics") as response:
         assert _upstream_connect_errors(await response.text()) == 0
+    # The client's error, answered: not a traceback in the server's log.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 @pytest.mark.parametrize(
