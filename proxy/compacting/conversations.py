@@ -211,7 +211,9 @@ class Conversations:
             result = await fallback(self._run(req, view, plan, llm=None), view, plan, req)
         if not isinstance(result, Checkpoint) and result.path == "unchanged":
             return await self._as_is(view, before, tokens)
-        await self._forwarded.add(result.compaction_id)
+        # Concurrent requests that joined this summarization carry the same compaction: only
+        # the first to go out is "applied" (counting "applied" counts compactions).
+        status = "applied" if await self._forwarded.add(result.compaction_id) else "reused"
         # What goes out may be a reserve: stored by another replica (met through the lease) or
         # by a precompute here that this request joined. Its memory items are due now.
         key = plan_key(view, plan, digests)
@@ -221,10 +223,8 @@ class Conversations:
         if isinstance(result, Checkpoint):  # another process compacted it
             done = View.of(req.messages, result)
             tokens = self.estimate(req, done.messages)
-            return Decision(done.messages, "applied", before, tokens, result.compaction_id)
-        return Decision(
-            result.messages, "applied", before, result.tokens_after, result.compaction_id
-        )
+            return Decision(done.messages, status, before, tokens, result.compaction_id)
+        return Decision(result.messages, status, before, result.tokens_after, result.compaction_id)
 
     async def _as_is(self, view: View, before: int, tokens: int) -> Decision:
         """Nothing more could be folded: the view goes out as it is. Only a view that is the
