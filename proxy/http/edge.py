@@ -62,8 +62,11 @@ def at_edge(handler: Handler, route: str, *, methods: Collection[str] | None = N
             status = exc.status
             raise
         except asyncio.CancelledError:
+            # The server cancels a handler whose client closed its connection (handler
+            # cancellation, as the CLI serves): mid-stream, or while its answer was awaited.
             status = CLIENT_CLOSED
             info.outcome = info.outcome or "client_gone"
+            request.app[keys.METRICS].client_disconnects.labels(route).inc()
             raise
         finally:
             traffic.in_flight -= 1
