@@ -191,7 +191,6 @@ class Conversations:
     ) -> Decision:
         plan = await self.plan(req, view)
         key = plan_key(view, plan, digests)
-        # Another request's summarization of the same prefix: the turns after it may differ.
         joined = key is not None and key in self._flight
         task = self.start(req, view, plan, digests, reason)
         if task is None:
@@ -199,7 +198,7 @@ class Conversations:
         try:
             result = await wait_shielded(task, max(0.0, deadline - self._clock()))
             if joined and not isinstance(result, Checkpoint) and result.path != "unchanged":
-                # Its list holds that request's turns: this one takes the checkpoint instead.
+                # Another request's list, with its own last turns: take the stored checkpoint.
                 stored = await self.stored(digests, key)
                 if stored is None or stored.compaction_id != result.compaction_id:
                     raise LookupError(f"no checkpoint of compaction {result.compaction_id}")
@@ -213,8 +212,9 @@ class Conversations:
             result = await fallback(self._run(req, view, plan, llm=None), view, plan, req)
         if not isinstance(result, Checkpoint) and result.path == "unchanged":
             return await self._as_is(view, before, tokens)
-        # Requests sharing one compaction: only the first to go out is "applied".
-        status = "applied" if await self._forwarded.add(result.compaction_id) else "reused"
+        # "applied": computed for this request, or the first to go out with it (a checkpoint).
+        first = await self._forwarded.add(result.compaction_id)
+        status = "applied" if first or not isinstance(result, Checkpoint) else "reused"
         # What goes out may be a reserve: stored by another replica (met through the lease) or
         # by a precompute here that this request joined. Its memory items are due now.
         reserve = result if isinstance(result, Checkpoint) else await self.stored(digests, key)
