@@ -43,6 +43,7 @@ class ServerSettings(_Section):
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_mb: float = Field(default=64, gt=0)
     read_timeout_s: float = Field(default=60, gt=0)
+    shutdown_timeout_s: float = Field(default=30, gt=0)
 
     @property
     def max_body_bytes(self) -> int:
