@@ -83,9 +83,8 @@ class ModelsSettings(_Section):
 
     def context_window_for(self, model: str) -> int:
         """The context window of `model`: exact name first, then the first matching glob."""
-        exact = self.context_windows.get(model)
-        if exact is not None:
-            return exact
+        if model in self.context_windows:
+            return self.context_windows[model]
         for pattern, window in self.context_windows.items():
             if fnmatch.fnmatchcase(model, pattern):
                 return window
