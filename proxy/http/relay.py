@@ -9,7 +9,6 @@ The status is fixed before `prepare()`; after that a failure can only end the st
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterable, Mapping
 
@@ -71,12 +70,9 @@ async def relay(
             extra={"kind": cut.kind, "path": request.path, "bytes_relayed": sent},
         )
         _drop_client_connection(request, response)
-    except ConnectionResetError:  # a write found the connection closed: the handler ends here
+    except ConnectionResetError:  # a write found the client gone (a cancelled handler: the edge)
         info.outcome = "client_gone"
         metrics.client_disconnects.labels(info.route).inc()
-    except asyncio.CancelledError:  # the handler is cancelled: the edge counts it
-        info.outcome = "client_gone"
-        raise
     except Exception:
         # The status line may be out already, so no error response is possible any more.
         info.outcome = "proxy_error"
