@@ -206,7 +206,7 @@ class Conversations:
         except Exception as exc:
             # Timed out: the summarization goes on and records its checkpoint for the next
             # request. Failed: it was logged where it ran. This request goes out now on the
-            # fallback, which flushes what it folded to memory (the other may yet fold nothing).
+            # fallback, which flushes memory too: the summarization may yet fold nothing.
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
             result = await fallback(self._run(req, view, plan, llm=None), view, plan, req)
