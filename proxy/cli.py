@@ -24,8 +24,6 @@ from proxy.logs import configure_logging
 from proxy.settings import Settings, SettingsError, load_settings
 
 DEFAULT_CONFIG = "config.yaml"
-# In-flight requests (streams included) get this long to finish at shutdown.
-SHUTDOWN_TIMEOUT_S = 30.0
 
 log = logging.getLogger("proxy")
 
@@ -101,8 +99,8 @@ def _serve(settings: Settings) -> int:
                 "compaction_proxy_in_flight_requests"
             )
             log.info(
-                "shutting down: no new connections; in-flight requests get up to %.0f s",
-                SHUTDOWN_TIMEOUT_S,
+                "shutting down: no new connections; in-flight requests get up to %g s",
+                settings.server.shutdown_timeout_s,
                 extra={"in_flight": int(in_flight or 0)},
             )
 
@@ -115,7 +113,11 @@ def _serve(settings: Settings) -> int:
             loop=loop,
             access_log=None,  # our own access line is written by proxy.http.edge
             print=log_listening,
-            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+            # aiohttp waits this twice for a handler that does not end by itself: for it to
+            # finish, then again after failing its request body (which a relay no longer
+            # reads), and only then cancels it. Half of it each: in-flight requests get
+            # server.shutdown_timeout_s in all, not twice that.
+            shutdown_timeout=settings.server.shutdown_timeout_s / 2,
             # A client that goes away cancels its handler at once, which closes the upstream
             # request even while the upstream is silent.
             handler_cancellation=True,

@@ -43,6 +43,7 @@ class ServerSettings(_Section):
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_mb: float = Field(default=64, gt=0)
     read_timeout_s: float = Field(default=60, gt=0)
+    shutdown_timeout_s: float = Field(default=30, gt=0)
 
     @property
     def max_body_bytes(self) -> int:
@@ -82,9 +83,8 @@ class ModelsSettings(_Section):
 
     def context_window_for(self, model: str) -> int:
         """The context window of `model`: exact name first, then the first matching glob."""
-        exact = self.context_windows.get(model)
-        if exact is not None:
-            return exact
+        if model in self.context_windows:
+            return self.context_windows[model]
         for pattern, window in self.context_windows.items():
             if fnmatch.fnmatchcase(model, pattern):
                 return window

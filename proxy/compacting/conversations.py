@@ -156,11 +156,6 @@ class Conversations:
         """True while a compaction of this conversation runs, here or in another process."""
         return await is_running(self._flight, self._state, digests)
 
-    async def is_stored(self, digests: Sequence[bytes], plan: Plan, view: View) -> bool:
-        """True when the checkpoint `plan` would produce is already in the store."""
-        key = plan_key(view, plan, digests)
-        return key is not None and await self.stored(digests, key) is not None
-
     def start(
         self, req: ParsedRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
     ) -> asyncio.Task[CompactionResult | Checkpoint] | None:
@@ -195,36 +190,41 @@ class Conversations:
         reason: str,
     ) -> Decision:
         plan = await self.plan(req, view)
+        key = plan_key(view, plan, digests)
+        joined = key is not None and key in self._flight
         task = self.start(req, view, plan, digests, reason)
         if task is None:
             return await self._as_is(view, before, tokens)
         try:
             result = await wait_shielded(task, max(0.0, deadline - self._clock()))
+            if joined and not isinstance(result, Checkpoint) and result.path != "unchanged":
+                # Another request's list, with its own last turns: take the stored checkpoint.
+                stored = await self.stored(digests, key)
+                if stored is None or stored.compaction_id != result.compaction_id:
+                    raise LookupError(f"no checkpoint of compaction {result.compaction_id}")
+                result = stored
         except Exception as exc:
             # Timed out: the summarization goes on and records its checkpoint for the next
-            # request. Failed: it was logged where it ran. Either way this request goes out now
-            # on the fallback path, which flushes memory too: the summarization may yet come
-            # back unchanged, and what this request folded must reach the memory file (the
-            # writer skips items already there).
+            # request. Failed: it was logged where it ran. This request goes out now on the
+            # fallback, which flushes memory too: the summarization may yet fold nothing.
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
             result = await fallback(self._run(req, view, plan, llm=None), view, plan, req)
         if not isinstance(result, Checkpoint) and result.path == "unchanged":
             return await self._as_is(view, before, tokens)
-        await self._forwarded.add(result.compaction_id)
+        # "applied": computed for this request, or the first to go out with it (a checkpoint).
+        first = await self._forwarded.add(result.compaction_id)
+        status = "applied" if first or not isinstance(result, Checkpoint) else "reused"
         # What goes out may be a reserve: stored by another replica (met through the lease) or
         # by a precompute here that this request joined. Its memory items are due now.
-        key = plan_key(view, plan, digests)
         reserve = result if isinstance(result, Checkpoint) else await self.stored(digests, key)
         if reserve and reserve.precomputed and reserve.compaction_id == result.compaction_id:
             await self.flush_reserve(req, reserve)
-        if isinstance(result, Checkpoint):  # another process compacted it
+        if isinstance(result, Checkpoint):  # compacted for another request, or process
             done = View.of(req.messages, result)
             tokens = self.estimate(req, done.messages)
-            return Decision(done.messages, "applied", before, tokens, result.compaction_id)
-        return Decision(
-            result.messages, "applied", before, result.tokens_after, result.compaction_id
-        )
+            return Decision(done.messages, status, before, tokens, result.compaction_id)
+        return Decision(result.messages, status, before, result.tokens_after, result.compaction_id)
 
     async def _as_is(self, view: View, before: int, tokens: int) -> Decision:
         """Nothing more could be folded: the view goes out as it is. Only a view that is the

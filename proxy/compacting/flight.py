@@ -57,6 +57,9 @@ class SingleFlight(Generic[K, V]):
                 return running
         return None
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._running
+
     def __len__(self) -> int:
         return len(self._running)
 

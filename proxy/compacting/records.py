@@ -61,7 +61,9 @@ def record_compaction(
             "errors": list(result.errors),
         },
     )
-    log.info(
+    # A summarizer that failed (the compaction fell back) is a warning, with why.
+    log.log(
+        logging.WARNING if result.errors else logging.INFO,
         "compaction %s",
         result.path,
         extra={
@@ -70,6 +72,7 @@ def record_compaction(
             "tokens_before": result.tokens_before,
             "tokens_after": result.tokens_after,
             "compaction_id": result.compaction_id,
+            "errors": list(result.errors),
         },
     )
 

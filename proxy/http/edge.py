@@ -62,8 +62,12 @@ def at_edge(handler: Handler, route: str, *, methods: Collection[str] | None = N
             status = exc.status
             raise
         except asyncio.CancelledError:
+            # The client closed its connection, which cancels its handler (as the CLI serves):
+            # mid-stream, or while its answer was awaited. (A shutdown's drain that ran out
+            # closes the connections too, and looks the same from here.)
             status = CLIENT_CLOSED
-            info.outcome = info.outcome or "client_gone"
+            info.outcome = "client_gone"
+            request.app[keys.METRICS].client_disconnects.labels(route).inc()
             raise
         finally:
             traffic.in_flight -= 1

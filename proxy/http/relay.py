@@ -70,7 +70,7 @@ async def relay(
             extra={"kind": cut.kind, "path": request.path, "bytes_relayed": sent},
         )
         _drop_client_connection(request, response)
-    except ConnectionResetError:
+    except ConnectionResetError:  # a write found the client gone (a cancelled handler: the edge)
         info.outcome = "client_gone"
         metrics.client_disconnects.labels(info.route).inc()
     except Exception:

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.proxy.test_settings import ROOT, run_cli
@@ -81,3 +82,48 @@ def test_make_run_takes_a_port_and_arguments_from_the_command_line() -> None:
     assert dry_run("PORT=9000").endswith("--config config.yaml --port 9000")
     assert "--upstream http://127.0.0.1:1/v1" in dry_run("ARGS=--upstream http://127.0.0.1:1/v1")
     assert "--port" not in dry_run(env={"PORT": "5000"})  # an exported PORT is not ours
+
+
+def test_a_request_still_running_is_cut_once_the_shutdown_timeout_is_over(
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as silent, socket.socket() as probe:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # an upstream that takes the request and never answers
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        probe.close()
+        upstream = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "--port", str(port), "--upstream", upstream],
+            cwd=tmp_path,
+            env={
+                "PATH": "/usr/bin:/bin",
+                "PYTHONPATH": str(ROOT),
+                "COMPACTION_PROXY__SERVER__SHUTDOWN_TIMEOUT_S": "1",
+            },
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert process.stderr is not None
+            assert json.loads(process.stderr.readline())["msg"] == "listening"
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+                conn.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+                silent.settimeout(5)
+                asked, _ = silent.accept()
+                with asked:
+                    assert asked.recv(64).startswith(b"GET /v1/models")  # now in flight
+                    started = time.monotonic()
+                    process.send_signal(signal.SIGTERM)
+                    _, stderr = process.communicate(timeout=30)
+                    stopped_after_s = time.monotonic() - started
+                assert conn.recv(64) == b""  # cut: the connection closed without an answer
+        finally:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0
+    assert _messages(stderr)[-1] == "stopped"
+    # aiohttp waits its shutdown timeout twice for a handler that does not end on its own (once
+    # for it to finish, once more after failing its request body): 2 s here, 60 s by default.
+    assert stopped_after_s < 1.8

@@ -59,6 +59,56 @@ async def test_concurrent_identical_requests_share_one_summarization(
     assert len(bodies) == 1
 
 
+async def test_concurrent_requests_sharing_one_summarization_report_it_applied_once(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start()
+    answer = Script.answer(SUMMARY_TEXT)
+    registry = proxy.app[keys.METRICS].registry
+
+    async def held_summary(request: web.Request) -> web.StreamResponse:
+        await wait_for(
+            lambda: registry.get_sample_value("compaction_proxy_in_flight_requests") == 4
+        )
+        return await answer(request)
+
+    script.summary = held_summary
+    messages = conversation_of(int(WINDOW * 1.2))
+    responses = await asyncio.gather(*(post(client, proxy, messages) for _ in range(4)))
+    assert len(script.calls("summary")) == 1
+    # One compaction, new to the conversation once: "applied" counts compactions.
+    statuses = sorted(r.headers["x-compaction-status"] for r in responses)
+    assert statuses == ["applied", "reused", "reused", "reused"]
+    labels = {"status": "applied", "dialect": "chat"}
+    assert registry.get_sample_value("compaction_proxy_chat_decisions_total", labels) == 1
+
+
+async def test_concurrent_requests_differing_after_the_fold_each_keep_their_own_turns(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start()
+    answer = Script.answer(SUMMARY_TEXT)
+    registry = proxy.app[keys.METRICS].registry
+
+    async def held_summary(request: web.Request) -> web.StreamResponse:
+        await wait_for(
+            lambda: registry.get_sample_value("compaction_proxy_in_flight_requests") == 3
+        )
+        return await answer(request)
+
+    script.summary = held_summary
+    messages = conversation_of(int(WINDOW * 1.2))
+    # One prefix to fold, three different latest turns: as sent, edited, grown.
+    edited = [*messages[:-1], f.user("No, rename the module instead.")]
+    grown = [*messages, f.assistant("Here it is."), f.user("Now run the tests.")]
+    sent = (messages, edited, grown)
+    responses = await asyncio.gather(*(post(client, proxy, m) for m in sent))
+    assert [r.status for r in responses] == [200] * 3
+    assert len(script.calls("summary")) == 1
+    received = {orjson.dumps(body["messages"][-2:]) for body in forwarded(script)}
+    assert received == {orjson.dumps(m[-2:]) for m in sent}
+
+
 async def test_precompute_prepares_the_checkpoint_before_the_trigger(
     start: Any, script: Script, client: Any
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -53,6 +54,21 @@ async def test_a_failing_summarizer_never_fails_the_request(
     assert is_summary_message(out[1])
     assert check_tool_pairing(out) == []
     assert tokens(out) < 0.85 * WINDOW
+
+
+async def test_a_compaction_that_falls_back_is_logged_as_a_warning_with_why(
+    start: Any, script: Script, client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    proxy = await start()
+    script.summary = _failing("down")
+    await post(client, proxy, conversation_of(int(WINDOW * 1.3)))
+    script.summary = Script.answer(SUMMARY_TEXT)
+    await post(client, proxy, conversation_of(int(WINDOW * 1.3)), session="fine")
+    failed, fine = [r for r in caplog.records if r.name == "proxy.compacting.records"]
+    assert failed.levelno == logging.WARNING
+    assert failed.errors == ["summary call failed: SummarizerError: summarizer answered HTTP 500"]
+    assert fine.levelno == logging.INFO and fine.errors == []
 
 
 async def test_repeated_summarizer_failures_cool_down(

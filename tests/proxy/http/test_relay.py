@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
+import orjson
 import pytest
 
+from proxy import keys
+from proxy.logs import JsonFormatter
 from tests.fakes.upstream import FakeUpstream, chat_chunk, sse_events, stream_reply
 from tests.proxy.conftest import RunningProxy, StartProxy
 
@@ -75,6 +79,45 @@ async def test_client_disconnect_while_upstream_is_silent_closes_the_upstream_re
     response.close()
     await asyncio.wait_for(upstream.disconnected.wait(), timeout=10)
     assert upstream.disconnected.is_set()
+
+
+@pytest.mark.parametrize(
+    ("path", "route"),
+    [
+        ("chat/completions", "chat"),
+        ("responses", "responses"),
+        ("messages", "messages"),
+        ("embeddings", "forward"),
+    ],
+)
+async def test_a_client_gone_mid_stream_is_counted_and_logged_as_gone(
+    path: str,
+    route: str,
+    start_proxy: StartProxy,
+    upstream: FakeUpstream,
+    client: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    proxy = await start_proxy(upstream={"anthropic_base_url": upstream.base_url})
+    never = asyncio.Event()
+    first, *_ = sse_events(chat_chunk("one"))
+    upstream.reply(stream_reply([first, never]))
+    response = await client.post(f"{proxy.url}/v1/{path}", data=STREAM_BODY)
+    await asyncio.wait_for(response.content.readuntil(b"\n\n"), timeout=5)
+    response.close()
+    await asyncio.wait_for(upstream.disconnected.wait(), timeout=5)
+    registry = proxy.app[keys.METRICS].registry
+    for _ in range(100):  # the handler ends a moment after the upstream saw the close
+        if registry.get_sample_value("compaction_proxy_in_flight_requests") == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert registry.get_sample_value("compaction_proxy_in_flight_requests") == 0
+    gone = registry.get_sample_value("compaction_proxy_client_disconnects_total", {"route": route})
+    assert gone == 1
+    formatter = JsonFormatter()
+    lines = [orjson.loads(formatter.format(r)) for r in caplog.records if r.name == "proxy.access"]
+    assert [(line["status"], line["outcome"]) for line in lines] == [(499, "client_gone")]
 
 
 async def test_upstream_dying_mid_stream_ends_the_client_stream(
