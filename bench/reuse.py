@@ -131,6 +131,8 @@ async def reuse_figures(
 
 class _InstantLLM:
     async def complete(self, messages: Any, *, purpose: str, max_tokens: int) -> str:
+        if purpose == "memory":  # a reply the extraction reads (an unread one is logged)
+            return '[{"type": "decision", "content": "Meet on Friday."}]'
         return "Goals: keep track of plans. Decisions: meet on Friday. Current state: planning."
 
 
