@@ -1,22 +1,26 @@
-"""A large request body parsed in pieces, so that a thread can parse it beside the event loop.
+"""A large request body parsed in pieces, the event loop serving other requests in between.
 
-orjson parses 50 MiB in about 170 ms without letting go of the GIL: in the event loop's thread
-or in any other, every other request waits that long. Parsed a megabyte at a time (the body's
-list cut between two of its items, each piece parsed as an array of its own; the other members
-in one call without the list, as parts.other_fields reads them), the parse is a run of calls of
-about 3 ms, between which a thread hands the GIL to the loop: the request builder runs it in one
-(request.RequestBuilder.parse_async). It costs what the whole parse costs, give or take a copy.
+orjson parses 50 MiB in about 170 ms without letting go of the GIL: every other request waits
+that long, whichever thread parses (a thread is worse for mid-sized bodies: while it runs, each
+of the loop's wake-ups waits up to the GIL's 5 ms switch interval). Parsed a megabyte at a time
+(the body's list cut between two of its items, each piece parsed as an array of its own; the
+other members in one call without the list, as parts.other_fields reads them), the parse is a
+run of calls of about 3 ms, and the loop runs whatever is ready between two of them
+(`by_pieces` awaits between pieces; `parse_steps` is the same parse as a generator). It costs
+what the whole parse costs, give or take a copy.
 
 The pieces make the whole by construction: "[" + one piece + "]" parses, between two pieces
 there is one comma, the last piece ends where the list does and the list is the member a parser
 keeps; then the body parses, and to the same value. A body where the cuts cannot be found or
-checked is not read here (`by_pieces` gives None) and is parsed whole, so a body is read the
-same way either way, and one that is not JSON is refused the same way.
+checked is not read here (None) and is parsed whole, so a body is read the same way either way,
+and one that is not JSON is refused the same way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import Generator
 from typing import Any
 
 import orjson
@@ -25,8 +29,8 @@ from proxy.compacting.parts import other_fields
 from proxy.compacting.spans import locate_value, scan_items
 
 PIECES_FROM_BYTES = 1 << 20
-"""Bodies from this size on are parsed in pieces, in a thread (a whole parse of a megabyte holds
-the loop about 3 ms)."""
+"""Bodies from this size on are parsed in pieces (a whole parse of a megabyte holds the loop
+about 3 ms)."""
 
 _PIECE_BYTES = 1 << 20
 _MAX_PIECE_BYTES = 16 << 20
@@ -40,13 +44,27 @@ _MAX_PIECE_BYTES = 16 << 20
 _BETWEEN_ITEMS = re.compile(rb'\}[ \t\r\n]*,[ \t\r\n]*(?=\{[ \t\r\n]*"role")')
 
 
-def by_pieces(
+async def by_pieces(
     body: bytes, items_key: str, *, piece_bytes: int = _PIECE_BYTES
 ) -> dict[str, Any] | None:
     """The JSON object `body` parsed, as orjson parses it whole, with the list under `items_key`
-    parsed in pieces; None when the body is not an object holding such a list, a piece does not
-    parse (a number beyond a double, say) or the cuts cannot be found (then the whole parse
-    decides)."""
+    parsed in pieces, other tasks running between two; None when the body is not an object
+    holding such a list, a piece does not parse (a number beyond a double, say) or the cuts
+    cannot be found (then the whole parse decides)."""
+    steps = parse_steps(body, items_key, piece_bytes=piece_bytes)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            parsed: dict[str, Any] | None = done.value
+            return parsed
+        await asyncio.sleep(0)
+
+
+def parse_steps(
+    body: bytes, items_key: str, *, piece_bytes: int = _PIECE_BYTES
+) -> Generator[None, None, dict[str, Any] | None]:
+    """`by_pieces` as a generator: it yields after each piece and returns the parsed object."""
     open_at = locate_value(body, orjson.dumps(items_key))
     if open_at is None or body[open_at : open_at + 1] != b"[":
         return None
@@ -56,6 +74,7 @@ def by_pieces(
     reach = start + piece_bytes
     while (cut := _BETWEEN_ITEMS.search(body, reach)) is not None:
         piece = _array(view[start : cut.start() + 1])
+        yield
         if piece is None:  # cut between objects nested in an item, or not JSON
             if cut.end() - start > _MAX_PIECE_BYTES:
                 return None

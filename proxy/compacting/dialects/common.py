@@ -7,7 +7,6 @@ from typing import Any
 
 import orjson
 
-from proxy.compacting.pieces import PIECES_FROM_BYTES, by_pieces
 from proxy.compacting.splice import load_json, locate_field
 
 
@@ -32,10 +31,7 @@ class ItemsDialect:
     items_key: str
 
     def parse(self, body: bytes) -> tuple[dict[str, Any], list[Any]]:
-        """A large body is parsed by pieces, which a thread can do beside the event loop (see
-        proxy.compacting.pieces); the same payload either way."""
-        pieces = by_pieces(body, self.items_key) if len(body) >= PIECES_FROM_BYTES else None
-        payload = pieces if pieces is not None else load_object(body)
+        payload = load_object(body)
         return payload, self.items(payload)
 
     def items(self, payload: dict[str, Any]) -> list[Any]:

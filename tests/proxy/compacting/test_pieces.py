@@ -16,11 +16,22 @@ from hypothesis import strategies as st
 
 from bench.corpus import read_corpus
 from bench.dialects import to_anthropic, to_responses
-from proxy.compacting.pieces import PIECES_FROM_BYTES, by_pieces
+from proxy.compacting.pieces import PIECES_FROM_BYTES, parse_steps
 from tests.fakes.script import Script
 from tests.proxy.compacting.conftest import conversation_of
 
 PIECE = 512  # small pieces: many cuts in small bodies
+
+
+def _parsed(body: bytes, items_key: str, *, piece_bytes: int) -> dict[str, Any] | None:
+    """`by_pieces`, its steps run without an event loop."""
+    steps = parse_steps(body, items_key, piece_bytes=piece_bytes)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            parsed: dict[str, Any] | None = done.value
+            return parsed
 
 
 def _bodies(messages: list[dict[str, Any]], tools: list[Any] | None) -> list[tuple[str, Any]]:
@@ -40,7 +51,7 @@ def test_corpus_bodies_in_every_dialect_and_layout_parse_to_the_whole_parse(
         for conversation in list(read_corpus(path))[:3]:
             for key, payload in _bodies(conversation["messages"], conversation.get("tools")):
                 for body in (orjson.dumps(payload), json.dumps(payload, indent=2).encode()):
-                    pieces = by_pieces(body, key, piece_bytes=PIECE)
+                    pieces = _parsed(body, key, piece_bytes=PIECE)
                     assert pieces == orjson.loads(body)
                     checked += 1
                     cut += len(body) > 4 * PIECE
@@ -65,7 +76,7 @@ def test_corpus_bodies_in_every_dialect_and_layout_parse_to_the_whole_parse(
 def test_what_the_whole_parse_refuses_or_reads_otherwise_is_not_read_in_pieces(
     body: bytes,
 ) -> None:
-    assert by_pieces(body, "messages", piece_bytes=1) is None
+    assert _parsed(body, "messages", piece_bytes=1) is None
 
 
 def test_cuts_that_fall_inside_an_item_or_a_string_still_give_the_whole_value() -> None:
@@ -73,7 +84,7 @@ def test_cuts_that_fall_inside_an_item_or_a_string_still_give_the_whole_value() 
     quoted = {"role": "tool", "content": 'a},{"role": "b"}, {"role":' * 40}
     messages = [nested, quoted, {"role": "assistant", "content": "ok"}] * 20
     body = orjson.dumps({"model": "m", "messages": messages, "tail": [{"role": 1}]})
-    assert by_pieces(body, "messages", piece_bytes=8) == orjson.loads(body)
+    assert _parsed(body, "messages", piece_bytes=8) == orjson.loads(body)
 
 
 _TEXT = st.text(st.characters(blacklist_categories=["Cs"]), max_size=8)  # no lone surrogate
@@ -94,14 +105,14 @@ def test_any_list_parses_in_pieces_to_the_whole_parse(
     items: list[Any], indent: int | None, piece: int
 ) -> None:
     body = json.dumps({"a": 1, "messages": items, "z": [{"role": 2}]}, indent=indent).encode()
-    assert by_pieces(body, "messages", piece_bytes=piece) == orjson.loads(body)
+    assert _parsed(body, "messages", piece_bytes=piece) == orjson.loads(body)
 
 
 async def test_a_body_of_megabytes_is_compacted_as_any_other(
     start: Any, script: Script, client: Any
 ) -> None:
-    # Past a megabyte the hook parses the body in pieces, in a thread: the same request, the same
-    # compaction and the same bytes forwarded for what is kept.
+    # Past a megabyte the hook parses the body in pieces, other requests served in between: the
+    # same request, the same compaction and the same bytes forwarded for what is kept.
     proxy = await start(models={"default_context_window": 500_000})
     messages = conversation_of(440_000)
     body = json.dumps({"model": "gpt-test", "messages": messages}, indent=1).encode()
