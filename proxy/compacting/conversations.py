@@ -68,6 +68,8 @@ class Conversations:
         self._clock = clock
         self._state = state  # cooldowns and cross-process leases (proxy.compacting.stores)
         self._flight: SingleFlight[bytes, CompactionResult | Checkpoint] = SingleFlight(tasks)
+        # Precomputes still planning, by their request's last digest (proxy.compacting.precompute).
+        self.planning: SingleFlight[bytes, None] = SingleFlight(tasks)
         self._reserves = ReserveMemory(compactor, tasks, options.checkpoint_max_entries)
         self._forwarded = Forwarded(state, options.checkpoint_max_entries)
 
@@ -81,14 +83,16 @@ class Conversations:
         self, req: ParsedRequest, before: int, digests: Sequence[bytes] | None = None
     ) -> Decision:
         """At the trigger: reuse a checkpoint whose view fits, else wait for a compaction of this
-        conversation already under way, else compact the view once more (`digests`: known)."""
+        conversation already under way (a precompute still planning included), else compact the
+        view once more (`digests`: known)."""
         deadline = self._clock() + self._options.summary_timeout_s
         digests = digests or prefix_digests(req.messages, req.seed)
         view, tokens, _ = await self.view(req, digests, before)
         if view.base is not None and not self.needs(req, tokens):
             return await self._reused(view, before, tokens)
         remaining = max(0.0, deadline - self._clock())
-        if await wait_for_running(self._flight, self._state, digests, remaining):
+        running = self._flight, self._state, digests, remaining
+        if await wait_for_running(*running, starting=self.planning):
             view, tokens, _ = await self.view(req, digests)
             if view.base is not None and not self.needs(req, tokens):
                 return await self._reused(view, before, tokens)
