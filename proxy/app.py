@@ -119,8 +119,9 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     labels its metrics and access lines; hooked routes' kinds are also their dialects
     (proxy.compacting.dialects). Nothing is left to the router's own answers: GET-only
     endpoints take every method and refuse the others in the edge (the admin ones in their
-    handler), and a catch-all route answers every unknown target, so a 405 or 404 is shaped
-    and counted like any error."""
+    handler), a catch-all route answers every unknown target, and every route answers an
+    `Expect` header through its edge too, so a 405, 404 or 417 is shaped and counted like any
+    error."""
     for path, kind in (
         ("chat/completions", "chat"),
         ("responses", "responses"),
@@ -129,23 +130,36 @@ def _add_routes(router: web.UrlDispatcher) -> None:
         hooked = at_edge(handlers.hooked, kind)
         for prefix in ("", "/s/{session}"):
             router.add_post(
-                f"{prefix}/v1/{path}", hooked, expect_handler=handlers.expect_within_limit
+                f"{prefix}/v1/{path}", hooked, expect_handler=handlers.expect_handler(kind)
             )
     forward = at_edge(handlers.forward, "forward")
     for prefix in ("", "/s/{session}"):
         router.add_route(
-            "*", f"{prefix}/v1/{{tail:.*}}", forward, expect_handler=handlers.expect_within_limit
+            "*",
+            f"{prefix}/v1/{{tail:.*}}",
+            forward,
+            expect_handler=handlers.expect_handler("forward"),
         )
     for path, handler, route in (
         ("/healthz", handlers.healthz, "healthz"),
         ("/metrics", handlers.metrics, "metrics"),
     ):
-        router.add_route("*", path, at_edge(handler, route, methods=GET_ONLY))
+        router.add_route(
+            "*",
+            path,
+            at_edge(handler, route, methods=GET_ONLY),
+            expect_handler=handlers.expect_handler(route),
+        )
     # The admin endpoints refuse other methods themselves, after answering 404 while disabled.
-    router.add_route("*", "/admin/sessions", at_edge(admin.admin_sessions, "admin"))
-    router.add_route(
-        "*", "/admin/sessions/{session}", at_edge(admin.admin_session, "admin_session")
-    )
+    for path, handler, route in (
+        ("/admin/sessions", admin.admin_sessions, "admin"),
+        ("/admin/sessions/{session}", admin.admin_session, "admin_session"),
+    ):
+        router.add_route(
+            "*", path, at_edge(handler, route), expect_handler=handlers.expect_handler(route)
+        )
     anywhere = AnyTarget()
     router.register_resource(anywhere)
-    anywhere.add_route("*", at_edge(unmatched, "unmatched"))
+    anywhere.add_route(
+        "*", at_edge(unmatched, "unmatched"), expect_handler=handlers.expect_handler("unmatched")
+    )

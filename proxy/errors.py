@@ -11,6 +11,7 @@
     ├── NotFound              404    code not_found
     ├── RequestTimeout        408    code request_timeout (the client stopped sending its body)
     ├── BodyTooLarge          413    code request_too_large
+    ├── ExpectationFailed     417    code expectation_failed (an `Expect` but 100-continue)
     ├── UpstreamUnreachable   502    code upstream_unreachable (connect failed, connection lost
     │                                before the response headers)
     └── UpstreamTimeout       504    code upstream_timeout (no response within the read timeout)
@@ -94,6 +95,13 @@ class BodyTooLarge(ProxyError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class ExpectationFailed(ProxyError):
+    status = 417
+    type = "invalid_request_error"
+    code = "expectation_failed"
+    closes = True  # the client may send its body after all: it would read as the next request
 
 
 class UpstreamUnreachable(ProxyError):

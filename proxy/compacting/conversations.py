@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cachetools import LRUCache
-
 from compaction import CompactionResult, Compactor, Plan
 from compaction.checkpoints import (
     Checkpoint,
@@ -39,6 +37,7 @@ from proxy.compacting.forwarded import Forwarded
 from proxy.compacting.llm_client import LLMFactory
 from proxy.compacting.records import record_compaction
 from proxy.compacting.request import Decision, ParsedRequest
+from proxy.compacting.reserves import ReserveMemory
 from proxy.compacting.stores.backend import StateBackend, stored_under
 from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
@@ -69,8 +68,9 @@ class Conversations:
         self._clock = clock
         self._state = state  # cooldowns and cross-process leases (proxy.compacting.stores)
         self._flight: SingleFlight[bytes, CompactionResult | Checkpoint] = SingleFlight(tasks)
-        # Reserves whose memory items this process has written (applied at least once).
-        self._flushed: LRUCache[str, None] = LRUCache(options.checkpoint_max_entries)
+        # Precomputes still planning, by their request's last digest (proxy.compacting.precompute).
+        self.planning: SingleFlight[bytes, None] = SingleFlight(tasks)
+        self._reserves = ReserveMemory(compactor, tasks, options.checkpoint_max_entries)
         self._forwarded = Forwarded(state, options.checkpoint_max_entries)
 
     def estimate(self, req: ParsedRequest, messages: list[Any]) -> int:
@@ -83,14 +83,16 @@ class Conversations:
         self, req: ParsedRequest, before: int, digests: Sequence[bytes] | None = None
     ) -> Decision:
         """At the trigger: reuse a checkpoint whose view fits, else wait for a compaction of this
-        conversation already under way, else compact the view once more (`digests`: known)."""
+        conversation already under way (a precompute still planning included), else compact the
+        view once more (`digests`: known)."""
         deadline = self._clock() + self._options.summary_timeout_s
         digests = digests or prefix_digests(req.messages, req.seed)
         view, tokens, _ = await self.view(req, digests, before)
         if view.base is not None and not self.needs(req, tokens):
             return await self._reused(view, before, tokens)
         remaining = max(0.0, deadline - self._clock())
-        if await wait_for_running(self._flight, self._state, digests, remaining):
+        running = self._flight, self._state, digests, remaining
+        if await wait_for_running(*running, starting=self.planning):
             view, tokens, _ = await self.view(req, digests)
             if view.base is not None and not self.needs(req, tokens):
                 return await self._reused(view, before, tokens)
@@ -123,7 +125,8 @@ class Conversations:
 
         A checkpoint prepared ahead of the trigger is used only once the view it extends (its
         parent's, or the original) reaches the trigger: applied earlier, it would move every
-        compaction after the first down to the precompute ratio.
+        compaction after the first down to the precompute ratio. A reserve that goes out has its
+        memory items written, if they are not yet (an earlier write may have failed).
         """
         newest = await self.latest(digests, len(digests))
         view = View.of(req.messages, newest)
@@ -137,6 +140,8 @@ class Conversations:
         if self.needs(req, parent_tokens):
             await self.flush_reserve(req, newest)
             return view, self.estimate(req, view.messages), None
+        if parent is not None and parent.precomputed:
+            await self.flush_reserve(req, parent)
         return parent_view, parent_tokens, newest
 
     async def plan(
@@ -287,14 +292,9 @@ class Conversations:
         )
 
     async def flush_reserve(self, req: ParsedRequest, reserve: Checkpoint) -> None:
-        """A precomputed checkpoint is being applied: its memory items are due now (once per
-        process; across replicas the memory writer's claims keep them to one write)."""
-        if reserve.compaction_id in self._flushed or not reserve.memory_items:
-            return
-        self._flushed[reserve.compaction_id] = None
-        await self._compactor.flush_memory(
-            req.session_id, reserve.compaction_id, reserve.memory_items
-        )
+        """A precomputed checkpoint goes out: its memory items are due now, if not yet written
+        (proxy.compacting.reserves)."""
+        await self._reserves.flush(req.session_id, reserve)
 
     async def stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:
         return await stored_under(self._store, digests, key)

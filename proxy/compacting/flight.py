@@ -77,11 +77,23 @@ async def is_running(
 
 
 async def wait_for_running(
-    flight: SingleFlight[bytes, V], state: StateBackend, keys: Sequence[bytes], timeout_s: float
+    flight: SingleFlight[bytes, V],
+    state: StateBackend,
+    keys: Sequence[bytes],
+    timeout_s: float,
+    *,
+    starting: SingleFlight[bytes, S] | None = None,
 ) -> bool:
     """Wait (at most `timeout_s`) for a computation of any of `keys` under way, in this process
     or, through `state`, in another; False when none is. One that failed or timed out is left
-    to the caller (it was logged where it ran)."""
+    to the caller (it was logged where it ran). Work still `starting` under any of `keys` (it
+    learns its own key as it starts, then runs in `flight`) is waited for first."""
+    deadline = time.monotonic() + timeout_s
+    before = starting.find(reversed(keys)) if starting is not None else None
+    if before is not None:
+        with contextlib.suppress(Exception):
+            await wait_shielded(before, timeout_s)
+        timeout_s = max(0.0, deadline - time.monotonic())
     pending = flight.find(reversed(keys))
     if pending is not None:
         with contextlib.suppress(Exception):
@@ -89,7 +101,7 @@ async def wait_for_running(
         return True
     held = await state.holder(keys)
     if held is None:
-        return False
+        return before is not None
     await state.wait(held, timeout_s)
     return True
 

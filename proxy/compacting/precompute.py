@@ -49,12 +49,25 @@ class Precompute:
         if self._tasks.closed:  # shutting down: no new background work
             return
         self._tasks.spawn(
-            self._prepare(request, raw_tokens), name=f"precompute:{request.session_id}"
+            self._prepare(request, raw_tokens), name=f"precompute-start:{request.session_id}"
         )
 
     async def _prepare(self, request: ParsedRequest, raw_tokens: int) -> None:
-        conversations = self._conversations
+        """Register the planning under the request's last digest before anything is awaited:
+        until planned, what it will fold (its checkpoint key) is unknown, and a plan can take a
+        second (a worker pool starting on first use); a request at the trigger meanwhile finds
+        it there and waits rather than summarize this growth step on its own."""
         digests = prefix_digests(request.messages, request.seed)
+        planning = self._conversations.planning
+        if planning.find(reversed(digests)) is None:  # none for this or an earlier request
+            planning.start(
+                digests[-1],
+                lambda: self._plan(request, raw_tokens, digests),
+                name=f"precompute:{request.session_id}",
+            )
+
+    async def _plan(self, request: ParsedRequest, raw_tokens: int, digests: list[bytes]) -> None:
+        conversations = self._conversations
         if await conversations.is_running(digests):
             return
         view, tokens, reserve = await conversations.view(request, digests)

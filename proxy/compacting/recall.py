@@ -186,6 +186,8 @@ async def decide(
             await conversations.flush_reserve(request, checkpoint)
         else:
             checkpoint = parent
+            if parent is not None and parent.precomputed:  # an earlier write may have failed
+                await conversations.flush_reserve(request, parent)
     if checkpoint is None or checkpoint.cut > known.count:
         return None  # a compaction to run
     after = _view_estimate(request, known, checkpoint)

@@ -3,11 +3,17 @@ The admin endpoints are in proxy.http.admin."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import orjson
 from aiohttp import HttpVersion11, web
 
 from proxy import keys
+from proxy.errors import ExpectationFailed
+from proxy.http.edge import at_edge
 from proxy.http.forwarding import forward_hooked, forward_verbatim
+
+ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
 
 
 async def hooked(request: web.Request) -> web.StreamResponse:
@@ -18,22 +24,35 @@ async def forward(request: web.Request) -> web.StreamResponse:
     return await forward_verbatim(request, request.match_info.get("session"))
 
 
-async def expect_within_limit(request: web.Request) -> None:
-    """The answer to `Expect: 100-continue` on the forwarding routes: go ahead, unless the
-    stated length is already past `server.max_body_mb`. Then the client is told nothing yet,
-    the handler answers 413 at once (shaped, counted and logged by the edge), and the client
-    never sends a body that would be refused (aiohttp's own handler says 100 to any length)."""
+def expect_handler(route: str) -> ExpectHandler:
+    """The answer to an `Expect` header on `route`'s requests, before their handler runs.
+
+    `100-continue`: go ahead, unless the stated length is already past `server.max_body_mb`.
+    Then the client is told nothing yet, the handler answers 413 at once (shaped, counted and
+    logged by the edge), and the client never sends a body that would be refused (aiohttp's own
+    handler says 100 to any length). Any other expectation is a 417, answered through the edge
+    in the handler's stead (aiohttp's own is a plain-text 417, neither counted nor logged)."""
+    refuse = at_edge(_refuse_expectation, route)
+
+    async def expect(request: web.Request) -> web.StreamResponse | None:
+        if request.version != HttpVersion11:
+            return None
+        if request.headers.get("Expect", "").lower() != "100-continue":
+            return await refuse(request)
+        limit = request.app[keys.SETTINGS].server.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return None
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        # What was written so far is not part of the response (aiohttp's own handler does this).
+        request.writer.output_size = 0
+        return None
+
+    return expect
+
+
+async def _refuse_expectation(request: web.Request) -> web.StreamResponse:
     expect = request.headers.get("Expect", "")
-    if request.version != HttpVersion11:
-        return
-    if expect.lower() != "100-continue":
-        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
-    limit = request.app[keys.SETTINGS].server.max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        return
-    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    # What was written so far is not part of the response (aiohttp's own handler does this).
-    request.writer.output_size = 0
+    raise ExpectationFailed(f"unsupported Expect header {expect!r}: only 100-continue is")
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -3,12 +3,15 @@
 Not `Inline`: a Compactor or KnownRequests given one packs the messages as for a worker process
 (it does not say `crossing = False`), so a test sees what a worker would be sent; `Pickling`
 also sends each job and its result through pickle, as a worker's pipe does, and keeps the
-pickled results (`results`)."""
+pickled results (`results`); `SlowFirstPlan` plans slowly the first time."""
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 from typing import Any
+
+from compaction.stages import make_plan
 
 
 class RecordingOffload:
@@ -30,3 +33,19 @@ class PicklingOffload(RecordingOffload):
         result = pickle.dumps(fn(pickle.loads(pickle.dumps(job))))
         self.results.append(result)
         return pickle.loads(result)
+
+
+class SlowFirstPlan(RecordingOffload):
+    """Its first plan takes `delay_s` more, as on a worker pool still starting (about a second
+    on first use); `planning` is set once that plan has begun."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+        self.planning = asyncio.Event()
+
+    async def run(self, fn: Any, job: Any) -> Any:
+        if fn is make_plan and not self.planning.is_set():
+            self.planning.set()
+            await asyncio.sleep(self.delay_s)
+        return await super().run(fn, job)

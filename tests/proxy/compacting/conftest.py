@@ -103,16 +103,17 @@ async def wait_for(condition: Callable[[], bool], timeout_s: float = 5) -> None:
 async def with_hook(
     start_proxy: StartProxy, upstream: FakeUpstream, sections: dict[str, Any], **parts: Any
 ) -> AsyncIterator[RunningProxy]:
-    """A proxy whose compacting hook is built with `parts` (a compactor, known requests)."""
+    """A proxy whose compacting hook is built with `parts` (a compactor, known requests, the
+    records it keeps, its state)."""
     settings = build_settings(upstream, **sections)
     metrics = Metrics()
+    parts.setdefault("store", MemoryStore(100, 600))
+    parts.setdefault("records", SessionRecords(max_sessions=10, records_per_session=10))
     async with Upstream(settings.upstream, metrics) as own_upstream:
         hook = build_hook(
             settings,
             upstream=own_upstream,
-            store=MemoryStore(100, 600),
             llm_for=None,
-            records=SessionRecords(max_sessions=10, records_per_session=10),
             metrics=metrics.compaction,
             tasks=BackgroundTasks(),
             **parts,

@@ -10,15 +10,20 @@ import pytest
 from aiohttp import web
 
 from proxy import keys
+from proxy.http.sessions import SessionRecords
 from tests import factories as f
+from tests.fakes.offload import SlowFirstPlan
 from tests.fakes.script import SUMMARY_TEXT, Script, tokens
+from tests.fakes.upstream import FakeUpstream
 from tests.proxy.compacting.conftest import (
     WINDOW,
     conversation_of,
     forwarded,
     post,
     wait_for,
+    with_hook,
 )
+from tests.proxy.conftest import StartProxy
 
 
 async def test_follow_up_requests_reuse_the_checkpoint_with_a_byte_identical_prefix(
@@ -265,3 +270,30 @@ async def test_a_precomputed_compaction_writes_memory_only_when_applied(
         orjson.loads(line)["compaction_id"] == records.get("agent-1")["records"][0]["id"]
         for line in lines
     )
+
+
+async def test_a_request_at_the_trigger_waits_for_a_precompute_still_planning(
+    start_proxy: StartProxy, upstream: FakeUpstream, script: Script, client: Any
+) -> None:
+    # On first use the worker pool takes about a second to start: the precompute is still
+    # planning (what it will fold is not known yet) when the next request reaches the trigger.
+    sections: dict[str, Any] = {
+        "models": {"default_context_window": WINDOW},
+        "compaction": {"keep_recent_rounds": 2, "summary_max_tokens": 300, "precompute_ratio": 0.6},
+    }
+    offload = SlowFirstPlan(delay_s=0.3)
+    records = SessionRecords(max_sessions=10, records_per_session=10)
+    async with with_hook(
+        start_proxy, upstream, sections, offload=offload, records=records
+    ) as proxy:
+        messages = conversation_of(int(WINDOW * 0.8))
+        assert (await post(client, proxy, messages)).headers["x-compaction-status"] == "none"
+        await asyncio.wait_for(offload.planning.wait(), timeout=5)
+        answered = [*messages, f.assistant("Round summarized."), f.user("(grown from here)")]
+        response = await post(client, proxy, conversation_of(int(WINDOW * 0.88), grow=answered))
+        # One summarization for this growth step: the precompute's, which goes out now.
+        (record,) = records.get("agent-1")["records"]
+        assert record["reason"] == "precompute"
+        assert response.headers["x-compaction-status"] == "applied"
+        assert response.headers["x-compaction-id"] == record["id"]
+        assert len(script.calls("summary")) == 1

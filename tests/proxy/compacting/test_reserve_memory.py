@@ -5,18 +5,26 @@ precompute here, stored it between the request's look-up and its lease)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import contextlib
+import errno
+import os
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from compaction import Compactor, MemoryWriter
 from compaction.checkpoints import Checkpoint
 from proxy import keys
 from proxy.compacting.stores.memory import MemoryStore
+from proxy.http.sessions import SessionRecords
 from tests import factories as f
 from tests.fakes.script import Script, tokens
-from tests.proxy.compacting.conftest import WINDOW, post, wait_for
+from tests.fakes.upstream import FakeUpstream
+from tests.proxy.compacting.conftest import WINDOW, post, wait_for, with_hook
+from tests.proxy.conftest import RunningProxy, StartProxy, build_settings
 
 
 class LateStore:
@@ -81,3 +89,166 @@ async def test_a_reserve_met_as_the_stored_result_of_its_own_compaction_writes_i
     # Written once: the next request, which finds the reserve in its view, writes nothing again.
     await post(client, proxy, [*grown, f.assistant("Done."), f.user("More?")])
     assert len(memory_file.read_text().splitlines()) == len(lines)
+
+
+# -- a write that does not happen when the reserve goes out -----------------------------------
+
+SECTIONS: dict[str, Any] = {
+    "models": {"default_context_window": WINDOW},
+    "compaction": {"keep_recent_rounds": 2, "summary_max_tokens": 300, "precompute_ratio": 0.6},
+}
+
+
+@contextlib.asynccontextmanager
+async def proxy_writing_with(
+    start_proxy: StartProxy, upstream: FakeUpstream, memory: MemoryWriter, **parts: Any
+) -> AsyncIterator[tuple[RunningProxy, SessionRecords]]:
+    """A proxy whose memory file is written by `memory`, and the records it keeps."""
+    options = build_settings(upstream, **SECTIONS).compaction
+    compactor = Compactor(settings=options.library_settings(llm_timeout_s=5), memory=memory)
+    records = SessionRecords(max_sessions=10, records_per_session=10)
+    parts.update(compactor=compactor, records=records)
+    async with with_hook(start_proxy, upstream, SECTIONS, **parts) as proxy:
+        yield proxy, records
+
+
+async def reserve_prepared(
+    client: Any,
+    proxy: RunningProxy,
+    records: SessionRecords,
+    messages: list[Any],
+    status: str = "none",
+) -> dict[str, Any]:
+    """The record of the reserve prepared after `messages` (under the trigger, sent with
+    `status`) went out."""
+
+    def kept() -> list[dict[str, Any]]:
+        return list((records.get("agent-1") or {"records": []})["records"])
+
+    count = len(kept())
+    assert (await post(client, proxy, messages)).headers["x-compaction-status"] == status
+    await wait_for(lambda: len(kept()) == count + 1)
+    reserve = kept()[-1]
+    assert reserve["reason"] == "precompute" and reserve["memory_items"] > 0
+    return reserve
+
+
+def grown_over_the_trigger(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` one short turn longer, just over the trigger (a reserve is made for this)."""
+    grown = [*messages, f.assistant("Sure."), f.user("Next?")]
+    while tokens(grown) < 0.85 * WINDOW:
+        grown[-1] = f.user(grown[-1]["content"] + " Next?")
+    return grown
+
+
+def written(memory_file: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in memory_file.read_text().splitlines()]
+
+
+class Disk:
+    """A memory file's `write` on a disk that is full `full_for` more writes (None: for good)."""
+
+    def __init__(self, full_for: int | None) -> None:
+        self.full_for = full_for
+
+    def __call__(self, fd: int, data: bytes) -> int:
+        if self.full_for is None or self.full_for > 0:
+            self.full_for = None if self.full_for is None else self.full_for - 1
+            raise OSError(errno.ENOSPC, "no space left on device")
+        return os.write(fd, data)
+
+
+async def test_a_reserve_whose_memory_write_failed_writes_it_when_next_applied(
+    start_proxy: StartProxy, upstream: FakeUpstream, script: Script, client: Any, tmp_path: Path
+) -> None:
+    memory = MemoryWriter(tmp_path / "memory", write=Disk(full_for=1), claims=MemoryStore(9, 60))
+    memory_file = tmp_path / "memory" / "agent-1" / "compaction_flush.jsonl"
+    async with proxy_writing_with(start_proxy, upstream, memory) as (proxy, records):
+        messages = just_under_the_trigger()
+        reserve = await reserve_prepared(client, proxy, records, messages)
+
+        # Applied at the trigger; writing its items finds the disk full.
+        grown = grown_over_the_trigger(messages)
+        response = await post(client, proxy, grown)
+        assert response.headers["x-compaction-id"] == reserve["id"]
+        assert not memory_file.exists()
+
+        # The next request that sends it writes them.
+        response = await post(client, proxy, [*grown, f.assistant("Done."), f.user("More?")])
+        assert response.headers["x-compaction-id"] == reserve["id"]
+        lines = written(memory_file)
+        assert len(lines) == reserve["memory_items"]
+        assert {line["compaction_id"] for line in lines} == {reserve["id"]}
+
+
+async def test_a_reserve_whose_memory_write_failed_writes_it_when_sent_under_the_next_reserve(
+    start_proxy: StartProxy, upstream: FakeUpstream, script: Script, client: Any, tmp_path: Path
+) -> None:
+    disk = Disk(full_for=None)
+    memory = MemoryWriter(tmp_path / "memory", write=disk)
+    memory_file = tmp_path / "memory" / "agent-1" / "compaction_flush.jsonl"
+    async with proxy_writing_with(start_proxy, upstream, memory) as (proxy, records):
+        messages = just_under_the_trigger()
+        first = await reserve_prepared(client, proxy, records, messages)
+
+        # Applied at the trigger, and sent on as the conversation grows past the precompute
+        # ratio; every write of its items meets a full disk. The next reserve is prepared.
+        grown = grown_over_the_trigger(messages)
+        response = await post(client, proxy, grown)
+        assert response.headers["x-compaction-id"] == first["id"]
+        after = int(response.headers["x-compaction-tokens-after"])
+        longer = grown[:-1]
+        while after + tokens(longer) - tokens(grown) < 0.7 * WINDOW:
+            longer += f.tool_round(100 + len(longer), blocks=1, output_chars=300)
+        longer.append(f.user("And then?"))
+        second = await reserve_prepared(client, proxy, records, longer, status="reused")
+        assert not memory_file.exists()
+
+        # The first goes out again, the second held in reserve: the first's items are written.
+        disk.full_for = 0
+        response = await post(client, proxy, [*longer, f.assistant("Done."), f.user("More?")])
+        assert response.headers["x-compaction-id"] == first["id"] != second["id"]
+        lines = written(memory_file)
+        assert len(lines) == first["memory_items"]
+        assert {line["compaction_id"] for line in lines} == {first["id"]}
+
+
+class HeldClaims:
+    """The state's memory claims, the first claim held until `go` is set (`asked`: reached)."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self.inner = inner
+        self.asked = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
+        self.asked.set()
+        await self.go.wait()
+        return await self.inner.claim(session_id, keys)
+
+    async def release(self, session_id: str, keys: Sequence[str]) -> None:
+        await self.inner.release(session_id, keys)
+
+
+async def test_a_reserve_applied_for_a_client_that_leaves_meanwhile_still_writes_its_memory(
+    start_proxy: StartProxy, upstream: FakeUpstream, script: Script, client: Any, tmp_path: Path
+) -> None:
+    claims = HeldClaims(MemoryStore(9, 60))
+    memory = MemoryWriter(tmp_path / "memory", claims=claims)
+    memory_file = tmp_path / "memory" / "agent-1" / "compaction_flush.jsonl"
+    async with proxy_writing_with(start_proxy, upstream, memory) as (proxy, records):
+        messages = just_under_the_trigger()
+        reserve = await reserve_prepared(client, proxy, records, messages)
+
+        # Applied at the trigger; the client leaves while its items are being written.
+        leaving = asyncio.create_task(post(client, proxy, grown_over_the_trigger(messages)))
+        await asyncio.wait_for(claims.asked.wait(), timeout=5)
+        leaving.cancel()
+        registry = proxy.app[keys.METRICS].registry
+        gone = ("compaction_proxy_client_disconnects_total", {"route": "chat"})
+        await wait_for(lambda: registry.get_sample_value(*gone) == 1)
+        claims.go.set()
+        await wait_for(memory_file.exists)
+        lines = written(memory_file)
+        assert len(lines) == reserve["memory_items"]
+        assert {line["compaction_id"] for line in lines} == {reserve["id"]}

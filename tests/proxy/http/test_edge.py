@@ -95,3 +95,41 @@ async def test_a_client_that_goes_away_is_counted_and_logged_as_499(
         assert "compaction_proxy_in_flight_requests 1.0" in await response.text()  # this one
     gone = [line for line in _access_lines(caplog) if line["status"] == 499]
     assert len(gone) == 1 and gone[0]["outcome"] == "client_gone"
+
+
+@pytest.mark.parametrize(
+    ("path", "route", "api"),
+    [
+        ("/v1/chat/completions", "chat", "openai"),
+        ("/s/agent/v1/messages", "messages", "anthropic"),
+        ("/v1/messages/count_tokens", "forward", "anthropic"),
+        ("/v1/files", "forward", "openai"),
+        ("/healthz", "healthz", "openai"),
+        ("/elsewhere", "unmatched", "openai"),
+    ],
+)
+async def test_an_unknown_expectation_is_a_shaped_counted_and_logged_417(
+    path: str,
+    route: str,
+    api: str,
+    proxy: RunningProxy,
+    upstream: FakeUpstream,
+    client: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    headers = {"Expect": "something-else", "Content-Type": "application/json"}
+    status, payload = await raw_request(proxy.port, "POST", path, headers, body=b"{}")
+    assert status == 417
+    error = orjson.loads(payload)["error"]
+    if api == "anthropic":
+        assert orjson.loads(payload)["type"] == "error"
+        assert set(error) == {"type", "message"}
+    else:
+        assert error["code"] == "expectation_failed"
+    assert "something-else" in error["message"]
+    lines = await _requests_total(client, proxy.url)
+    counted = f'compaction_proxy_requests_total{{method="POST",route="{route}",status="417"}} 1.0'
+    assert counted in lines
+    assert [(line["path"], line["status"]) for line in _access_lines(caplog)][:1] == [(path, 417)]
+    assert upstream.requests == []
