@@ -77,9 +77,11 @@ def by_pieces(
 
 
 def _array(piece: memoryview) -> list[Any] | None:
-    """The items `piece` holds, parsed as the array "[" + piece + "]"; None if it is not one."""
+    """The items `piece` holds, parsed as the array "[" + piece + "]"; None if it is not one.
+    Parsed as deep as the body holds them (in an array in an object): orjson refuses what is
+    nested past 1024 levels, and one level less deep a piece would read what the body does not."""
     try:
-        parsed = orjson.loads(b"".join((b"[", piece, b"]")))
+        parsed = orjson.loads(b"".join((b"[[", piece, b"]]")))
     except orjson.JSONDecodeError:
         return None
-    return parsed if isinstance(parsed, list) else None
+    return parsed[0] if len(parsed) == 1 else None  # a piece holding "], [" makes two

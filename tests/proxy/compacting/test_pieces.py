@@ -60,6 +60,10 @@ def test_corpus_bodies_in_every_dialect_and_layout_parse_to_the_whole_parse(
         b'{"messages": [], "messages": [{"role": "a"}]}',  # the second is the one kept
         b'{"messages": {"role": "a"}}',
         b'[{"messages": []}]',
+        b'{"messages": [{"role": "a"}], [{"b": 1},{"role": "c"}]}',  # a piece is one array
+        # Nested a level past what orjson reads (1024): in a piece of its own, one level less
+        # deep, it read (and every compaction of the conversation failed with a traceback).
+        b'{"messages": [{"role": "a", "content": ' + b"[" * 1022 + b"]" * 1022 + b"}]}",
     ],
 )
 def test_what_the_whole_parse_refuses_or_reads_otherwise_is_not_read_in_pieces(
