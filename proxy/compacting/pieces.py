@@ -30,7 +30,9 @@ the loop about 3 ms)."""
 
 _PIECE_BYTES = 1 << 20
 _MAX_PIECE_BYTES = 16 << 20
-"""A piece that does not parse is extended to the next cut, up to this size."""
+"""A piece that does not parse is grown to twice its length (to the next cut after that), up to
+this size: grown a cut at a time, an item no piece parses (a lone surrogate) would have every
+longer piece holding it parsed again, half a minute at 8 MiB."""
 
 # Between two items of the list: one object's end, a comma, and the next object, whose first
 # member is "role" (chat's and Anthropic's messages, most of Responses' items). A quote right
@@ -59,7 +61,7 @@ def by_pieces(
         if piece is None:  # cut between objects nested in an item, or not JSON
             if cut.end() - start > _MAX_PIECE_BYTES:
                 return None
-            reach = cut.end()
+            reach = start + 2 * (cut.end() - start)
             continue
         items += piece
         start = cut.end()  # the next item's `{`

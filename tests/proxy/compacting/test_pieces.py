@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +136,15 @@ async def _status(client: Any, proxy: Any, body: bytes) -> str:
     ) as response:
         assert response.status == 200
         return str(response.headers["x-compaction-status"])
+
+
+def test_an_item_no_piece_can_parse_costs_about_one_parse_of_the_body() -> None:
+    # A lone surrogate (see splice.load_json) fails every piece that holds it. Each failed piece
+    # was grown by one item and parsed again: a 4 MiB body took seconds, 8 MiB half a minute,
+    # holding the GIL all along (and the event loop's thread, on a retry's parse).
+    messages = [{"role": "user", "content": "x" * 1000} for _ in range(4000)]
+    messages[10]["content"] += "\ud83d"
+    body = json.dumps({"model": "m", "messages": messages}).encode()
+    started = time.perf_counter()
+    assert by_pieces(body, "messages") is None
+    assert time.perf_counter() - started < 1  # tens of ms; seconds when grown item by item
