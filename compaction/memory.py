@@ -137,8 +137,8 @@ class MemoryWriter:
             }
             # In a thread: a long fold's overflow is tens of thousands of items, a Python step
             # and a normalization (the item's identity) each (a quarter of a second and more at
-            # 50 MiB of history), which the event loop would wait
-            # out whole; a thread gives the GIL back every few milliseconds. It only reads
+            # 50 MiB of history), which the event loop would wait out whole; a thread gives the
+            # GIL back every few milliseconds. It only reads
             # `seen` (the session's lock keeps other writers out); the keys join `seen` once
             # written, so a flush cancelled or failed on the way leaves nothing marked.
             records, keys, claims = await asyncio.to_thread(_unseen, items, seen, stamp)
