@@ -59,6 +59,8 @@ def test_corpus_bodies_in_every_dialect_and_layout_parse_to_the_whole_parse(
         b'{"messages": [\x0b{"role": "a"}]}',  # a vertical tab is no JSON whitespace
         b'{"messages": [{"role": 1e999999}]}',  # orjson refuses it; the whole parse decides
         b'{"messages": [], "messages": [{"role": "a"}]}',  # the second is the one kept
+        # The second, a string: the text other_fields put in the list's place (now drawn anew).
+        b'{"messages": [{"role": "a"}], "messages": "\\u0000compaction-proxy: the list\\u0000"}',
         b'{"messages": {"role": "a"}}',
         b'[{"messages": []}]',
         b'{"messages": [{"role": "a"}], [{"b": 1},{"role": "c"}]}',  # a piece is one array
