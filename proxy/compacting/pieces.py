@@ -35,11 +35,15 @@ this size: grown a cut at a time, an item no piece parses (a lone surrogate) wou
 longer piece holding it parsed again, half a minute at 8 MiB."""
 
 # Between two items of the list: one object's end, a comma, and the next object, whose first
-# member is "role" (chat's and Anthropic's messages, most of Responses' items). A quote right
-# after the brace is not inside a string (there it is escaped) nor closes one (a name follows
-# it), so a cut never falls in a string; it may fall between two objects nested in one item,
-# and the piece before it then does not parse.
-_BETWEEN_ITEMS = re.compile(rb'\}[ \t\r\n]*,[ \t\r\n]*(?=\{[ \t\r\n]*"role")')
+# member is "role" (chat's and Anthropic's messages) or the "type" of a Responses item (as Codex
+# writes them: a message, a reasoning, a call or its output; never a content part's type). A
+# quote right after the brace is not inside a string (there it is escaped) nor closes one (a
+# name follows it), so a cut never falls in a string; it may fall between two objects nested in
+# one item, and the piece before it then does not parse.
+_BETWEEN_ITEMS = re.compile(
+    rb'\}[ \t\r\n]*,[ \t\r\n]*(?=\{[ \t\r\n]*"(?:role"|type"[ \t\r\n]*:[ \t\r\n]*'
+    rb'"(?:message|reasoning|[a-z_]+_call(?:_output)?)"))'
+)
 
 
 def by_pieces(

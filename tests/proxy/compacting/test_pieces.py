@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from bench.corpus import read_corpus
 from bench.dialects import to_anthropic, to_responses
-from proxy.compacting.pieces import PIECES_FROM_BYTES, by_pieces
+from proxy.compacting.pieces import _BETWEEN_ITEMS, PIECES_FROM_BYTES, by_pieces
 from tests.fakes.script import Script
 from tests.proxy.compacting.conftest import conversation_of
 
@@ -93,7 +93,15 @@ _VALUES = st.recursive(
     ),
     max_leaves=12,
 )
-_ITEMS = st.lists(st.one_of(_VALUES, st.fixed_dictionaries({"role": _VALUES})), max_size=12)
+_TYPES = st.sampled_from(["message", "function_call", "function_call_output", "input_text"])
+_ITEMS = st.lists(
+    st.one_of(
+        _VALUES,
+        st.fixed_dictionaries({"role": _VALUES}),
+        st.fixed_dictionaries({"type": _TYPES, "content": _VALUES}),
+    ),
+    max_size=12,
+)
 
 
 @given(items=_ITEMS, indent=st.sampled_from([None, 1]), piece=st.integers(1, 64))
@@ -150,3 +158,13 @@ def test_an_item_no_piece_can_parse_costs_about_one_parse_of_the_body() -> None:
     started = time.perf_counter()
     assert by_pieces(body, "messages") is None
     assert time.perf_counter() - started < 1  # tens of ms; seconds when grown item by item
+
+
+def test_a_body_of_every_dialect_has_places_to_cut() -> None:
+    # Responses' items open with their "type" (as Codex writes them, and bench.dialects): cut
+    # only before a "role", such a body had no place to cut and was parsed in one call, the
+    # GIL held throughout.
+    messages = conversation_of(20_000)
+    for key, payload in _bodies(messages, None):
+        body = orjson.dumps(payload)
+        assert len(_BETWEEN_ITEMS.findall(body)) > len(messages) / 2, key
