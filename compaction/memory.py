@@ -137,10 +137,10 @@ class MemoryWriter:
             }
             # In a thread: a long fold's overflow is tens of thousands of items, a Python step
             # and a normalization (the item's identity) each (a quarter of a second and more at
-            # 50 MiB of history), which the event loop would wait
-            # out whole; a thread gives the GIL back every few milliseconds. It only reads
-            # `seen` (the session's lock keeps other writers out); the keys join `seen` once
-            # written, so a flush cancelled or failed on the way leaves nothing marked.
+            # 50 MiB of history), which the event loop would wait out whole; a thread gives the
+            # GIL back every few milliseconds. It only reads `seen` (the session's lock keeps
+            # other writers out); the keys join `seen` once written, so a flush cancelled or
+            # failed on the way leaves nothing marked.
             records, keys, claims = await asyncio.to_thread(_unseen, items, seen, stamp)
             if records and self._claims is not None:
                 records = await self._claimed(session_id, records, claims)

@@ -8,6 +8,7 @@ or not it is remembered (a client writing JSON unlike orjson keeps its prompt ca
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,8 +62,9 @@ def splice_view(body: bytes, key: str, original: list[Any], view: Sequence[Any])
 
 # What the list is replaced by to parse the other members: found back under the list's key, it
 # proves the list located is the member a parser keeps (a second member of that name after it,
-# perhaps with its key written with escapes, would win: the upstream would read that one).
-_PLACEHOLDER = b'"\\u0000compaction-proxy: the list\\u0000"'
+# perhaps with its key written with escapes, would win: the upstream would read that one). Drawn
+# per process: a body cannot hold it, as the value of such a second member that would pass.
+_PLACEHOLDER = orjson.dumps(f"\x00compaction-proxy: the list {secrets.token_hex(16)}\x00")
 _PLACEHOLDER_VALUE = orjson.loads(_PLACEHOLDER)
 
 

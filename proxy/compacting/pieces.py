@@ -34,14 +34,20 @@ about 3 ms)."""
 
 _PIECE_BYTES = 1 << 20
 _MAX_PIECE_BYTES = 16 << 20
-"""A piece that does not parse is extended to the next cut, up to this size."""
+"""A piece that does not parse is grown to twice its length (to the next cut after that), up to
+this size: grown a cut at a time, an item no piece parses (a lone surrogate) would have every
+longer piece holding it parsed again, half a minute at 8 MiB."""
 
 # Between two items of the list: one object's end, a comma, and the next object, whose first
-# member is "role" (chat's and Anthropic's messages, most of Responses' items). A quote right
-# after the brace is not inside a string (there it is escaped) nor closes one (a name follows
-# it), so a cut never falls in a string; it may fall between two objects nested in one item,
-# and the piece before it then does not parse.
-_BETWEEN_ITEMS = re.compile(rb'\}[ \t\r\n]*,[ \t\r\n]*(?=\{[ \t\r\n]*"role")')
+# member is "role" (chat's and Anthropic's messages) or the "type" of a Responses item (as Codex
+# writes them: a message, a reasoning, a call or its output; never a content part's type). A
+# quote right after the brace is not inside a string (there it is escaped) nor closes one (a
+# name follows it), so a cut never falls in a string; it may fall between two objects nested in
+# one item, and the piece before it then does not parse.
+_BETWEEN_ITEMS = re.compile(
+    rb'\}[ \t\r\n]*,[ \t\r\n]*(?=\{[ \t\r\n]*"(?:role"|type"[ \t\r\n]*:[ \t\r\n]*'
+    rb'"(?:message|reasoning|[a-z_]+_call(?:_output)?)"))'
+)
 
 
 async def by_pieces(
@@ -78,7 +84,7 @@ def parse_steps(
         if piece is None:  # cut between objects nested in an item, or not JSON
             if cut.end() - start > _MAX_PIECE_BYTES:
                 return None
-            reach = cut.end()
+            reach = start + 2 * (cut.end() - start)
             continue
         items += piece
         start = cut.end()  # the next item's `{`
@@ -96,9 +102,11 @@ def parse_steps(
 
 
 def _array(piece: memoryview) -> list[Any] | None:
-    """The items `piece` holds, parsed as the array "[" + piece + "]"; None if it is not one."""
+    """The items `piece` holds, parsed as the array "[" + piece + "]"; None if it is not one.
+    Parsed as deep as the body holds them (in an array in an object): orjson refuses what is
+    nested past 1024 levels, and one level less deep a piece would read what the body does not."""
     try:
-        parsed = orjson.loads(b"".join((b"[", piece, b"]")))
+        parsed = orjson.loads(b"".join((b"[[", piece, b"]]")))
     except orjson.JSONDecodeError:
         return None
-    return parsed if isinstance(parsed, list) else None
+    return parsed[0] if len(parsed) == 1 else None  # a piece holding "], [" makes two

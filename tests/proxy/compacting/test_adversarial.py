@@ -260,13 +260,7 @@ async def test_a_string_cut_inside_a_surrogate_pair_is_compacted_and_kept_byte_f
     body = json.dumps({"model": "gpt-test", "messages": messages}).encode()
     assert b"\\ud83d" in body and b"\\ude00" in body
     with caplog.at_level(logging.WARNING):
-        async with client.post(
-            f"{proxy.url}/v1/chat/completions",
-            data=body,
-            headers={"Content-Type": "application/json", "X-Session-Id": "agent-1"},
-        ) as response:
-            assert response.status == 200
-            assert response.headers["x-compaction-status"] == "applied"
+        assert await _compaction_status(client, proxy, body) == "applied"
     assert [r.getMessage() for r in caplog.records if r.exc_info] == []
     (sent,) = script.calls(None)
     last = json.dumps(messages[-1]).encode()
@@ -285,11 +279,18 @@ async def test_a_number_beyond_any_float_inside_a_message_is_compacted(
         + b"}"
     )
     with caplog.at_level(logging.WARNING):
-        async with client.post(
-            f"{proxy.url}/v1/chat/completions",
-            data=body,
-            headers={"Content-Type": "application/json", "X-Session-Id": "agent-1"},
-        ) as response:
-            assert response.status == 200
-            assert response.headers["x-compaction-status"] == "applied"
+        assert await _compaction_status(client, proxy, body) == "applied"
     assert [r.getMessage() for r in caplog.records if r.exc_info] == []
+
+
+async def _compaction_status(
+    client: aiohttp.ClientSession, proxy: RunningProxy, body: bytes
+) -> str:
+    """Post the chat request `body`; the compaction status of its 200."""
+    async with client.post(
+        f"{proxy.url}/v1/chat/completions",
+        data=body,
+        headers={"Content-Type": "application/json", "X-Session-Id": "agent-1"},
+    ) as response:
+        assert response.status == 200
+        return response.headers["x-compaction-status"]

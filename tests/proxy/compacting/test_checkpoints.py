@@ -23,7 +23,7 @@ from tests.proxy.compacting.conftest import (
     wait_for,
     with_hook,
 )
-from tests.proxy.conftest import StartProxy
+from tests.proxy.conftest import RunningProxy, StartProxy
 
 
 async def test_follow_up_requests_reuse_the_checkpoint_with_a_byte_identical_prefix(
@@ -45,17 +45,7 @@ async def test_concurrent_identical_requests_share_one_summarization(
     start: Any, script: Script, client: Any
 ) -> None:
     proxy = await start()
-    answer = Script.answer(SUMMARY_TEXT)
-    registry = proxy.app[keys.METRICS].registry
-
-    async def held_summary(request: web.Request) -> web.StreamResponse:
-        # Answer only once all ten requests are inside the proxy, so they surely overlap.
-        await wait_for(
-            lambda: registry.get_sample_value("compaction_proxy_in_flight_requests") == 10
-        )
-        return await answer(request)
-
-    script.summary = held_summary
+    hold_summary_until(script, proxy, in_flight=10)
     messages = conversation_of(int(WINDOW * 1.2))
     responses = await asyncio.gather(*(post(client, proxy, messages) for _ in range(10)))
     assert [r.status for r in responses] == [200] * 10
@@ -68,16 +58,7 @@ async def test_concurrent_requests_sharing_one_summarization_report_it_applied_o
     start: Any, script: Script, client: Any
 ) -> None:
     proxy = await start()
-    answer = Script.answer(SUMMARY_TEXT)
-    registry = proxy.app[keys.METRICS].registry
-
-    async def held_summary(request: web.Request) -> web.StreamResponse:
-        await wait_for(
-            lambda: registry.get_sample_value("compaction_proxy_in_flight_requests") == 4
-        )
-        return await answer(request)
-
-    script.summary = held_summary
+    hold_summary_until(script, proxy, in_flight=4)
     messages = conversation_of(int(WINDOW * 1.2))
     responses = await asyncio.gather(*(post(client, proxy, messages) for _ in range(4)))
     assert len(script.calls("summary")) == 1
@@ -85,6 +66,7 @@ async def test_concurrent_requests_sharing_one_summarization_report_it_applied_o
     statuses = sorted(r.headers["x-compaction-status"] for r in responses)
     assert statuses == ["applied", "reused", "reused", "reused"]
     labels = {"status": "applied", "dialect": "chat"}
+    registry = proxy.app[keys.METRICS].registry
     assert registry.get_sample_value("compaction_proxy_chat_decisions_total", labels) == 1
 
 
@@ -92,16 +74,7 @@ async def test_concurrent_requests_differing_after_the_fold_each_keep_their_own_
     start: Any, script: Script, client: Any
 ) -> None:
     proxy = await start()
-    answer = Script.answer(SUMMARY_TEXT)
-    registry = proxy.app[keys.METRICS].registry
-
-    async def held_summary(request: web.Request) -> web.StreamResponse:
-        await wait_for(
-            lambda: registry.get_sample_value("compaction_proxy_in_flight_requests") == 3
-        )
-        return await answer(request)
-
-    script.summary = held_summary
+    hold_summary_until(script, proxy, in_flight=3)
     messages = conversation_of(int(WINDOW * 1.2))
     # One prefix to fold, three different latest turns: as sent, edited, grown.
     edited = [*messages[:-1], f.user("No, rename the module instead.")]
@@ -297,3 +270,18 @@ async def test_a_request_at_the_trigger_waits_for_a_precompute_still_planning(
         assert response.headers["x-compaction-status"] == "applied"
         assert response.headers["x-compaction-id"] == record["id"]
         assert len(script.calls("summary")) == 1
+
+
+def hold_summary_until(script: Script, proxy: RunningProxy, *, in_flight: int) -> None:
+    """The summary is answered only once `in_flight` requests are inside the proxy, so that
+    they surely overlap."""
+    answer = Script.answer(SUMMARY_TEXT)
+    registry = proxy.app[keys.METRICS].registry
+
+    async def held_summary(request: web.Request) -> web.StreamResponse:
+        await wait_for(
+            lambda: registry.get_sample_value("compaction_proxy_in_flight_requests") == in_flight
+        )
+        return await answer(request)
+
+    script.summary = held_summary

@@ -13,6 +13,7 @@ from compaction.checkpoints import conversation_seed, prefix_digests
 from compaction.messages import CHAT
 from compaction.stages import PlanJob
 from proxy.compacting.known import KnownRequests
+from proxy.compacting.learning import LearnJob
 from tests import factories as f
 from tests.fakes.offload import RecordingOffload
 from tests.fakes.script import Script
@@ -200,3 +201,32 @@ async def test_a_remembered_history_crosses_to_the_worker_as_the_clients_bytes(
     sent = planned.messages.json  # the body as received, where its array is
     assert sent.data == body and sent.load() == messages
     assert orjson.loads(script.calls(None)[-1].body)["messages"][-1] == messages[-1]
+
+
+async def test_an_edited_and_grown_history_crosses_to_the_worker_as_its_own_array(
+    start_proxy: Any, upstream: Any, script: Script, client: Any
+) -> None:
+    # Recognized from the last body with its last turn edited: the array the worker gets is
+    # the one in this body, of exactly its messages, never the remembered body's.
+    offload = RecordingOffload()
+    sections: dict[str, Any] = {
+        "models": {"default_context_window": BIG_WINDOW},
+        "compaction": {"keep_recent_rounds": 2, "precompute_ratio": 0},
+    }
+    headers = {"Authorization": "Bearer sk", "X-Session-Id": "edited"}
+    async with with_hook(start_proxy, upstream, sections, offload=offload) as proxy:
+        first = long_history(30)  # below the trigger: remembered, not compacted
+        second = [*first[:-1], f.user("No: do it the other way."), *long_history(20)[1:]]
+        statuses = []
+        for messages in (first, second):
+            body = orjson.dumps({"model": "gpt-test", "messages": messages})
+            async with client.post(
+                f"{proxy.url}/v1/chat/completions", data=body, headers=headers
+            ) as response:
+                statuses.append(response.headers["x-compaction-status"])
+    assert statuses == ["none", "applied"]
+    # The second was recognized (remembered from the first, not learned anew).
+    assert len([job for job in offload.jobs if isinstance(job, LearnJob)]) == 1
+    (planned,) = [job for job in offload.jobs if isinstance(job, PlanJob)]
+    sent = planned.messages.json
+    assert sent is not None and sent.data == body and sent.load() == second

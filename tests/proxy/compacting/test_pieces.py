@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from bench.corpus import read_corpus
 from bench.dialects import to_anthropic, to_responses
-from proxy.compacting.pieces import PIECES_FROM_BYTES, parse_steps
+from proxy.compacting.pieces import _BETWEEN_ITEMS, PIECES_FROM_BYTES, parse_steps
 from tests.fakes.script import Script
 from tests.proxy.compacting.conftest import conversation_of
 
@@ -69,8 +69,14 @@ def test_corpus_bodies_in_every_dialect_and_layout_parse_to_the_whole_parse(
         b'{"messages": [\x0b{"role": "a"}]}',  # a vertical tab is no JSON whitespace
         b'{"messages": [{"role": 1e999999}]}',  # orjson refuses it; the whole parse decides
         b'{"messages": [], "messages": [{"role": "a"}]}',  # the second is the one kept
+        # The second, a string: the text other_fields put in the list's place (now drawn anew).
+        b'{"messages": [{"role": "a"}], "messages": "\\u0000compaction-proxy: the list\\u0000"}',
         b'{"messages": {"role": "a"}}',
         b'[{"messages": []}]',
+        b'{"messages": [{"role": "a"}], [{"b": 1},{"role": "c"}]}',  # a piece is one array
+        # Nested a level past what orjson reads (1024): in a piece of its own, one level less
+        # deep, it read (and every compaction of the conversation failed with a traceback).
+        b'{"messages": [{"role": "a", "content": ' + b"[" * 1022 + b"]" * 1022 + b"}]}",
     ],
 )
 def test_what_the_whole_parse_refuses_or_reads_otherwise_is_not_read_in_pieces(
@@ -97,7 +103,15 @@ _VALUES = st.recursive(
     ),
     max_leaves=12,
 )
-_ITEMS = st.lists(st.one_of(_VALUES, st.fixed_dictionaries({"role": _VALUES})), max_size=12)
+_TYPES = st.sampled_from(["message", "function_call", "function_call_output", "input_text"])
+_ITEMS = st.lists(
+    st.one_of(
+        _VALUES,
+        st.fixed_dictionaries({"role": _VALUES}),
+        st.fixed_dictionaries({"type": _TYPES, "content": _VALUES}),
+    ),
+    max_size=12,
+)
 
 
 @given(items=_ITEMS, indent=st.sampled_from([None, 1]), piece=st.integers(1, 64))
@@ -142,3 +156,32 @@ async def _status(client: Any, proxy: Any, body: bytes) -> str:
     ) as response:
         assert response.status == 200
         return str(response.headers["x-compaction-status"])
+
+
+def test_an_item_no_piece_can_parse_costs_a_few_parses_of_the_body() -> None:
+    # A lone surrogate (see splice.load_json) fails every piece that holds it. Each failed piece
+    # was grown by one item and parsed again: a 4 MiB body took seconds, 8 MiB half a minute,
+    # holding the GIL all along (and the event loop's thread, on a retry's parse).
+    messages = [{"role": "user", "content": "x" * 1000} for _ in range(4000)]
+    messages[10]["content"] += "\ud83d"
+    body = json.dumps({"model": "m", "messages": messages}).encode()
+    steps = parse_steps(body, "messages", piece_bytes=PIECES_FROM_BYTES)
+    parsed = 0  # the step yields once a piece is parsed
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            assert done.value is None  # the whole parse decides
+            break
+        parsed += 1
+    assert parsed < 8  # doubling from 1 MiB to the 4 MiB body; grown by items, thousands
+
+
+def test_a_body_of_every_dialect_has_places_to_cut() -> None:
+    # Responses' items open with their "type" (as Codex writes them, and bench.dialects): cut
+    # only before a "role", such a body had no place to cut and was parsed in one call, the
+    # GIL held throughout.
+    messages = conversation_of(20_000)
+    for key, payload in _bodies(messages, None):
+        body = orjson.dumps(payload)
+        assert len(_BETWEEN_ITEMS.findall(body)) > len(messages) / 2, key
