@@ -78,7 +78,14 @@ def parse_steps(
     items: list[Any] = []
     start = open_at + 1
     reach = start + piece_bytes
-    while (cut := _BETWEEN_ITEMS.search(body, reach)) is not None:
+    last_tried = False
+    while True:
+        cut = _BETWEEN_ITEMS.search(body, reach)
+        if cut is None and not last_tried:  # less than a piece left: all but its last item
+            last_tried = True
+            cut = _last_cut(body, start, reach)
+        if cut is None:
+            break
         piece = _array(view[start : cut.start() + 1])
         yield
         if piece is None:  # cut between objects nested in an item, or not JSON
@@ -89,7 +96,8 @@ def parse_steps(
         items += piece
         start = cut.end()  # the next item's `{`
         reach = start + piece_bytes
-    # The last piece runs to the list's `]`, found by scanning its items.
+    # The last piece, the last item (or the items no cut could part), runs to the list's `]`,
+    # found by scanning its items: a Python step each, ~6 ms for the last 0.7 MiB of prose.
     rest = scan_items(body, open_at, first=start)
     last = _array(view[start : rest.close]) if rest is not None else None
     if rest is None or last is None:
@@ -99,6 +107,14 @@ def parse_steps(
         return None
     fields[items_key] = items + last
     return fields
+
+
+def _last_cut(body: bytes, start: int, reach: int) -> re.Match[bytes] | None:
+    """The last cut between `start` and `reach` (the caller found none past it)."""
+    last = None
+    for last in _BETWEEN_ITEMS.finditer(body, start, reach):  # noqa: B007 (the last one kept)
+        pass
+    return last
 
 
 def _array(piece: memoryview) -> list[Any] | None:

@@ -89,7 +89,8 @@ def test_cuts_that_fall_inside_an_item_or_a_string_still_give_the_whole_value() 
     nested = {"role": "user", "content": [{"role": "x"}, {"role": "y"}, {"role": "z"}]}
     quoted = {"role": "tool", "content": 'a},{"role": "b"}, {"role":' * 40}
     messages = [nested, quoted, {"role": "assistant", "content": "ok"}] * 20
-    body = orjson.dumps({"model": "m", "messages": messages, "tail": [{"role": 1}]})
+    # After the list, a place that reads as a cut too.
+    body = orjson.dumps({"model": "m", "messages": messages, "tail": [{"a": 1}, {"role": 1}]})
     assert _parsed(body, "messages", piece_bytes=8) == orjson.loads(body)
 
 
@@ -118,7 +119,8 @@ _ITEMS = st.lists(
 def test_any_list_parses_in_pieces_to_the_whole_parse(
     items: list[Any], indent: int | None, piece: int
 ) -> None:
-    body = json.dumps({"a": 1, "messages": items, "z": [{"role": 2}]}, indent=indent).encode()
+    after = [{"x": 1}, {"role": 2}]  # reads as a place to cut, past the list
+    body = json.dumps({"a": 1, "messages": items, "z": after}, indent=indent).encode()
     assert _parsed(body, "messages", piece_bytes=piece) == orjson.loads(body)
 
 
