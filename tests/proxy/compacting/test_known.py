@@ -179,16 +179,19 @@ async def test_the_prefix_keeps_its_bytes_when_a_conversation_starts_being_remem
         assert after.startswith(before[: before.rfind(b"]")])
 
 
+_COMPACTING_AT_ONCE: dict[str, Any] = {
+    "models": {"default_context_window": BIG_WINDOW},
+    "compaction": {"keep_recent_rounds": 2, "precompute_ratio": 0},
+}
+
+
 async def test_a_remembered_history_crosses_to_the_worker_as_the_clients_bytes(
     start_proxy: Any, upstream: Any, script: Script, client: Any
 ) -> None:
     # Serializing a long history again for the worker process costs the event loop 60-70 ms
     # at 50 MiB; a remembered body's messages array is already JSON.
     offload = RecordingOffload()
-    sections: dict[str, Any] = {
-        "models": {"default_context_window": BIG_WINDOW},
-        "compaction": {"keep_recent_rounds": 2, "precompute_ratio": 0},
-    }
+    sections = _COMPACTING_AT_ONCE
     async with with_hook(start_proxy, upstream, sections, offload=offload) as proxy:
         messages = long_history(110)  # about 1.1 windows
         body = json.dumps({"model": "gpt-test", "messages": messages}, indent=1).encode()
@@ -209,10 +212,7 @@ async def test_an_edited_and_grown_history_crosses_to_the_worker_as_its_own_arra
     # Recognized from the last body with its last turn edited: the array the worker gets is
     # the one in this body, of exactly its messages, never the remembered body's.
     offload = RecordingOffload()
-    sections: dict[str, Any] = {
-        "models": {"default_context_window": BIG_WINDOW},
-        "compaction": {"keep_recent_rounds": 2, "precompute_ratio": 0},
-    }
+    sections = _COMPACTING_AT_ONCE
     headers = {"Authorization": "Bearer sk", "X-Session-Id": "edited"}
     async with with_hook(start_proxy, upstream, sections, offload=offload) as proxy:
         first = long_history(30)  # below the trigger: remembered, not compacted

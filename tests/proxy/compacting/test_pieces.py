@@ -4,6 +4,7 @@ any other."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from pathlib import Path
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from bench.corpus import read_corpus
 from bench.dialects import to_anthropic, to_responses
-from proxy.compacting.pieces import _BETWEEN_ITEMS, PIECES_FROM_BYTES, parse_steps
+from proxy.compacting.pieces import _BETWEEN_ITEMS, PIECES_FROM_BYTES, by_pieces, parse_steps
 from tests.fakes.script import Script
 from tests.proxy.compacting.conftest import conversation_of
 
@@ -24,14 +25,7 @@ PIECE = 512  # small pieces: many cuts in small bodies
 
 
 def _parsed(body: bytes, items_key: str, *, piece_bytes: int) -> dict[str, Any] | None:
-    """`by_pieces`, its steps run without an event loop."""
-    steps = parse_steps(body, items_key, piece_bytes=piece_bytes)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            parsed: dict[str, Any] | None = done.value
-            return parsed
+    return asyncio.run(by_pieces(body, items_key, piece_bytes=piece_bytes))
 
 
 def _bodies(messages: list[dict[str, Any]], tools: list[Any] | None) -> list[tuple[str, Any]]:
