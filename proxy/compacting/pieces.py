@@ -9,9 +9,11 @@ run of calls of about 3 ms, and the loop runs whatever is ready between two of t
 (`by_pieces` awaits between pieces; `parse_steps` is the same parse as a generator). It costs
 what the whole parse costs, give or take a copy.
 
-The pieces make the whole by construction: "[" + one piece + "]" parses, between two pieces
-there is one comma, the last piece ends where the list does and the list is the member a parser
-keeps; then the body parses, and to the same value. A body where the cuts cannot be found or
+The pieces make the whole by construction: each piece parses as the items of an array, at the
+depth the body holds them (orjson refuses what is nested past 1024 levels), between two pieces
+there is one comma, the last piece (the list's last item, once less than a piece is left) ends
+where the list does and the list is the member a parser keeps; then the body parses, and to the
+same value. A body where the cuts cannot be found or
 checked is not read here (None) and is parsed whole, so a body is read the same way either way,
 and one that is not JSON is refused the same way.
 """
