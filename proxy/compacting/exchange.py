@@ -46,7 +46,7 @@ class CompactedExchange:
         calibration: Calibration,
         learned: LearnedWindows,
         metrics: CompactionMetrics,
-        full: Callable[[], ParsedRequest] | None = None,
+        full: Callable[[], Awaitable[ParsedRequest]] | None = None,
     ) -> None:
         """`full` parses the whole request when `request` was built without its messages (a
         recognized continuation, proxy.compacting.recall): only a retry needs them."""
@@ -80,7 +80,7 @@ class CompactedExchange:
         if overflow is None:
             return None
         if self._full is not None:
-            self._request, self._full = self._full(), None
+            self._request, self._full = await self._full(), None
         request = self._request
         raw_forwarded = self._tokens / request.factor
         if overflow.requested and raw_forwarded > 0:

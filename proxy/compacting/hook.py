@@ -111,7 +111,7 @@ class CompactingHook:
             if recalled is not None:
                 return recalled
         try:
-            request = await self._builder.parse_async(ctx, dialect, body)
+            request = await self._builder.parse(ctx, dialect, body)
         except NotCompactable:
             return untouched
         if key is not None and known is None:
@@ -150,7 +150,7 @@ class CompactingHook:
         if parse_overflow(status, error) is None:
             return None
         try:
-            request = self._builder.parse(ctx, dialect, body)
+            request = await self._builder.parse(ctx, dialect, body)
         except NotCompactable:
             return None
         tokens = self._conversations.estimate(request, request.messages)

@@ -170,23 +170,18 @@ class RequestBuilder:
         self._calibration = calibration
         self._learned = learned
 
-    def parse(self, ctx: RequestContext, dialect: Dialect, body: bytes) -> ParsedRequest:
-        """The whole request (NotCompactable when the dialect does not compact it)."""
-        payload, messages = dialect.parse(body)
-        return self.build(ctx, dialect, body, payload, messages, messages, None)
-
-    async def parse_async(
-        self, ctx: RequestContext, dialect: Dialect, body: bytes
-    ) -> ParsedRequest:
-        """`parse`; a large body in pieces, the event loop serving other requests in between
+    async def parse(self, ctx: RequestContext, dialect: Dialect, body: bytes) -> ParsedRequest:
+        """The whole request (NotCompactable when the dialect does not compact it). A large body
+        is parsed in pieces, the event loop serving other requests in between
         (proxy.compacting.pieces), where parsing it whole would hold them all (about 170 ms at
-        50 MiB). The same request either way."""
-        payload = None
+        50 MiB); the same request either way."""
+        pieces = None
         if len(body) >= PIECES_FROM_BYTES:
-            payload = await by_pieces(body, dialect.items_key)
-        if payload is None:
-            return self.parse(ctx, dialect, body)
-        messages = dialect.items(payload)
+            pieces = await by_pieces(body, dialect.items_key)
+        if pieces is None:
+            payload, messages = dialect.parse(body)
+        else:
+            payload, messages = pieces, dialect.items(pieces)
         return self.build(ctx, dialect, body, payload, messages, messages, None)
 
     def build(
