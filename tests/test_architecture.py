@@ -17,7 +17,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 MAX_LINES = 300
 # Modules allowed past MAX_LINES, each with its reason. Keep this list short (empty today).
-OVERSIZE: dict[str, str] = {}
+OVERSIZE: dict[str, str] = {
+    "proxy/compacting/conversations.py": "a request's wait for its plan bounded (a stuck worker "
+    "holds no request); at the cap before, its split belongs to the proxy/compacting reshaping",
+    "proxy/settings.py": "compaction.worker_timeout_s; at the cap before, one class per section",
+}
 
 
 def _modules(where: str) -> list[Path]:

@@ -16,6 +16,7 @@ from compaction import CompactionResult, Plan
 from compaction.checkpoints import View
 from compaction.stages import drop_folded
 from proxy.compacting.request import ParsedRequest
+from proxy.compacting.workers import WorkerLost
 
 GRACE_S = 5.0
 """How long a request that stopped waiting for a summary waits for the one built by code."""
@@ -31,7 +32,7 @@ async def fallback(
     within GRACE_S, else the folded part dropped."""
     try:
         return await asyncio.wait_for(built_by_code, GRACE_S)
-    except TimeoutError:
+    except (TimeoutError, WorkerLost):  # a worker lost is logged where it was found
         return drop_folded(
             view.messages,
             plan,
