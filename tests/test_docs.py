@@ -5,7 +5,7 @@
   variable.
 - docs/ names every route `create_app` registers, and docs/operations.md every metric `/metrics`
   serves.
-- Every relative link of README.md and docs/ points at a file that exists.
+- Every relative link of README.md and docs/ points at a file that exists, and at a heading of it.
 """
 
 from __future__ import annotations
@@ -100,10 +100,19 @@ def test_every_metric_is_in_the_operations_guide() -> None:
     assert not missing, f"metrics missing from docs/operations.md: {missing}"
 
 
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the headings of `page`."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", _read(page), flags=re.S), re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
 def test_every_relative_link_resolves() -> None:
     broken = []
     for page in [REPO / "README.md", *sorted(DOCS.glob("*.md"))]:
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", _read(page)):
-            if "://" not in target and not (page.parent / target).exists():
-                broken.append(f"{page.relative_to(REPO)} -> {target}")
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", _read(page)):
+            if "://" in target:
+                continue
+            linked = page.parent / target if target else page
+            if not linked.is_file() or (anchor and anchor not in _anchors(linked)):
+                broken.append(f"{page.relative_to(REPO)} -> {target}#{anchor}")
     assert not broken, f"broken links: {broken}"
