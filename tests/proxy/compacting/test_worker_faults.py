@@ -68,12 +68,14 @@ async def test_requests_at_the_trigger_are_answered_while_every_worker_is_stoppe
     workers = proxy.app[keys.WORKERS]
     await asyncio.gather(*(compacted(client, proxy, f"warm-{i}") for i in range(4)))
     stopped = workers.pids
-    assert stopped
+    assert len(stopped) == 2
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
-        answers = [compacted(client, proxy, f"stuck-{i}") for i in range(4)]
+        # One per worker: each plan goes to a stopped worker (see test_workers for those that
+        # wait their turn).
+        answers = [compacted(client, proxy, f"stuck-{i}") for i in range(2)]
         statuses = await asyncio.wait_for(asyncio.gather(*answers), SUMMARY_TIMEOUT_S + 5)
         assert time.monotonic() - started < SUMMARY_TIMEOUT_S + 5
         assert set(statuses) <= {"failed", "applied"}  # the original, or a fallback
