@@ -18,6 +18,10 @@ from compaction.text import normalize
 Message = dict[str, Any]
 """One chat message as the caller sent it. Never copied, never edited in place."""
 
+Tools = object
+"""A request's tool definitions as the caller sent them (None when it has none): only what they
+cost in tokens matters here, so any value is accepted."""
+
 Purpose = Literal["summary", "memory"]
 """Why the library calls the LLM; the proxy turns it into `X-Compaction-Purpose`."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from compaction.messages.anthropic import ANTHROPIC, check_turns, join_summary
+from compaction.messages.anthropic import ANTHROPIC, blocks_text, check_turns, join_summary
 from compaction.messages.chat import CHAT, LEGACY_CALL_PREFIX, is_message, message_text
 from compaction.messages.item import (
     AUDIO_PART_TOKENS,
@@ -28,7 +28,7 @@ from compaction.messages.item import (
     json_text,
     read_all,
 )
-from compaction.messages.responses import RESPONSES
+from compaction.messages.responses import RESPONSES, content_text, is_message_item
 
 __all__ = [
     "ANTHROPIC",
@@ -46,8 +46,11 @@ __all__ = [
     "Kind",
     "Shape",
     "ToolCall",
+    "blocks_text",
     "check_turns",
+    "content_text",
     "is_message",
+    "is_message_item",
     "is_summary_message",
     "join_summary",
     "json_text",

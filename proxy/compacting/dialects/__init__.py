@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from compaction.messages import Shape
+from compaction import Shape
 from proxy.compacting.dialects.anthropic import ANTHROPIC_MESSAGES
 from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
 from proxy.compacting.dialects.common import NotCompactable

@@ -12,8 +12,7 @@ from typing import Any
 
 import orjson
 
-from compaction.messages import ANTHROPIC, Shape, join_summary
-from compaction.messages.anthropic import blocks_text
+from compaction import ANTHROPIC, Shape, blocks_text, join_summary
 from proxy.compacting.dialects.common import (
     ItemsDialect,
     int_field,

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from compaction.messages import CHAT, Shape, message_text
+from compaction import CHAT, Shape, message_text
 from proxy.compacting.dialects.common import (
     ItemsDialect,
     int_field,

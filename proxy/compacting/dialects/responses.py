@@ -12,8 +12,7 @@ from typing import Any
 
 import orjson
 
-from compaction.messages import RESPONSES, Shape
-from compaction.messages.responses import content_text, is_message_item
+from compaction import RESPONSES, Shape, content_text, is_message_item
 from proxy.compacting.dialects.common import (
     ItemsDialect,
     NotCompactable,
