@@ -34,7 +34,7 @@ def conversation_seed(*parts: str) -> bytes:
     return hasher.digest()
 
 
-def prefix_digests(messages: Sequence[Any], seed: bytes) -> list[bytes]:
+def prefix_digests(messages: Sequence[Message], seed: bytes) -> list[bytes]:
     """digests[i] identifies messages[:i + 1] under `seed` (key order inside a message ignored)."""
     digests: list[bytes] = []
     current = seed
@@ -119,7 +119,7 @@ class Checkpoint:
     """A reserve's memory items, written to the memory file when it is applied, not before (a
     conversation that never reaches the trigger must not leave memory behind)."""
 
-    def apply(self, messages: Sequence[Any]) -> list[Any]:
+    def apply(self, messages: Sequence[Message]) -> list[Message]:
         """The compacted view of a request whose first `cut` messages match this checkpoint."""
         return [
             *messages[: self.head_end],
@@ -150,7 +150,7 @@ class Checkpoint:
         }
 
     @classmethod
-    def from_json(cls, data: Any) -> Checkpoint:
+    def from_json(cls, data: object) -> Checkpoint:
         """The checkpoint `to_json` wrote; ValueError for another version or malformed data (a
         store treats that as a miss)."""
         if not isinstance(data, dict) or data.get("version") != CHECKPOINT_VERSION:
@@ -181,7 +181,7 @@ class Checkpoint:
 CHECKPOINT_VERSION = 1
 
 
-def _non_negative(value: Any) -> int:
+def _non_negative(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{value!r} is not a non-negative integer")
     return value
@@ -271,11 +271,11 @@ def longest_of(
 class View:
     """A request's messages as they go upstream: the original, or a checkpoint applied to it."""
 
-    messages: list[Any]
+    messages: list[Message]
     base: Checkpoint | None
 
     @classmethod
-    def of(cls, original: list[Any], base: Checkpoint | None) -> View:
+    def of(cls, original: list[Message], base: Checkpoint | None) -> View:
         return cls(base.apply(original) if base else original, base)
 
     def original_index(self, index: int) -> int | None:

@@ -8,7 +8,7 @@ argument, returning a picklable value.
 
 A job sent to another process takes the messages as JSON bytes (`JobMessages`): a megabyte of
 JSON pickles as one buffer, where the same messages as objects cost a pickle memo entry each,
-both ways. A compaction packs its history once, for all of its jobs (on the proxy's event loop
+both ways. A compaction serializes its history once, for all of its jobs (on the proxy's event loop
 that serialization costs ~5 ms at 2.7 MiB, 60–70 ms at 50 MiB); a caller that has the messages as
 JSON already (the proxy: its client's bytes) gives them, and the history is not serialized at all.
 """

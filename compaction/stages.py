@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from compaction.composition import (
     body_budget,
@@ -40,9 +40,11 @@ from compaction.transcript import render_transcript
 from compaction.types import (
     CompactionResult,
     MemoryItem,
+    Message,
     Plan,
     ResultPath,
     TokenEstimator,
+    Tools,
     Verification,
 )
 from compaction.verify import check_preserved
@@ -68,7 +70,7 @@ def collector_paused() -> Iterator[None]:
 @dataclass(frozen=True)
 class PlanJob:
     messages: JobMessages
-    tools: Any
+    tools: Tools
     estimator: TokenEstimator
     shape: Shape
     window: int
@@ -130,8 +132,8 @@ def _make_plan(job: PlanJob) -> Planned:
 @dataclass(frozen=True)
 class FoldJob:
     messages: JobMessages
-    """The run's raw messages, all of them: packed once for the fold and the finish (on the
-    event loop, packing a long history to JSON is the cost that grows)."""
+    """The run's raw messages, all of them: made ready once for the fold and the finish (on
+    the event loop, serializing a long history to JSON is the cost that grows)."""
     plan: Plan
     """Which of them are folded (`plan.folded`)."""
     shape: Shape
@@ -203,7 +205,7 @@ def _fold(job: FoldJob) -> Fold:
 class FinishJob:
     messages: JobMessages
     plan: Plan
-    tools: Any
+    tools: Tools
     shape: Shape
     estimator: TokenEstimator
     fold: Fold
@@ -224,7 +226,7 @@ class Finish:
     summary: str
     path: ResultPath
     verification: Verification
-    summary_message: Any
+    summary_message: Message
     problems: list[str]
     tokens_after: int
 
@@ -269,7 +271,7 @@ def _finish(job: FinishJob) -> Finish:
     )
 
 
-def compacted_list(messages: Sequence[Any], plan: Plan, inserted: Any) -> list[Any]:
+def compacted_list(messages: Sequence[Message], plan: Plan, inserted: Message) -> list[Message]:
     """Head, the summary, the pinned messages and the kept tail: the same objects as given."""
     return [
         *messages[: plan.head_end],
@@ -280,11 +282,11 @@ def compacted_list(messages: Sequence[Any], plan: Plan, inserted: Any) -> list[A
 
 
 def drop_folded(
-    messages: list[Any],
+    messages: list[Message],
     plan: Plan,
     *,
     shape: Shape,
-    tools: Any,
+    tools: Tools,
     estimator: TokenEstimator,
     compaction_id: str,
 ) -> CompactionResult:

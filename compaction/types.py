@@ -65,11 +65,11 @@ class TokenEstimator(Protocol):
 
     def count_text(self, text: str) -> int: ...
 
-    def count_message(self, message: Any) -> int:
+    def count_message(self, message: object) -> int:
         """One message including its per-message overhead; must accept malformed items."""
         ...
 
-    def count_tools(self, tools: Any) -> int:
+    def count_tools(self, tools: Tools) -> int:
         """The request's `tools` definitions (None or malformed counts as their JSON size)."""
         ...
 
