@@ -13,6 +13,10 @@ A pure library: no HTTP, no environment, no files except the memory writer. What
         result = await compaction.run(llm=my_llm, session_id="agent-1")
         messages = result.messages
 
+The CPU work runs inline unless `Compactor(offload=...)` gives an `Offload` that runs it in
+another process (the proxy's worker pool); `prepare` then takes `messages_json=JsonArray(...)`
+when the caller holds the messages' JSON already.
+
 Checkpoints (compaction.checkpoints) remember a compaction under a digest of the prefix it
 folded, so a server that sees the same history again substitutes it instead of compacting anew.
 """
