@@ -28,9 +28,8 @@ from proxy.errors import (
     UpstreamUnreachable,
 )
 from proxy.http.encodings import decode_body
-from proxy.http.framing import WireError
 from proxy.http.targets import build_url, is_anthropic_tail
-from proxy.http.wire import WirePool
+from proxy.http.wire import WireError, WirePool
 from proxy.metrics import Metrics
 from proxy.settings import UpstreamSettings
 
@@ -267,7 +266,7 @@ _FAILED = "the upstream failed before answering"
 
 
 def _kind_of(exc: BaseException) -> str:
-    """An aiohttp client error as one of the wire client's kinds (see proxy.http.framing)."""
+    """An aiohttp client error as one of the wire client's kinds (see proxy.http.wire.connection)."""
     # ConnectionTimeoutError is also a TimeoutError: the connect failed, nothing was asked yet.
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return "connect_timeout"

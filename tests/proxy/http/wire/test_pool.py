@@ -11,8 +11,7 @@ import pytest
 import trustme
 from yarl import URL
 
-from proxy.http.framing import WireError
-from proxy.http.wire import WirePool
+from proxy.http.wire import WireError, WirePool
 from tests.fakes.scripted import OK, Answer, Server, body_of, failure_of, send, writes
 
 

@@ -1,5 +1,5 @@
-"""How the wire client reads an answer (proxy.http.framing): framing, leniency, failures and flow
-control, against a loopback server that writes exactly the bytes each test gives it."""
+"""How the wire client reads an answer (proxy.http.wire.response): framing, leniency, failures
+and flow control, against a loopback server that writes exactly the bytes each test gives it."""
 
 from __future__ import annotations
 
