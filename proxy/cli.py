@@ -18,8 +18,8 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy import keys
 from proxy.app import create_app
+from proxy.http import keys
 from proxy.logs import configure_logging
 from proxy.settings import Settings, SettingsError, load_settings
 
@@ -111,7 +111,7 @@ def _serve(settings: Settings) -> int:
             host=settings.server.host,
             port=settings.server.port,
             loop=loop,
-            access_log=None,  # our own access line is written by proxy.http.edge
+            access_log=None,  # our own access line is written by proxy.http.middleware
             print=log_listening,
             # aiohttp waits this twice for a handler that does not end by itself: for it to
             # finish, then again after failing its request body (which a relay no longer

@@ -20,7 +20,7 @@
                                      started; the relay can only end the client's stream.
 
 Upstream answers, errors included, are data and are relayed unchanged; they never become one of
-these. `http.edge` is the one place that turns these into responses.
+these. `http.middleware` is the one place that turns these into responses.
 """
 
 from __future__ import annotations

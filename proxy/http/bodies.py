@@ -95,7 +95,7 @@ class LimitedBody:
         try:
             while chunk := await _next_chunk(self._content, self._patience_s):
                 size += len(chunk)
-                self._metrics.traffic.add_request_bytes(self._route, len(chunk))
+                self._metrics.requests.add_request_bytes(self._route, len(chunk))
                 if size > self._limit:
                     self.exceeded = True
                     raise too_large(self._limit)

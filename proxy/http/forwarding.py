@@ -19,9 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy import keys
 from proxy.errors import InvalidPath, ProxyError, UpstreamStreamCut
-from proxy.hook import Exchange, Hook, Passthrough, RequestContext
+from proxy.http import keys
 from proxy.http.bodies import LimitedBody, read_body, too_large
 from proxy.http.encodings import decode_body
 from proxy.http.headers import upstream_request_headers
@@ -29,6 +28,7 @@ from proxy.http.relay import relay
 from proxy.http.sessions import resolve_session_id
 from proxy.http.upstream import Response
 from proxy.http.usage import UsageProbe
+from proxy.interception import Exchange, Hook, Passthrough, RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def raw_tail(request: web.Request, session: str | None) -> str:
 
 
 async def forward_hooked(request: web.Request, path_session: str | None) -> web.StreamResponse:
-    """A request the app's hook may change (see proxy.hook): body read whole, one Exchange."""
+    """A request the app's hook may change (see proxy.interception): body read whole, one Exchange."""
     app = request.app
     settings = app[keys.SETTINGS]
     upstream = app[keys.UPSTREAM]
@@ -58,7 +58,7 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
     tail = raw_tail(request, path_session)
     url = upstream.url_for(tail, request.rel_url.raw_query_string)
     body = await read_body(request, settings.server)
-    metrics.traffic.add_request_bytes(info.route, len(body))
+    metrics.requests.add_request_bytes(info.route, len(body))
     headers, credential = upstream_request_headers(
         request.headers, upstream.api_key_for(tail, request.headers), keep_length=False
     )

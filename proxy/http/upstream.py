@@ -149,7 +149,7 @@ class Upstream:
                 )
         except _CLIENT_ERRORS as exc:
             raise_mapped(exc, reading_body=False, count=self._count)
-        self._metrics.traffic.observe_upstream_latency(route, time.perf_counter() - started)
+        self._metrics.requests.observe_upstream_latency(route, time.perf_counter() - started)
         return response
 
     def chunks(self, response: Response) -> BodyChunks:

@@ -3,7 +3,7 @@
 A `Dialect` is everything the compacting layer needs to know about one API: how a request reads
 into (payload, list, what else it costs) and serializes back with only the list changed, how its
 summary request and answer look, which fields carry its usage. The rest of proxy.compacting
-works on any dialect; `for_route` maps the route kind (proxy.hook.RequestContext.route) to one.
+works on any dialect; `for_route` maps the route kind (proxy.interception.RequestContext.route) to one.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from compaction.messages import Shape
 from proxy.compacting.dialects.anthropic import ANTHROPIC_MESSAGES
 from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
-from proxy.compacting.dialects.common import NotCompactable
+from proxy.compacting.dialects.payload import NotCompactable
 from proxy.compacting.dialects.responses import RESPONSES_API
 
 __all__ = ["Dialect", "NotCompactable", "for_route"]

@@ -14,7 +14,7 @@ import orjson
 
 from compaction.messages import ANTHROPIC, Shape, join_summary
 from compaction.messages.anthropic import blocks_text
-from proxy.compacting.dialects.common import (
+from proxy.compacting.dialects.payload import (
     ItemsDialect,
     int_field,
     positive_int,

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from compaction.messages import CHAT, Shape, message_text
-from proxy.compacting.dialects.common import (
+from proxy.compacting.dialects.payload import (
     ItemsDialect,
     int_field,
     positive_int,

@@ -14,7 +14,7 @@ import orjson
 
 from compaction.messages import RESPONSES, Shape
 from compaction.messages.responses import content_text, is_message_item
-from proxy.compacting.dialects.common import (
+from proxy.compacting.dialects.payload import (
     ItemsDialect,
     NotCompactable,
     int_field,

@@ -1,4 +1,5 @@
-"""The protocol between proxy.http (moving bytes) and what may change a request (proxy.compacting).
+"""How a request on a hooked route is intercepted: the protocol between proxy.http (moving
+bytes) and what may change a request (proxy.compacting).
 
 For a route that admits a hook ("chat", "responses", "messages": one per API shape), the handler
 reads the whole body, builds a `RequestContext`, and asks the app's `Hook` for an `Exchange`: the

@@ -1,4 +1,6 @@
-"""What the dialects share: reading a JSON object, replacing one field, small field readers."""
+"""A request's payload as every dialect reads and writes it: the JSON object a body must be
+(`NotCompactable` otherwise), the list field the dialect compacts (`ItemsDialect`), its other
+fields read as ints or tool names, and the body with one field replaced."""
 
 from __future__ import annotations
 
