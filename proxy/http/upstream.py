@@ -2,7 +2,7 @@
 caught (`raise_mapped`, for every call: the agents' requests, the bodies relayed, the proxy's
 own summary calls through `upstream_errors`): before the response headers they become
 `UpstreamUnreachable` (502) or `UpstreamTimeout` (504); while a body is read they become
-`UpstreamStreamCut`. A request whose body is in memory goes by the wire client
+`UpstreamStreamCut`. A request whose body was read whole goes by the wire client
 (proxy.http.wire); a streamed one, and the proxy's own calls, by aiohttp's.
 
 URLs come from proxy.http.targets: `/v1/messages` and everything under it (Anthropic's Messages
@@ -135,7 +135,7 @@ class Upstream:
         route: str,
     ) -> Response:
         """Send one request; return the response once its headers arrived (body unread). A
-        body in memory goes by the wire client (proxy.http.wire), a streamed one by aiohttp."""
+        body read whole goes by the wire client (proxy.http.wire), a streamed one by aiohttp."""
         started = time.perf_counter()
         try:
             response: Response

@@ -1,4 +1,4 @@
-"""The proxy's own HTTP/1.1 client, for requests whose body is already in memory (the hooked
+"""The proxy's own HTTP/1.1 client, for requests whose body was already read whole (the hooked
 routes'): an optimisation that replaces aiohttp's client where its per-request cost showed.
 
 aiohttp's client executes some 360k instructions per small request (callgrind: its request and

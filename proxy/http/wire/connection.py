@@ -76,7 +76,7 @@ class Connection(asyncio.Protocol):
             self.response.end()
 
     def reading(self, on: bool) -> None:
-        """Read from the socket or not (a slow client: the upstream waits, not our memory)."""
+        """Read from the socket or not (a slow client: the upstream waits, not our buffers)."""
         if self.transport is not None and not self.closed:
             if on:
                 self.transport.resume_reading()
