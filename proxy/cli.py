@@ -14,7 +14,6 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
@@ -61,8 +60,8 @@ def _config_path(flag: str | None) -> str | None:
     return DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() else None
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    overrides: dict[str, dict[str, Any]] = {}
+def _overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
+    overrides: dict[str, dict[str, object]] = {}
     if args.host is not None:
         overrides.setdefault("server", {})["host"] = args.host
     if args.port is not None:

@@ -29,9 +29,10 @@ def expect_handler(route: str) -> ExpectHandler:
 
     `100-continue`: go ahead, unless the stated length is already past `server.max_body_mb`.
     Then the client is told nothing yet, the handler answers 413 at once (shaped, counted and
-    logged by the middleware), and the client never sends a body that would be refused (aiohttp's own
-    handler says 100 to any length). Any other expectation is a 417, answered through the middleware
-    in the handler's stead (aiohttp's own is a plain-text 417, neither counted nor logged)."""
+    logged by the middleware), and the client never sends a body that would be refused
+    (aiohttp's own handler says 100 to any length). Any other expectation is a 417, answered
+    through the middleware in the handler's stead (aiohttp's own is a plain-text 417, neither
+    counted nor logged)."""
     refuse = wrap_handler(_refuse_expectation, route)
 
     async def expect(request: web.Request) -> web.StreamResponse | None:

@@ -9,10 +9,10 @@ request:
 
 A wrapper put on each route's handler when the routes are made (app.py), not registered in
 aiohttp's `app.middlewares`: any registered middleware at all makes aiohttp add its own
-current-app layer, and the two layers together cost a pass-through request about 10 µs of its ~200 µs (measured with wrk
-against the bare forwarder of bench.passthrough). What the router would answer by itself is
-routed here too, so it gets the same shape: a catch-all route answers 404 (`unmatched`), and
-the GET-only endpoints take every method and answer 405 themselves.
+current-app layer, and the two layers together cost a pass-through request about 10 µs of its
+~200 µs (measured with wrk against the bare forwarder of bench.passthrough). What the router
+would answer by itself is routed here too, so it gets the same shape: a catch-all route answers
+404 (`unmatched`), and the GET-only endpoints take every method and answer 405 themselves.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 import aiohttp
 import orjson
@@ -27,6 +27,7 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from proxy.http.bodies import RequestBody
 from proxy.http.encodings import decode_body
 from proxy.http.targets import build_url, is_anthropic_tail
 from proxy.http.wire import WireError, WirePool
@@ -49,7 +50,7 @@ class Response(Protocol):
     def headers(self) -> CIMultiDictProxy[str]: ...
     @property
     def content(self) -> Body: ...
-    def release(self) -> Any: ...
+    def release(self) -> object: ...
     def close(self) -> None: ...
 
 
@@ -130,7 +131,7 @@ class Upstream:
         method: str,
         url: URL,
         headers: CIMultiDict[str],
-        data: Any,
+        data: RequestBody,
         *,
         route: str,
     ) -> Response:
@@ -173,7 +174,7 @@ class Upstream:
 
     async def post_json(
         self, url: URL, body: bytes, headers: dict[str, str], timeout_s: float
-    ) -> tuple[int, Any]:
+    ) -> tuple[int, object]:
         """One request the proxy makes on its own behalf (a summary): POST `body`, wait at most
         `timeout_s` in total, return the status and the parsed JSON answer (None if it is not
         JSON). Raises what `upstream_errors` maps to; the caller decides what a failure means.
@@ -266,7 +267,7 @@ _FAILED = "the upstream failed before answering"
 
 
 def _kind_of(exc: BaseException) -> str:
-    """An aiohttp client error as one of the wire client's kinds (see proxy.http.wire.connection)."""
+    """An aiohttp client error as one of the wire client's kinds (proxy.http.wire.WireError)."""
     # ConnectionTimeoutError is also a TimeoutError: the connect failed, nothing was asked yet.
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return "connect_timeout"

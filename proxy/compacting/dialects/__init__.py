@@ -3,7 +3,8 @@
 A `Dialect` is everything the compacting layer needs to know about one API: how a request reads
 into (payload, list, what else it costs) and serializes back with only the list changed, how its
 summary request and answer look, which fields carry its usage. The rest of proxy.compacting
-works on any dialect; `for_route` maps the route kind (proxy.interception.RequestContext.route) to one.
+works on any dialect; `for_route` maps the route kind (proxy.interception.RequestContext.route)
+to one.
 """
 
 from __future__ import annotations
