@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from proxy.http.wire import WirePool
-from tests.fakes.scripted import OK, Answer, Server, body_of, failure_of, send, writes
+from tests.fakes.wire_server import OK, Answer, Server, body_of, failure_of, send, writes
 
 
 async def test_a_chunked_body_is_decoded_whatever_its_pieces(
