@@ -3,8 +3,8 @@
 - compaction/ is a library: it imports nothing from proxy/ or aiohttp.
 - proxy/ uses the library through its public names only (`from compaction import X`, X in
   `compaction.__all__`): what the library does inside may change without the proxy knowing.
-- proxy/http/ moves bytes: it reaches what changes a request only through proxy/hook.py, never
-  proxy/compacting/.
+- proxy/http/ moves bytes: it reaches what changes a request only through proxy/interception.py
+  (the hook protocol), never proxy/compacting/.
 - proxy's shared modules (settings, logs, metrics, keys, ...) sit below both http/ and
   compacting/: only the app's assembly (app.py, cli.py, demo.py) imports those.
 - No import cycle between the modules of proxy/ and compaction/ (imports under TYPE_CHECKING,
@@ -37,13 +37,7 @@ KNOWN_CYCLES: dict[str, str] = {
 """Packages holding an import cycle that is known and being removed, each with why. A cycle
 whose every module lies in one of them is tolerated; any other fails. Keep this short."""
 
-KNOWN_UPWARD_IMPORTS: dict[str, str] = {
-    "proxy/keys.py": (
-        "the app's keys name the objects they hold, some of them http/ and compacting/ classes; "
-        "the helper reshaping the surface (branch `surface`) moves them: empty this entry after "
-        "merging that branch."
-    ),
-}
+KNOWN_UPWARD_IMPORTS: dict[str, str] = {}
 """Shared modules that still import up into http/ or compacting/, each with why."""
 
 ASSEMBLY = (
@@ -239,7 +233,9 @@ def test_http_reaches_compacting_only_through_the_hook_protocol() -> None:
 
 
 def test_the_hook_protocol_knows_neither_side() -> None:
-    assert _violations("proxy/hook.py", ("proxy.compacting", "proxy.http", "compaction")) == []
+    assert (
+        _violations("proxy/interception.py", ("proxy.compacting", "proxy.http", "compaction")) == []
+    )
 
 
 def test_the_shared_modules_import_neither_http_nor_compacting() -> None:
