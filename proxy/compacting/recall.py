@@ -18,9 +18,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from compaction import HeuristicEstimator
-from compaction.checkpoints import Checkpoint
-from compaction.tokens import REPLY_PRIMING_TOKENS
+from compaction import REPLY_PRIMING_TOKENS, Checkpoint, HeuristicEstimator
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations
 from proxy.compacting.dialects import Dialect, NotCompactable
@@ -37,7 +35,7 @@ from proxy.compacting.request import (
     opening_of,
 )
 from proxy.compacting.workers import WorkerLost
-from proxy.hook import RequestContext
+from proxy.interception import RequestContext
 from proxy.metrics import CompactionMetrics
 
 log = logging.getLogger(__name__)

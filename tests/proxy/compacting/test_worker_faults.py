@@ -13,7 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy import keys
+from proxy.app import WORKERS
+from proxy.http import keys
 from tests import factories as f
 from tests.fakes.script import Script
 from tests.proxy.compacting.conftest import WINDOW, conversation_of, post, wait_for
@@ -65,7 +66,7 @@ async def test_requests_at_the_trigger_are_answered_while_every_worker_is_stoppe
     proxy = await start(
         compaction={"workers": 2, "summary_timeout_s": SUMMARY_TIMEOUT_S, "worker_timeout_s": 3}
     )
-    workers = proxy.app[keys.WORKERS]
+    workers = proxy.app[WORKERS]
     await asyncio.gather(*(compacted(client, proxy, f"warm-{i}") for i in range(4)))
     stopped = workers.pids
     assert len(stopped) == 2
@@ -96,7 +97,7 @@ async def test_a_worker_killed_under_requests_is_one_line_and_one_count(
     caplog.set_level(logging.INFO)
     # Requests wait long enough to still be waiting when the worker dies.
     proxy = await start(compaction={"summary_timeout_s": 30, "worker_timeout_s": 30})
-    workers = proxy.app[keys.WORKERS]
+    workers = proxy.app[WORKERS]
     assert await compacted(client, proxy, "warm") == "applied"
     [worker] = workers.pids
     # Stopped first so that jobs are surely in flight (one in the worker, the others waiting
