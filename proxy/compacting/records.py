@@ -1,9 +1,18 @@
-"""The record of one compaction: counted in the metrics, kept for /admin, logged once."""
+"""The record of one compaction: counted in the metrics, kept for /admin, logged once.
+
+A record is also the compaction's receipt on the dashboard: the summary as sent, the memory
+items written, and the diff between the view as sent and as forwarded (the messages replaced and
+the ones that replaced them, each a role and a preview), all bounded so a record stays small.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
 
 from compaction import Checkpoint, CompactionResult, View
 from proxy.compacting.request import ParsedRequest
@@ -11,6 +20,13 @@ from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
 
 log = logging.getLogger(__name__)
+
+# The receipt's bounds: the summary as sent, the memory items, the diff's messages per side
+# (the first and last halves of them, with how many were left out), and each preview.
+RECEIPT_SUMMARY_CHARS = 8000
+RECEIPT_MEMORY_ITEMS = 50
+RECEIPT_DIFF_MESSAGES = 40
+RECEIPT_PREVIEW_CHARS = 240
 
 
 def record_compaction(
@@ -28,6 +44,7 @@ def record_compaction(
     if result.path != "unchanged":
         metrics.tokens_saved.inc(max(0, result.tokens_before - result.tokens_after))
     verification = result.verification
+    texts = records.preview_chars > 0  # 0: what conversations say stays out of /admin
     records.add_record(
         request.session_id,
         {
@@ -58,6 +75,15 @@ def record_compaction(
             "fits": result.fits,
             "duration_ms": round(result.duration_s * 1000, 1),
             "errors": list(result.errors),
+            "summary": result.summary_text[:RECEIPT_SUMMARY_CHARS] if texts else "",
+            "memory_written": [
+                {
+                    "type": item.type,
+                    "content": item.content[:RECEIPT_PREVIEW_CHARS] if texts else "",
+                }
+                for item in result.memory_items[:RECEIPT_MEMORY_ITEMS]
+            ],
+            "diff": describe_diff(view.messages, result, texts=texts),
         },
     )
     # A summarizer that failed (the compaction fell back) is a warning, with why.
@@ -72,6 +98,15 @@ def record_compaction(
             "tokens_after": result.tokens_after,
             "compaction_id": result.compaction_id,
             "errors": list(result.errors),
+            "summary": result.summary_text[:RECEIPT_SUMMARY_CHARS] if texts else "",
+            "memory_written": [
+                {
+                    "type": item.type,
+                    "content": item.content[:RECEIPT_PREVIEW_CHARS] if texts else "",
+                }
+                for item in result.memory_items[:RECEIPT_MEMORY_ITEMS]
+            ],
+            "diff": describe_diff(view.messages, result, texts=texts),
         },
     )
 
@@ -82,3 +117,49 @@ def _folded_range(view: View, checkpoint: Checkpoint | None) -> list[int] | None
         return None
     start = view.base.cut if view.base is not None else checkpoint.head_end
     return [start, checkpoint.cut]
+
+
+def describe_diff(
+    sent: Sequence[dict[str, Any]], result: CompactionResult, *, texts: bool = True
+) -> dict[str, Any]:
+    """What the compaction changed: `result.messages[:prefix_len]` replaced `sent[:keep_from]`
+    and the rest went on untouched (compaction.CompactionResult); of the replaced part, the
+    opening both sides share (the system prompt, usually) went on unchanged too. Indices are
+    positions in the messages as sent and as forwarded; without `texts`, previews are empty."""
+    if result.path == "unchanged":
+        return {"removed": [], "added": [], "removed_total": 0, "added_total": 0, "kept": len(sent)}
+    replaced, replacing = sent[: result.keep_from], result.messages[: result.prefix_len]
+    same = 0
+    while same < min(len(replaced), len(replacing)) and replaced[same] == replacing[same]:
+        same += 1
+    return {
+        "removed": _previews(replaced, same, texts),
+        "added": _previews(replacing, same, texts),
+        "removed_total": len(replaced) - same,
+        "added_total": len(replacing) - same,
+        "kept": len(sent) - result.keep_from + same,
+    }
+
+
+def _previews(messages: Sequence[dict[str, Any]], start: int, texts: bool) -> list[dict[str, Any]]:
+    """Previews of `messages[start:]`: all of them, or their first and last halves."""
+    half = RECEIPT_DIFF_MESSAGES // 2
+    end = len(messages)
+    if end - start <= RECEIPT_DIFF_MESSAGES:
+        indices = [*range(start, end)]
+    else:
+        indices = [*range(start, start + half), *range(end - half, end)]
+    return [_preview(index, messages[index], texts) for index in indices]
+
+
+def _preview(index: int, message: dict[str, Any], texts: bool) -> dict[str, Any]:
+    content = message.get("content")
+    text = content if isinstance(content, str) else orjson.dumps(content).decode()
+    if message.get("tool_calls"):
+        text += " " + orjson.dumps(message["tool_calls"]).decode()[:RECEIPT_PREVIEW_CHARS]
+    return {
+        "index": index,
+        "role": str(message.get("role", "")),
+        "chars": len(text),
+        "preview": text[:RECEIPT_PREVIEW_CHARS] if texts else "",
+    }

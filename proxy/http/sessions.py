@@ -9,6 +9,9 @@ pattern leaves no room for separators, and a leading dot is refused (no `.`, `..
 `SessionRecords` keeps per-session counters and compaction records for /admin, bounded in both
 directions: at most `max_sessions` sessions (least recently seen evicted first) and
 `records_per_session` records each (oldest dropped first). Records are plain JSON-able dicts.
+Each session also keeps a timeline of its last hooked requests (as many as records) and running
+totals (tokens as sent and as forwarded, summarizer calls and failures) for the dashboard
+(proxy.http.dashboard), which pages through them with `page`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from compaction import is_valid_session_id
 from proxy.errors import SessionIdRefused
 
 SESSION_HEADER = "X-Session-Id"
+# How many of the last hooked requests the overhead quantiles are taken over.
+_RECENT_OVERHEADS = 1000
 
 
 def check_session_id(value: str, source: str) -> str:
@@ -47,13 +52,21 @@ def resolve_session_id(headers: Mapping[str, str], path_session: str | None) -> 
     return path_session
 
 
-@dataclass
+@dataclass(slots=True)
 class _Session:
     first_seen: float
     last_seen: float
     requests: int = 0
     records_total: int = 0
     records: deque[dict[str, Any]] = field(default_factory=deque)
+    timeline: deque[dict[str, Any]] = field(default_factory=deque)
+    dialect: str | None = None
+    model: str | None = None
+    window: int | None = None
+    tokens_sent: int = 0
+    tokens_forwarded: int = 0
+    summarizer_calls: int = 0
+    summarizer_failures: int = 0
 
 
 class SessionRecords:
@@ -71,6 +84,7 @@ class SessionRecords:
         self._per_session = records_per_session
         self._clock = clock
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._overheads: deque[float] = deque(maxlen=_RECENT_OVERHEADS)
 
     def touch(self, session_id: str) -> None:
         """Count one request of `session_id` and mark it as just seen."""
@@ -80,8 +94,78 @@ class SessionRecords:
         session = self._session(session_id)
         session.records.append(record)
         session.records_total += 1
+        session.dialect = record.get("dialect") or session.dialect
+        session.model = record.get("model") or session.model
+        session.window = record.get("window") or session.window
+        if record.get("path") == "llm" or record.get("errors"):
+            session.summarizer_calls += 1
+        if record.get("errors"):
+            session.summarizer_failures += 1
         while len(session.records) > self._per_session:
             session.records.popleft()
+
+    def add_request(self, session_id: str, entry: dict[str, Any]) -> None:
+        """One hooked request's line in the session's timeline: its `dialect`, and
+        `tokens_before` / `tokens_after` when the request was counted (None when it was
+        forwarded without being parsed: then it was far below the trigger)."""
+        session = self._session(session_id)
+        session.dialect = entry.get("dialect") or session.dialect
+        before, after = entry.get("tokens_before"), entry.get("tokens_after")
+        if isinstance(before, int) and isinstance(after, int):
+            session.tokens_sent += before
+            session.tokens_forwarded += after
+        session.timeline.append(entry)
+        overhead = entry.get("overhead_ms")
+        if isinstance(overhead, int | float):
+            self._overheads.append(float(overhead))
+        while len(session.timeline) > self._per_session:
+            session.timeline.popleft()
+
+    def page(
+        self,
+        *,
+        sort: str = "last_seen",
+        descending: bool = True,
+        search: str = "",
+        offset: int = 0,
+        limit: int = 50,
+    ) -> dict[str, Any]:
+        """One page of session summaries: those whose id, dialect or model contain `search`
+        (case aside), ordered by the summary field `sort` (one of SORTABLE)."""
+        if sort not in SORTABLE:
+            sort = "last_seen"
+        # Ids (plain strings) and sort keys (numbers, strings) only: a page over thousands of
+        # sessions allocates nothing the garbage collector tracks, so it triggers no collection
+        # of a heap that holds every session's timeline.
+        sessions = self._sessions
+        needle = search.casefold()
+        ids = [
+            sid
+            for sid, s in sessions.items()
+            if not needle or needle in f"{sid} {s.dialect or ''} {s.model or ''}".casefold()
+        ]
+        key = _SORT_KEYS[sort]
+        ids.sort(key=lambda sid: key(sid, sessions[sid]), reverse=descending)
+        shown = ids[offset : offset + limit]
+        return {
+            "sessions": [self._summary(sid, sessions[sid]) for sid in shown],
+            "total": len(ids),
+            "offset": offset,
+            "limit": limit,
+        }
+
+    def overhead_quantiles(self) -> dict[str, float | None]:
+        """p50 and p99 of the proxy's own time before forwarding, over the last hooked
+        requests of every session."""
+        ordered = sorted(self._overheads)
+        if not ordered:
+            return {"p50": None, "p99": None}
+        last = len(ordered) - 1
+        return {"p50": ordered[round(last * 0.5)], "p99": ordered[round(last * 0.99)]}
+
+    def timeline(self, session_id: str) -> list[dict[str, Any]] | None:
+        session = self._sessions.get(session_id)
+        return None if session is None else list(session.timeline)
 
     def list(self) -> dict[str, Any]:
         """Every session's summary, most recently seen first."""
@@ -115,7 +199,33 @@ class SessionRecords:
             "requests": session.requests,
             "records_total": session.records_total,
             "records_kept": len(session.records),
+            "dialect": session.dialect,
+            "model": session.model,
+            "window": session.window,
+            "tokens_sent": session.tokens_sent,
+            "tokens_forwarded": session.tokens_forwarded,
+            "tokens_saved": session.tokens_sent - session.tokens_forwarded,
+            "summarizer_calls": session.summarizer_calls,
+            "summarizer_failures": session.summarizer_failures,
         }
+
+
+_SORT_KEYS: dict[str, Callable[[str, _Session], Any]] = {
+    "session_id": lambda sid, s: sid,
+    "last_seen": lambda sid, s: s.last_seen,
+    "first_seen": lambda sid, s: s.first_seen,
+    "requests": lambda sid, s: s.requests,
+    "records_total": lambda sid, s: s.records_total,
+    "dialect": lambda sid, s: s.dialect or "",
+    "model": lambda sid, s: s.model or "",
+    "tokens_sent": lambda sid, s: s.tokens_sent,
+    "tokens_forwarded": lambda sid, s: s.tokens_forwarded,
+    "tokens_saved": lambda sid, s: s.tokens_sent - s.tokens_forwarded,
+    "summarizer_calls": lambda sid, s: s.summarizer_calls,
+    "summarizer_failures": lambda sid, s: s.summarizer_failures,
+}
+SORTABLE = frozenset(_SORT_KEYS)
+"""The summary fields a page of sessions may be ordered by."""
 
 
 def _iso(timestamp: float) -> str:
