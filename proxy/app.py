@@ -11,7 +11,7 @@ from proxy.compacting.hook import build_hook
 from proxy.compacting.llm_client import LLMFactory
 from proxy.compacting.stores.backend import StateBackend, build_backend
 from proxy.compacting.workers import Workers
-from proxy.http import admin, handlers, keys
+from proxy.http import admin, dashboard, handlers, keys
 from proxy.http.middleware import GET_ONLY, AnyTarget, unmatched, wrap_handler
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
@@ -161,6 +161,18 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     for path, handler, route in (
         ("/admin/sessions", admin.admin_sessions, "admin"),
         ("/admin/sessions/{session}", admin.admin_session, "admin_session"),
+    ):
+        router.add_route(
+            "*", path, wrap_handler(handler, route), expect_handler=handlers.expect_handler(route)
+        )
+    # The dashboard: its page and files (no token: they hold no data), and its JSON (token).
+    for path, handler, route in (
+        ("/admin/", dashboard.dashboard_page, "admin_dashboard"),
+        ("/admin/assets/{name}", dashboard.dashboard_asset, "admin_dashboard"),
+        ("/admin/api/sessions", dashboard.api_sessions, "admin_api"),
+        ("/admin/api/sessions/{session}", dashboard.api_session, "admin_api"),
+        ("/admin/api/sessions/{session}/memory", dashboard.api_memory, "admin_api"),
+        ("/admin/api/live", dashboard.api_live, "admin_api"),
     ):
         router.add_route(
             "*", path, wrap_handler(handler, route), expect_handler=handlers.expect_handler(route)
