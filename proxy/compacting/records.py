@@ -154,9 +154,13 @@ def _previews(messages: Sequence[dict[str, Any]], start: int, texts: bool) -> li
 
 def _preview(index: int, message: dict[str, Any], texts: bool) -> dict[str, Any]:
     content = message.get("content")
-    text = content if isinstance(content, str) else orjson.dumps(content).decode()
+    if content is None:
+        text = ""
+    else:
+        text = content if isinstance(content, str) else orjson.dumps(content).decode()
     if message.get("tool_calls"):
-        text += " " + orjson.dumps(message["tool_calls"]).decode()[:RECEIPT_PREVIEW_CHARS]
+        calls = orjson.dumps(message["tool_calls"]).decode()[:RECEIPT_PREVIEW_CHARS]
+        text = f"{text} {calls}" if text else calls
     return {
         "index": index,
         "role": str(message.get("role", "")),
