@@ -94,7 +94,6 @@ class SessionRecords:
         session = self._session(session_id)
         session.records.append(record)
         session.records_total += 1
-        session.dialect = record.get("dialect") or session.dialect
         session.model = record.get("model") or session.model
         session.window = record.get("window") or session.window
         if record.get("path") == "llm" or record.get("errors"):
@@ -105,7 +104,8 @@ class SessionRecords:
             session.records.popleft()
 
     def add_request(self, session_id: str, entry: dict[str, Any]) -> None:
-        """One hooked request's line in the session's timeline: its `dialect`, and
+        """One hooked request's line in the session's timeline: its `dialect` (the route's API
+        shape: chat, responses, messages; the session's from then on), and
         `tokens_before` / `tokens_after` when the request was counted (None when it was
         forwarded without being parsed: then it was far below the trigger)."""
         session = self._session(session_id)

@@ -174,6 +174,7 @@ async def test_live_figures_count_requests_but_not_the_dashboards_own(
     assert after["overhead_ms"]["p99"] >= after["overhead_ms"]["p50"] >= 0
     assert after["state"]["healthy"] is True
     assert after["in_flight"] == 0 and after["compactions"] == 0
+    assert after["background_tasks"] == 0
 
 
 def test_quantiles_are_read_from_cumulative_buckets_as_prometheus_does() -> None:

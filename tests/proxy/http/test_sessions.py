@@ -109,7 +109,8 @@ def test_a_page_of_sessions_is_sorted_filtered_and_bounded() -> None:
     assert [s["session_id"] for s in second["sessions"]] == ["s3", "s4", "s5"]
     claude = records.page(search="CLAUDE")
     (only,) = claude["sessions"]
-    assert only["session_id"] == "s3" and only["dialect"] == "messages"
+    # The session's dialect is its requests' route; a record's own name stays in the record.
+    assert only["session_id"] == "s3" and only["dialect"] == "chat"
     assert only["summarizer_calls"] == 2 and only["summarizer_failures"] == 1
     assert records.page(sort="nonsense", limit=1)["sessions"][0]["session_id"] == "s3"
 
