@@ -8,14 +8,16 @@ from aiohttp import web
 
 from compaction.checkpoints import CheckpointStore
 from proxy import keys
-from proxy.compacting.hook import build_hook
+from proxy.compacting.calibration import Calibration
+from proxy.compacting.hook import Replacements, Shared, build_hook
 from proxy.compacting.llm_client import LLMFactory
+from proxy.compacting.overflow import LearnedWindows
+from proxy.compacting.records import SessionRecords
 from proxy.compacting.stores.backend import StateBackend, build_backend
 from proxy.compacting.workers import Workers
 from proxy.hook import Hook
 from proxy.http import admin, handlers
 from proxy.http.edge import GET_ONLY, AnyTarget, at_edge, unmatched
-from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
 from proxy.lag import watch_loop_lag
 from proxy.metrics import Metrics
@@ -52,17 +54,17 @@ def create_app(
         state = build_backend(
             settings.state, settings.compaction, app[keys.METRICS].state, app[keys.TASKS]
         )
-        hook = build_hook(
-            settings,
+        shared = Shared(
             upstream=app[keys.UPSTREAM],
-            store=store or state,
-            state=state,
-            llm_for=llm_for,
             records=app[keys.RECORDS],
             metrics=app[keys.METRICS].compaction,
             tasks=app[keys.TASKS],
+            calibration=Calibration(),
+            learned=LearnedWindows(),
             offload=app[keys.WORKERS],
         )
+        replacements = Replacements(store=store or state, state=state, llm_for=llm_for)
+        hook = build_hook(settings, shared, replacements)
     app[keys.HOOK] = hook
     app.cleanup_ctx.append(_upstream_ctx)
     app.cleanup_ctx.append(_workers_ctx)

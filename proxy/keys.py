@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from proxy.compacting.records import SessionRecords
 from proxy.compacting.workers import Workers
 from proxy.hook import Hook
-from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
 from proxy.logs import RequestInfo
 from proxy.metrics import Metrics

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,7 +24,6 @@ from proxy.compacting.calibration import Calibration
 from proxy.compacting.dialects import Dialect
 from proxy.compacting.llm_client import LLMRequest
 from proxy.compacting.overflow import LearnedWindows
-from proxy.compacting.pieces import PIECES_FROM_BYTES, by_pieces
 from proxy.hook import RequestContext
 from proxy.settings import ModelsSettings
 
@@ -159,29 +158,38 @@ def opening_of(messages: list[Any]) -> list[Any]:
     return messages
 
 
+BodyParser = Callable[[Dialect, bytes], Awaitable[tuple[dict[str, Any], list[Any]]]]
+"""How a body becomes its payload and its list (NotCompactable when the dialect does not
+compact it)."""
+
+
+async def parse_whole(dialect: Dialect, body: bytes) -> tuple[dict[str, Any], list[Any]]:
+    """The plain parser: the dialect's, in one call."""
+    return dialect.parse(body)
+
+
 class RequestBuilder:
     """ParsedRequests from a request's context and payload, under the budget known now (the
     model's window, learned limits, calibration)."""
 
     def __init__(
-        self, models: ModelsSettings, calibration: Calibration, learned: LearnedWindows
+        self,
+        models: ModelsSettings,
+        calibration: Calibration,
+        learned: LearnedWindows,
+        parse: BodyParser = parse_whole,
     ) -> None:
+        """`parse` reads a body (the hook gives proxy.compacting.fast's, which parses a large
+        body in pieces, the event loop serving other requests in between, where parsing it
+        whole would hold them all: about 170 ms at 50 MiB)."""
         self._models = models
         self._calibration = calibration
         self._learned = learned
+        self._parse = parse
 
     async def parse(self, ctx: RequestContext, dialect: Dialect, body: bytes) -> ParsedRequest:
-        """The whole request (NotCompactable when the dialect does not compact it). A large body
-        is parsed in pieces, the event loop serving other requests in between
-        (proxy.compacting.pieces), where parsing it whole would hold them all (about 170 ms at
-        50 MiB); the same request either way."""
-        pieces = None
-        if len(body) >= PIECES_FROM_BYTES:
-            pieces = await by_pieces(body, dialect.items_key)
-        if pieces is None:
-            payload, messages = dialect.parse(body)
-        else:
-            payload, messages = pieces, dialect.items(pieces)
+        """The whole request (NotCompactable when the dialect does not compact it)."""
+        payload, messages = await self._parse(dialect, body)
         return self.build(ctx, dialect, body, payload, messages, messages, None)
 
     def build(

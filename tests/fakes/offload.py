@@ -1,6 +1,6 @@
 """Offloads that run each job at once in this process and keep it (`jobs`).
 
-Not `Inline`: a Compactor or KnownRequests given one packs the messages as for a worker process
+Not `Inline`: a Compactor or BodyIndexes given one packs the messages as for a worker process
 (it does not say `crossing = False`), so a test sees what a worker would be sent; `Pickling`
 also sends each job and its result through pickle, as a worker's pipe does, and keeps the
 pickled results (`results`); `SlowFirstPlan` plans slowly the first time."""

@@ -13,7 +13,7 @@ import orjson
 
 from bench.dialects import WIRES
 from proxy import keys
-from proxy.compacting.spans import locate_value, scan_items
+from proxy.compacting.fast.spans import locate_value, scan_items
 from tests import factories as f
 from tests.fakes.script import Script
 from tests.fakes.upstream import FakeUpstream

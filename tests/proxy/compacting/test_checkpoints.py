@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from proxy import keys
-from proxy.http.sessions import SessionRecords
+from proxy.compacting.records import SessionRecords
 from tests import factories as f
 from tests.fakes.offload import SlowFirstPlan
 from tests.fakes.script import SUMMARY_TEXT, Script, tokens

@@ -1,4 +1,4 @@
-"""The recognised-request path (proxy.compacting.known, recall) in every dialect: growing
+"""The recognised-request path (proxy.compacting.fast.indexes, recall) in every dialect: growing
 conversations sent through the real proxy with the path on and off (`known_requests_mb: 0`) give
 the upstream the same bytes, the agent the same statuses, and use the same checkpoints; after a
 precomputed reserve is applied, the next requests are decided from what is remembered again."""

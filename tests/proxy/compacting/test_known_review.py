@@ -1,4 +1,4 @@
-"""Odd requests on the recognised-request path (proxy.compacting.known, recall): what the full
+"""Odd requests on the recognised-request path (proxy.compacting.fast.indexes, recall): what the full
 path would give them, or the full path itself."""
 
 from __future__ import annotations

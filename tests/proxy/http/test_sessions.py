@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 
 from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
+from proxy.compacting.records import SessionRecords
 from proxy.compacting.request import fingerprint as fingerprint_of
 from proxy.errors import SessionIdRefused
-from proxy.http.sessions import SessionRecords, is_valid_session_id, resolve_session_id
+from proxy.http.sessions import is_valid_session_id, resolve_session_id
 
 
 def fingerprint(payload: dict[str, Any]) -> str:

@@ -27,8 +27,9 @@ from typing import Any
 
 import orjson
 
-from proxy.compacting.parts import other_fields
-from proxy.compacting.spans import locate_value, scan_items
+from proxy.compacting.dialects import Dialect
+from proxy.compacting.fast.parts import other_fields
+from proxy.compacting.fast.spans import locate_value, scan_items
 
 PIECES_FROM_BYTES = 1 << 20
 """Bodies from this size on are parsed in pieces (a whole parse of a megabyte holds the loop
@@ -50,6 +51,17 @@ _BETWEEN_ITEMS = re.compile(
     rb'\}[ \t\r\n]*,[ \t\r\n]*(?=\{[ \t\r\n]*"(?:role"|type"[ \t\r\n]*:[ \t\r\n]*'
     rb'"(?:message|reasoning|[a-z_]+_call(?:_output)?)"))'
 )
+
+
+async def parse_in_pieces(dialect: Dialect, body: bytes) -> tuple[dict[str, Any], list[Any]]:
+    """`body` parsed by `dialect` (its payload and its list; NotCompactable as the dialect
+    raises it), in pieces when it is large: the same request either way."""
+    pieces = None
+    if len(body) >= PIECES_FROM_BYTES:
+        pieces = await by_pieces(body, dialect.items_key)
+    if pieces is None:
+        return dialect.parse(body)
+    return pieces, dialect.items(pieces)
 
 
 async def by_pieces(

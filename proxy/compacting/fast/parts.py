@@ -1,7 +1,7 @@
 """Forwarded lists spliced from the client's own bytes: kept items go out as the bytes the client
 sent them as, only new items (a summary, Anthropic's joined turn) are serialized.
 
-A remembered body (proxy.compacting.known) knows where its items are; `splice_view` finds them
+A remembered body (proxy.compacting.fast.indexes) knows where its items are; `splice_view` finds them
 for a body that is not remembered, so a conversation's forwarded prefix keeps its bytes whether
 or not it is remembered (a client writing JSON unlike orjson keeps its prompt cache).
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from proxy.compacting.spans import Items, locate_value, scan_items
+from proxy.compacting.fast.spans import Items, locate_value, scan_items
 from proxy.compacting.splice import load_json
 
 Part = int | range | bytes
