@@ -328,7 +328,7 @@ class Conversations:
 
     async def flush_reserve(self, req: ParsedRequest, reserve: Checkpoint) -> None:
         """A precomputed checkpoint goes out: its memory items are due now, if not yet written
-        (proxy.compacting.reserves)."""
+        (proxy.compacting.reserve_writes)."""
         await self._reserves.flush(req.session_id, reserve)
 
     async def stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:
