@@ -14,6 +14,7 @@ from compaction.messages import CHAT
 from compaction.stages import PlanJob
 from proxy.compacting.fast.indexes import BodyIndexes
 from proxy.compacting.fast.indexing import IndexJob
+from proxy.compacting.history import ListHistory
 from tests import factories as f
 from tests.fakes.offload import RecordingOffload
 from tests.fakes.script import Script
@@ -62,15 +63,6 @@ async def replay(start: Any, script: Script, client: Any, **compaction: Any) -> 
         messages = grown(messages, step)
     assert statuses == ["applied", "reused", "reused", "reused"]
     return [r.body for r in script.calls(None)]
-
-
-async def test_recognized_requests_forward_the_same_bytes_as_the_full_path(
-    start: Any, script: Script, client: Any
-) -> None:
-    remembered = await replay(start, script, client)
-    script.upstream.requests.clear()
-    full = await replay(start, script, client, known_requests_mb=0)
-    assert remembered == full
 
 
 async def test_the_forwarded_prefix_stays_byte_identical_across_requests(
@@ -230,3 +222,19 @@ async def test_an_edited_and_grown_history_crosses_to_the_worker_as_its_own_arra
     (planned,) = [job for job in offload.jobs if isinstance(job, PlanJob)]
     sent = planned.messages.json
     assert sent is not None and sent.data == body and sent.load() == second
+
+
+async def test_a_remembered_index_reads_as_the_history_of_the_parsed_list() -> None:
+    # The one decision reads either: the same length, counts, digests and items.
+    first = long_history(3)
+    known, key = await learned(first)
+    seen = known.recognize(key, chat(grown(first, 1)), "messages")
+    assert seen is not None
+    index = known.extend(key, seen)
+    parsed = ListHistory(grown(first, 1), SEED, CHAT)
+    assert len(index) == len(parsed)
+    assert [index.tokens_to(i) for i in range(len(index) + 1)] == [
+        parsed.tokens_to(i) for i in range(len(parsed) + 1)
+    ]
+    assert list(index.prefix_digests()) == list(parsed.prefix_digests())
+    assert [index.item(i) for i in range(len(index))] == grown(first, 1)
