@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from compaction import HeuristicEstimator, Shape
+from compaction import HeuristicEstimator, Message, Shape
 from compaction.checkpoints import Checkpoint, prefix_digests
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ class History(Protocol):
         """One per item: digest i identifies items[:i + 1] under the conversation's seed."""
         ...
 
-    def item(self, index: int) -> Any:
+    def item(self, index: int) -> Message:
         """Item `index` as parsed (for the few a decision or a splice must read)."""
         ...
 
@@ -41,7 +41,7 @@ class ListHistory:
     """A parsed list as a History: counted on first use (its total first: a request below the
     trigger needs no more), hashed when a decision looks a checkpoint up."""
 
-    def __init__(self, items: list[Any], seed: bytes, shape: Shape) -> None:
+    def __init__(self, items: list[Message], seed: bytes, shape: Shape) -> None:
         self._items = items
         self._seed = seed
         self._shape = shape
@@ -73,7 +73,7 @@ class ListHistory:
             self._digests = prefix_digests(self._items, self._seed)
         return self._digests
 
-    def item(self, index: int) -> Any:
+    def item(self, index: int) -> Message:
         return self._items[index]
 
 

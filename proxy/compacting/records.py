@@ -21,6 +21,9 @@ from compaction import CompactionResult
 from compaction.checkpoints import Checkpoint, View
 from proxy.metrics import CompactionMetrics
 
+Record = dict[str, Any]
+"""A JSON-able document for /admin: one compaction's record, or a session's summary."""
+
 if TYPE_CHECKING:  # a request's parts are only read here; keys.py imports this module
     from proxy.compacting.request import ParsedRequest
 
@@ -33,7 +36,7 @@ class _Session:
     last_seen: float
     requests: int = 0
     records_total: int = 0
-    records: deque[dict[str, Any]] = field(default_factory=deque)
+    records: deque[Record] = field(default_factory=deque)
 
 
 class SessionRecords:
@@ -56,19 +59,19 @@ class SessionRecords:
         """Count one request of `session_id` and mark it as just seen."""
         self._session(session_id).requests += 1
 
-    def add_record(self, session_id: str, record: dict[str, Any]) -> None:
+    def add_record(self, session_id: str, record: Record) -> None:
         session = self._session(session_id)
         session.records.append(record)
         session.records_total += 1
         while len(session.records) > self._per_session:
             session.records.popleft()
 
-    def list(self) -> dict[str, Any]:
+    def list(self) -> Record:
         """Every session's summary, most recently seen first."""
         sessions = [self._summary(sid, s) for sid, s in reversed(self._sessions.items())]
         return {"sessions": sessions, "count": len(sessions)}
 
-    def get(self, session_id: str) -> dict[str, Any] | None:
+    def get(self, session_id: str) -> Record | None:
         session = self._sessions.get(session_id)
         if session is None:
             return None
@@ -87,7 +90,7 @@ class SessionRecords:
         return session
 
     @staticmethod
-    def _summary(session_id: str, session: _Session) -> dict[str, Any]:
+    def _summary(session_id: str, session: _Session) -> Record:
         return {
             "session_id": session_id,
             "first_seen": _iso(session.first_seen),

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from compaction import HeuristicEstimator
+from compaction import HeuristicEstimator, Message
 from compaction.checkpoints import conversation_seed
 from compaction.packing import JsonArray
 from proxy.compacting.calibration import Calibration
@@ -55,15 +55,19 @@ def may_need_parsing(
     return False
 
 
+Payload = dict[str, Any]
+"""A request's JSON object as parsed: every member the client sent, unknown ones included."""
+
+
 @dataclass(frozen=True)
 class ParsedRequest:
     dialect: Dialect
     body: bytes
     """The bytes as received: what a serializer splices into."""
-    payload: dict[str, Any]
-    messages: list[Any]
+    payload: Payload
+    messages: list[Message]
     """The dialect's list: chat `messages`, Responses `input`, Anthropic `messages`."""
-    extras: Any
+    extras: object
     """What the request costs besides `messages` (tools, instructions, system)."""
     model: str
     window: int
@@ -96,7 +100,7 @@ class ParsedRequest:
         items (unchanged if that is not how many messages it has)."""
         return replace(self, array=array) if count == len(self.messages) else self
 
-    def messages_json(self, messages: list[Any]) -> JsonArray | None:
+    def messages_json(self, messages: list[Message]) -> JsonArray | None:
         """`messages` as a JSON array in the client's own bytes, when they are this request's
         whole list and it is located (None otherwise): a compaction's history then crosses to a
         worker process as the body it came in, not serialized again on the event loop (60-70
@@ -108,7 +112,7 @@ class ParsedRequest:
         dialect to ask in, the query string its upstream needs."""
         return LLMRequest(model, self.credential, self.auth_headers, self.dialect, self.query)
 
-    def serialize(self, messages: list[Any]) -> bytes:
+    def serialize(self, messages: list[Message]) -> bytes:
         """The request with its list replaced; every other field as sent, in its place."""
         return self.dialect.serialize(self.body, self.payload, messages)
 
@@ -117,14 +121,14 @@ class ParsedRequest:
 class Decision:
     """What to forward for one request, and what the response headers say about it."""
 
-    messages: list[Any]
+    messages: list[Message]
     status: str
     tokens_before: int
     tokens_after: int
     compaction_id: str | None
 
 
-def model_of(payload: dict[str, Any]) -> str:
+def model_of(payload: Payload) -> str:
     model = payload.get("model")
     return model if isinstance(model, str) else ""
 
@@ -145,7 +149,7 @@ def fingerprint(opening: Mapping[str, Any], tenant: bytes = b"") -> str:
     return f"fp-{hashlib.sha256(canonical).hexdigest()[:32]}"
 
 
-def opening_of(messages: list[Any]) -> list[Any]:
+def opening_of(messages: list[Message]) -> list[Message]:
     """The messages a fingerprint reads (Dialect.opening): up to and including the first user
     message (a Responses message item; any longer prefix would do too)."""
     for i, message in enumerate(messages):
@@ -158,12 +162,12 @@ def opening_of(messages: list[Any]) -> list[Any]:
     return messages
 
 
-BodyParser = Callable[[Dialect, bytes], Awaitable[tuple[dict[str, Any], list[Any]]]]
+BodyParser = Callable[[Dialect, bytes], Awaitable[tuple[Payload, list[Message]]]]
 """How a body becomes its payload and its list (NotCompactable when the dialect does not
 compact it)."""
 
 
-async def parse_whole(dialect: Dialect, body: bytes) -> tuple[dict[str, Any], list[Any]]:
+async def parse_whole(dialect: Dialect, body: bytes) -> tuple[Payload, list[Message]]:
     """The plain parser: the dialect's, in one call."""
     return dialect.parse(body)
 
@@ -197,9 +201,9 @@ class RequestBuilder:
         ctx: RequestContext,
         dialect: Dialect,
         body: bytes,
-        payload: dict[str, Any],
-        messages: list[Any],
-        opening_messages: list[Any],
+        payload: Payload,
+        messages: list[Message],
+        opening_messages: list[Message],
         opening: str | None,
     ) -> ParsedRequest:
         """The request from its payload; `opening_messages` holds at least its messages up to

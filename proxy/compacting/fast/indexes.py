@@ -24,12 +24,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import orjson
 from cachetools import LRUCache
 
-from compaction import HeuristicEstimator
+from compaction import HeuristicEstimator, Message
 from compaction.checkpoints import prefix_digests
 from compaction.messages import Shape
 from compaction.offload import Inline, Offload
@@ -38,6 +37,7 @@ from compaction.prefix import Prefix
 from proxy.compacting.fast.indexing import IndexJob, index_body
 from proxy.compacting.fast.parts import Part, other_fields, splice
 from proxy.compacting.fast.spans import Items, scan_items
+from proxy.compacting.request import Payload
 
 # Conversations remembered under one key: an agent's parallel sessions open with the same
 # system prompt, often longer than the 4 KiB the key reads.
@@ -65,9 +65,9 @@ class BodyIndex:
     tokens: list[int]
     seed: bytes
     shape: Shape
-    opening: list[Any]
+    opening: list[Message]
     count: int
-    fingerprint: tuple[Any, str] | None = None
+    fingerprint: tuple[Payload, str] | None = None
     """The opening as its dialect reads it (Dialect.opening: head, tool names, first user
     message) and its fingerprint: unchanged opening, same fingerprint, no hashing."""
 
@@ -94,9 +94,10 @@ class BodyIndex:
         are copied as one slice (separators included)."""
         return splice(self.body, self.open_at, self.items, parts)
 
-    def item(self, index: int) -> Any:
+    def item(self, index: int) -> Message:
         """Item `index`, parsed from its bytes (for the few a decision must read)."""
-        return orjson.loads(self.body[self.items.starts[index] : self.items.ends[index]])
+        item: Message = orjson.loads(self.body[self.items.starts[index] : self.items.ends[index]])
+        return item
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,8 @@ class Continuation:
 
     index: BodyIndex
     body: bytes
-    fields: dict[str, Any]
-    added: list[Any]
+    fields: Payload
+    added: list[Message]
     tail: Items
 
 
@@ -152,8 +153,8 @@ class BodyIndexes:
         self,
         key: int,
         seen: Continuation,
-        fingerprint: tuple[Any, str] | None = None,
-        opening: list[Any] | None = None,
+        fingerprint: tuple[Payload, str] | None = None,
+        opening: list[Message] | None = None,
     ) -> BodyIndex:
         """Remember the recognized body: only its added items are hashed and counted;
         `fingerprint` replaces the known one (the opening changed), `opening` the known opening
@@ -205,8 +206,8 @@ class BodyIndexes:
         items_key: str,
         shape: Shape,
         seed: bytes,
-        opening: list[Any],
-        fingerprint: tuple[Any, str] | None = None,
+        opening: list[Message],
+        fingerprint: tuple[Payload, str] | None = None,
     ) -> BodyIndex | None:
         """Remember a body the caller parsed (`count` items under `items_key`, counted in
         `shape`); None if its bytes cannot be followed (then it is not remembered). The scan,
