@@ -56,7 +56,7 @@ _UNCHANGED: Mapping[str, str] = MappingProxyType({STATUS: "none"})
 # How much longer than a waiting request the summarizer call itself may take.
 _BACKGROUND_TIMEOUT_FACTOR = 3
 # Below this a body is parsed whole in well under a millisecond: not worth remembering.
-_KNOWN_MIN_BODY_BYTES = 64 * 1024
+_INDEXED_MIN_BODY_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -263,7 +263,7 @@ def build_hook(
         indexes=given.indexes
         or BodyIndexes(
             max_bytes=int(options.known_requests_mb * 1024 * 1024),
-            min_body_bytes=_KNOWN_MIN_BODY_BYTES,
+            min_body_bytes=_INDEXED_MIN_BODY_BYTES,
             offload=shared.offload,
         ),
     )

@@ -1,5 +1,6 @@
-"""Long conversations recognized from their last request (proxy.compacting.fast.indexes, recall):
-the same forwarded bytes as the full path, a byte-stable prefix, and no recognition of an edit."""
+"""Long conversations recognized from their last request (proxy.compacting.fast.indexes): the
+digests and counts of a full computation, the history a decision reads, a byte-stable prefix,
+and no recognition of an edit."""
 
 from __future__ import annotations
 
