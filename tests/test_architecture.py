@@ -16,8 +16,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_LINES = 300
-# Modules allowed past MAX_LINES, each with its reason. Keep this list short (empty today).
-OVERSIZE: dict[str, str] = {}
+# Modules allowed past MAX_LINES, each with its reason. Keep this list short.
+OVERSIZE: dict[str, str] = {
+    "proxy/compacting/conversations.py": "the one decision per request (decide, view, estimate) "
+    "and the compactions it calls for read the same store, flights and reserves; split, the "
+    "decision would lose sight of what it decides about",
+}
 
 
 def _modules(where: str) -> list[Path]:
