@@ -3,6 +3,8 @@
 - compaction/ is a library: it imports nothing from proxy/ or aiohttp.
 - proxy/http/ moves bytes: it reaches what changes a request only through proxy/hook.py, never
   proxy/compacting/.
+- The speed machinery (proxy/compacting/fast/) is entered through its package only, so the
+  plain design reads without it and each optimisation can go on its own.
 - No module grows past about 300 lines: past that it has a second job.
 """
 
@@ -80,6 +82,19 @@ def test_http_reaches_compacting_only_through_the_hook_protocol() -> None:
 
 def test_the_hook_protocol_knows_neither_side() -> None:
     assert _violations("proxy/hook.py", ("proxy.compacting", "proxy.http", "compaction")) == []
+
+
+def test_the_speed_machinery_is_entered_through_its_package_only() -> None:
+    fast = REPO / "proxy/compacting/fast"
+    inner = tuple(f"proxy.compacting.fast.{path.stem}" for path in fast.glob("*.py"))
+    outside = [path for path in _modules("proxy") if fast not in path.parents]
+    found = [
+        f"{path.relative_to(REPO)}:{line} imports {name}"
+        for path in outside
+        for line, name in _imported(path)
+        if any(name == module or name.startswith(f"{module}.") for module in inner)
+    ]
+    assert found == []
 
 
 def test_no_module_is_over_three_hundred_lines() -> None:

@@ -32,8 +32,7 @@ from proxy.compacting.exchange import (
     UnparsedExchange,
     describe,
 )
-from proxy.compacting.fast import FastPath, parse_in_pieces
-from proxy.compacting.fast.indexes import BodyIndex, BodyIndexes
+from proxy.compacting.fast import BodyIndex, BodyIndexes, FastPath, parse_in_pieces
 from proxy.compacting.history import History, ListHistory
 from proxy.compacting.llm_client import LLMFactory, UpstreamLLMFactory
 from proxy.compacting.overflow import LearnedWindows, parse_overflow

@@ -1,6 +1,7 @@
 """Speed machinery: what the plain design (parse the body, decide, serialize the view) does,
-done faster on the body's bytes. The compacting hook enters through `FastPath` and
-`parse_in_pieces` only, so each optimisation can be removed when a library catches up:
+done faster on the body's bytes. The rest of the proxy enters through this package only
+(`FastPath`, `parse_in_pieces`, and the `BodyIndexes` a caller may size or replace), so each
+optimisation can be removed when a library catches up:
 
 - `indexes`, `indexing`: a long conversation's last body remembered as an index (item offsets,
   prefix digests, token counts; built off the loop), and the next body recognized from it;
@@ -11,7 +12,8 @@ done faster on the body's bytes. The compacting hook enters through `FastPath` a
 - `parts`, `spans`: the byte-level scan of a JSON array and the splice of its items.
 """
 
+from proxy.compacting.fast.indexes import BodyIndex, BodyIndexes
 from proxy.compacting.fast.path import FastPath
 from proxy.compacting.fast.pieces import parse_in_pieces
 
-__all__ = ["FastPath", "parse_in_pieces"]
+__all__ = ["BodyIndex", "BodyIndexes", "FastPath", "parse_in_pieces"]
