@@ -52,14 +52,12 @@ from proxy.tasks import BackgroundTasks
 @dataclass(frozen=True)
 class Choice:
     """What a request's history calls for: its estimate (`before`), the checkpoint the view to
-    forward builds on (`base`, None: the history as sent) and that view's estimate (`after`), a
-    precomputed checkpoint still held in `reserve`, and whether a compaction must run first
-    (`compacts`: over the trigger with no view that fits)."""
+    forward builds on (`base`, None: the history as sent) and that view's estimate (`after`),
+    and whether a compaction must run first (`compacts`: over the trigger, no view that fits)."""
 
     before: int
     base: Checkpoint | None
     after: int
-    reserve: Checkpoint | None = None
     compacts: bool = False
 
 
@@ -110,8 +108,8 @@ class Conversations:
         before = self.estimate(req, history)
         if not self.needs(req, before):
             return Choice(before, None, before)
-        base, after, reserve = await self.view(req, history)
-        return Choice(before, base, after, reserve, base is None or self.needs(req, after))
+        base, after, _ = await self.view(req, history)
+        return Choice(before, base, after, base is None or self.needs(req, after))
 
     async def carry_out(self, req: ParsedRequest, history: History, choice: Choice) -> Decision:
         """What `choice` forwards for the parsed request `req`: the request as sent, a view
@@ -123,11 +121,11 @@ class Conversations:
             if choice.base is None:
                 return Decision(req.messages, "none", before, before, None)
             return await self._reused(View.of(req.messages, choice.base), before, choice.after)
-        deadline = self._clock() + self._options.summary_timeout_s
+        timeout_s = self._options.summary_timeout_s
+        deadline = self._clock() + timeout_s
         digests = history.prefix_digests()
-        remaining = max(0.0, deadline - self._clock())
         flight, state = self._flight, self._state
-        if await wait_for_running(flight, state, digests, remaining, starting=self.planning):
+        if await wait_for_running(flight, state, digests, timeout_s, starting=self.planning):
             base, tokens, _ = await self.view(req, history)
             if base is not None and not self.needs(req, tokens):
                 return await self._reused(View.of(req.messages, base), before, tokens)
