@@ -1,8 +1,8 @@
 """The arrows between the packages, and module size, kept by tests.
 
 - compaction/ is a library: it imports nothing from proxy/ or aiohttp.
-- proxy/http/ moves bytes: it reaches what changes a request only through proxy/hook.py, never
-  proxy/compacting/.
+- proxy/http/ moves bytes: it reaches what changes a request only through proxy/interception.py
+  (the hook protocol), never proxy/compacting/.
 - The speed machinery (proxy/compacting/fast/) is entered through its package only, so the
   plain design reads without it and each optimisation can go on its own.
 - No module grows past about 300 lines: past that it has a second job.
@@ -81,7 +81,9 @@ def test_http_reaches_compacting_only_through_the_hook_protocol() -> None:
 
 
 def test_the_hook_protocol_knows_neither_side() -> None:
-    assert _violations("proxy/hook.py", ("proxy.compacting", "proxy.http", "compaction")) == []
+    assert (
+        _violations("proxy/interception.py", ("proxy.compacting", "proxy.http", "compaction")) == []
+    )
 
 
 def test_the_speed_machinery_is_entered_through_its_package_only() -> None:

@@ -1,4 +1,4 @@
-"""The compacting hook: the proxy's per-request compaction decision (proxy.hook.Hook).
+"""The compacting hook: the proxy's per-request compaction decision (proxy.interception.Hook).
 
 Bodies that cannot reach the lowest ratio are not parsed; below the trigger the original bytes go
 upstream untouched. At the trigger the conversations (proxy.compacting.conversations) give the
@@ -41,8 +41,8 @@ from proxy.compacting.records import SessionRecords
 from proxy.compacting.request import Decision, ParsedRequest, RequestBuilder, may_need_parsing
 from proxy.compacting.stores.backend import StateBackend
 from proxy.compacting.stores.memory import MemoryStore
-from proxy.hook import Exchange, Passthrough, RequestContext
 from proxy.http.upstream import Upstream
+from proxy.interception import Exchange, Passthrough, RequestContext
 from proxy.metrics import CompactionMetrics
 from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks

@@ -24,7 +24,7 @@ from proxy.compacting.calibration import Calibration
 from proxy.compacting.dialects import Dialect
 from proxy.compacting.llm_client import LLMRequest
 from proxy.compacting.overflow import LearnedWindows
-from proxy.hook import RequestContext
+from proxy.interception import RequestContext
 from proxy.settings import ModelsSettings
 
 SCOPE_HEADERS = ("api-key", "x-api-key", "OpenAI-Organization", "OpenAI-Project")

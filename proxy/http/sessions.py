@@ -6,17 +6,30 @@ the body) a fingerprint of the conversation's opening.
 Ids become directory names under `memory.dir`, so they are validated strictly here: the
 pattern leaves no room for separators, and a leading dot is refused (no `.`, `..`, hidden dirs).
 
-What the proxy keeps about each session for /admin is proxy.compacting.records.
+What the proxy keeps about each session for /admin is proxy.compacting.records; proxy.http
+reads it through `AdminRecords`, the part of it the handlers use (create_app passes it in).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any, Protocol
 
 from compaction.memory import is_valid_session_id
 from proxy.errors import SessionIdRefused
 
 SESSION_HEADER = "X-Session-Id"
+
+
+class AdminRecords(Protocol):
+    """The records the app keeps per session, as proxy.http uses them: a forwarded request is
+    counted, /admin lists the sessions and shows one."""
+
+    def touch(self, session_id: str) -> None: ...
+
+    def list(self) -> dict[str, Any]: ...
+
+    def get(self, session_id: str) -> dict[str, Any] | None: ...
 
 
 def check_session_id(value: str, source: str) -> str:
