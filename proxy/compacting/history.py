@@ -14,8 +14,7 @@ import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from compaction import HeuristicEstimator, Message, Shape
-from compaction.checkpoints import Checkpoint, prefix_digests
+from compaction import Checkpoint, HeuristicEstimator, Message, Shape, prefix_digests
 
 if TYPE_CHECKING:
     from proxy.compacting.request import ParsedRequest

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from compaction import CompactionResult
-from compaction.checkpoints import Checkpoint, View
+from compaction import Checkpoint, CompactionResult, View
 from proxy.metrics import CompactionMetrics
 
 Record = dict[str, Any]

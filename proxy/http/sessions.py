@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from compaction.memory import is_valid_session_id
+from compaction import is_valid_session_id
 from proxy.errors import SessionIdRefused
 
 SESSION_HEADER = "X-Session-Id"

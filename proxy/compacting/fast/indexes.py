@@ -28,12 +28,16 @@ from dataclasses import dataclass, replace
 import orjson
 from cachetools import LRUCache
 
-from compaction import HeuristicEstimator, Message
-from compaction.checkpoints import prefix_digests
-from compaction.messages import Shape
-from compaction.offload import Inline, Offload
-from compaction.packing import JsonArray
-from compaction.prefix import Prefix
+from compaction import (
+    DigestPrefix,
+    HeuristicEstimator,
+    Inline,
+    JsonArray,
+    Message,
+    Offload,
+    Shape,
+    prefix_digests,
+)
 from proxy.compacting.fast.indexing import IndexJob, index_body
 from proxy.compacting.fast.parts import Part, other_fields, splice
 from proxy.compacting.fast.spans import Items, scan_items
@@ -83,7 +87,7 @@ class BodyIndex:
 
     def prefix_digests(self) -> Sequence[bytes]:
         """The prefix digests of this request's items (in place, without a copy)."""
-        return Prefix(self.digests, self.count)
+        return DigestPrefix(self.digests, self.count)
 
     def array(self) -> JsonArray:
         """Its items array, `[` to `]`, in its body."""

@@ -16,8 +16,7 @@ import logging
 
 import orjson
 
-from compaction import Message
-from compaction.checkpoints import Checkpoint
+from compaction import Checkpoint, Message
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations
 from proxy.compacting.dialects import Dialect, NotCompactable
