@@ -32,7 +32,7 @@ from compaction import (
     plan_key,
 )
 from proxy.compacting.applied import AppliedCompactions
-from proxy.compacting.fallback import fallback
+from proxy.compacting.fallback import GRACE_S, fallback
 from proxy.compacting.flight import (
     SingleFlight,
     is_running,
@@ -46,6 +46,7 @@ from proxy.compacting.records import SessionRecords, record_compaction
 from proxy.compacting.request import Decision, ParsedRequest
 from proxy.compacting.reserve_writes import ReserveWrites
 from proxy.compacting.stores.backend import StateBackend, stored_under
+from proxy.compacting.workers import WorkerLost
 from proxy.metrics import CompactionMetrics
 from proxy.settings import CompactionSection
 from proxy.tasks import BackgroundTasks
@@ -234,7 +235,11 @@ class Conversations:
         reason: str,
     ) -> Decision:
         digests = history.prefix_digests()
-        compaction = await self.plan(req, view)
+        try:  # a stuck worker holds no request past its deadline (and a plan's fallback's grace)
+            waited = max(deadline - self._clock(), GRACE_S)
+            compaction = await asyncio.wait_for(self.plan(req, view), waited)
+        except (TimeoutError, WorkerLost):  # a worker lost is logged where it was found
+            return await self._as_is(view, before, tokens)
         key = plan_key(view, compaction.plan, digests)
         joined = key is not None and key in self._flight
         task = self.start(req, view, compaction, digests, reason)
