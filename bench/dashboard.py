@@ -19,9 +19,9 @@ import time
 import aiohttp
 
 from proxy.app import create_app
+from proxy.compacting.records import SessionRecords
 from proxy.http import keys
 from proxy.http.serving import serve_on_loopback
-from proxy.http.sessions import SessionRecords
 from proxy.settings import Settings
 
 TOKEN = "bench-admin"
