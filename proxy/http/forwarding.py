@@ -148,7 +148,7 @@ _STATUS, _BEFORE, _AFTER, _COMPACTION = (
 def timeline_entry(
     route: str, body: bytes, exchange: Exchange, status: int, overhead_ms: float
 ) -> dict[str, object]:
-    """A session's timeline line for one hooked request (proxy.http.sessions.add_request)."""
+    """A session's timeline line for one hooked request (AdminRecords.add_request)."""
     said = exchange.headers
     return {
         "time": _now_iso(),
