@@ -22,6 +22,7 @@ from compaction.checkpoints import conversation_seed
 from compaction.packing import JsonArray
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.dialects import Dialect
+from proxy.compacting.identity import is_injected, named_session
 from proxy.compacting.llm_client import LLMRequest
 from proxy.compacting.overflow import LearnedWindows
 from proxy.compacting.pieces import PIECES_FROM_BYTES, by_pieces
@@ -148,12 +149,14 @@ def fingerprint(opening: Mapping[str, Any], tenant: bytes = b"") -> str:
 
 def opening_of(messages: list[Any]) -> list[Any]:
     """The messages a fingerprint reads (Dialect.opening): up to and including the first user
-    message (a Responses message item; any longer prefix would do too)."""
+    message with words of the person's (a Responses message item; any longer prefix would do
+    too), past the turns a client injects its context in."""
     for i, message in enumerate(messages):
         if (
             isinstance(message, dict)
             and message.get("role") == "user"
             and message.get("type", "message") == "message"
+            and not is_injected(message.get("content"))
         ):
             return messages[: i + 1]
     return messages
@@ -205,7 +208,7 @@ class RequestBuilder:
         )
         if opening is None:  # hashing the opening costs as much as the first user message is long
             opening = fingerprint(dialect.opening(payload, opening_messages), tenant)
-        session_id = ctx.explicit_session or opening
+        session_id = ctx.explicit_session or named_session(payload, tenant) or opening
         factor = self._calibration.factor(model)
         return ParsedRequest(
             dialect=dialect,

@@ -16,11 +16,13 @@ from compaction.messages import ANTHROPIC, Shape, join_summary
 from compaction.messages.anthropic import blocks_text
 from proxy.compacting.dialects.common import (
     ItemsDialect,
+    first_user_words,
     int_field,
     positive_int,
     replace_field,
     tool_names,
 )
+from proxy.compacting.identity import without_markers
 
 _CACHE_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens")
 
@@ -44,11 +46,11 @@ class AnthropicMessages(ItemsDialect):
         return positive_int(payload, "max_tokens")
 
     def opening(self, payload: dict[str, Any], messages: list[Any]) -> dict[str, Any]:
-        first_user = next(
-            (m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"),
-            None,
-        )
-        return {"head": payload.get("system"), "tools": tool_names(payload), "user": first_user}
+        return {
+            "head": without_markers(payload.get("system")),
+            "tools": tool_names(payload),
+            "user": first_user_words(messages),
+        }
 
     def serialize(self, body: bytes, payload: dict[str, Any], messages: list[Any]) -> bytes:
         return replace_field(body, payload, "messages", self.wire(messages))

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
 
+from proxy.compacting.identity import user_words
 from proxy.compacting.splice import load_json, locate_field
 
 
@@ -84,3 +85,14 @@ def tool_names(payload: Mapping[str, Any]) -> list[str]:
         if isinstance(name, str):
             names.append(name)
     return sorted(names)
+
+
+def first_user_words(messages: Iterable[Any]) -> Any:
+    """The first user turn's words of the person (proxy.compacting.identity.user_words): turns
+    holding only what the client injected are passed over; None when there is none yet."""
+    for message in messages:
+        if isinstance(message, Mapping) and message.get("role") == "user":
+            words = user_words(message.get("content"))
+            if words is not None:
+                return words
+    return None
