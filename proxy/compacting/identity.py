@@ -2,7 +2,8 @@
 the path): the session its client already names, else what a fingerprint reads of its opening.
 
 Clients that know their conversations say so in every request: the Responses API's
-`prompt_cache_key` and Codex's `client_metadata.session_id`, Claude Code's `metadata.user_id` (a
+`prompt_cache_key` and Codex's `client_metadata` (`session_id`, or since 0.17x the `thread_id` in
+its `x-codex-turn-metadata`), Claude Code's `metadata.user_id` (a
 JSON string holding `session_id`; older versions `..._session_<uuid>`), the gateways'
 `metadata.session_id`. Such a name is the client's, not the operator's: it becomes an id of the
 session-id alphabet scoped by the caller's credentials (two tenants naming the same session never
@@ -15,7 +16,7 @@ AGENTS.md blocks, Claude Code's `<system-reminder>`...), which is the same for e
 conversation started in one folder on one day.
 
 Cost on the request path: a few dictionary reads of fields already parsed, one hash of the name
-(and for Claude Code one parse of a string of about 200 bytes): microseconds, whatever the size
+(and for Codex and Claude Code one parse of a string of 200-800 bytes): microseconds, whatever the size
 of the body.
 """
 
@@ -57,6 +58,8 @@ _MARKERS = frozenset({"cache_control"})
 _OUT_OF_ALPHABET = re.compile(r"[^A-Za-z0-9._-]+")
 _NAME_CHARS = 96  # leaves room for the scope digest within the 128 of a session id
 _MAX_NAME_CHARS = 1024  # longer is no session name
+_MAX_JSON_CHARS = 8192  # a client's metadata string; anything longer is not read
+_CODEX_TURN = "x-codex-turn-metadata"
 _CLAUDE_CODE_SESSION = re.compile(r"_session_([A-Za-z0-9-]{1,128})$")
 
 
@@ -75,8 +78,12 @@ def _client_name(payload: Mapping[str, Any]) -> str | None:
     """The first name the client gives its conversation: the specific fields before the
     generic `prompt_cache_key` (which a client may share between conversations)."""
     client = payload.get("client_metadata")
-    if isinstance(client, Mapping) and _is_name(name := client.get("session_id")):
-        return name
+    if isinstance(client, Mapping):
+        if _is_name(name := client.get("session_id")):
+            return name
+        turn = client.get(_CODEX_TURN)
+        if isinstance(turn, str) and (name := _codex_thread(turn)) is not None:
+            return name
     metadata = payload.get("metadata")
     if isinstance(metadata, Mapping):
         if _is_name(name := metadata.get("session_id")):
@@ -88,17 +95,31 @@ def _client_name(payload: Mapping[str, Any]) -> str | None:
     return key if _is_name(key) else None
 
 
+def _codex_thread(turn: str) -> str | None:
+    """The thread in Codex's turn metadata (a JSON object as a string): each thread is one
+    conversation (a sub-agent's too), `session_id` the whole run's."""
+    fields = _json_object(turn)
+    for key in ("thread_id", "session_id"):
+        if _is_name(name := fields.get(key)):
+            return name
+    return None
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    if len(text) > _MAX_JSON_CHARS or not text.startswith("{"):
+        return {}
+    try:
+        fields = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return {}
+    return fields if isinstance(fields, dict) else {}
+
+
 def _claude_code_session(user_id: str) -> str | None:
     """The `session_id` in Claude Code's `metadata.user_id`: a JSON object as a string, or in
     older versions `user_<hash>_account_<uuid>_session_<uuid>`."""
-    if len(user_id) > _MAX_NAME_CHARS:
-        return None
     if user_id.startswith("{"):
-        try:
-            fields = orjson.loads(user_id)
-        except orjson.JSONDecodeError:
-            return None
-        name = fields.get("session_id") if isinstance(fields, dict) else None
+        name = _json_object(user_id).get("session_id")
         return name if _is_name(name) else None
     found = _CLAUDE_CODE_SESSION.search(user_id)
     return found.group(1) if found else None

@@ -223,6 +223,10 @@ def test_client_names_are_read_from_the_known_fields() -> None:
         {"metadata": {"user_id": '{"session_id": "5f0c3a52-0d3e"}'}}, tenant
     )
     assert named_session({"metadata": {"session_id": "s1"}}, tenant) is not None
+    turn = orjson.dumps({"session_id": "run-1", "thread_id": "thread-2"}).decode()
+    codex = {"client_metadata": {"x-codex-turn-metadata": turn}, "prompt_cache_key": "thread-2"}
+    assert named_session(codex, tenant) == named_session({"prompt_cache_key": "thread-2"}, tenant)
+    assert named_session(codex, tenant).startswith("thread-2-")  # type: ignore[union-attr]
     # The specific field wins over the shared prompt cache key.
     assert named_session(
         {"prompt_cache_key": "app-wide", "client_metadata": {"session_id": "t1"}}, tenant
