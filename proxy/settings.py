@@ -1,9 +1,9 @@
 """Settings: the pydantic model of config.yaml and the one way to load it.
 
 Precedence, lowest first: built-in defaults, the YAML file, `COMPACTION_PROXY__SECTION__KEY`
-environment variables, CLI overrides. Every problem becomes one `SettingsError` whose message is
-a single line naming the dotted key and the reason; the CLI prints it and exits 2.
-`create_app()` takes a `Settings` and never reads a file or the environment itself.
+environment variables, CLI overrides. Every problem becomes one `SettingsError`: one line naming
+the dotted key and the reason; the CLI prints it and exits 2. `create_app()` takes a `Settings`
+and never reads a file or the environment itself (but for `upstream.trust_env`'s proxies).
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class UpstreamSettings(_Section):
     timeout_s: float = Field(default=600, gt=0)
     connect_timeout_s: float = Field(default=10, gt=0)
     api_key: str | None = None
+    trust_env: bool = False  # HTTPS_PROXY / HTTP_PROXY / NO_PROXY, read at start (http.egress)
 
     @field_validator("base_url", "anthropic_base_url")
     @classmethod
@@ -92,9 +93,8 @@ class ModelsSettings(_Section):
 
 
 class CompactionSection(_Section):
-    """The `compaction:` section: the library's settings (compaction.CompactionSettings, whose
-    module holds each default) plus what only the proxy decides (precompute, timeouts,
-    cooldown, checkpoints). Not named CompactionSettings: that is the library's class."""
+    """The `compaction:` section: the library's settings (compaction.CompactionSettings, the
+    library's class, holds each default) plus the proxy's own (precompute, timeouts, cooldown)."""
 
     enabled: bool = True
     trigger_ratio: float = Field(default=library.TRIGGER_RATIO, gt=0, le=1)
