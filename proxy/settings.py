@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PositiveInt,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -72,24 +73,22 @@ class UpstreamSettings(_Section):
 
 class ModelsSettings(_Section):
     default_context_window: int = Field(default=128000, gt=0)
-    context_windows: dict[str, int] = Field(default_factory=dict)
-
-    @field_validator("context_windows")
-    @classmethod
-    def _check_windows(cls, value: dict[str, int]) -> dict[str, int]:
-        for name, window in value.items():
-            if window <= 0:
-                raise ValueError(f"window of {name!r} must be a positive integer")
-        return value
+    context_windows: dict[str, PositiveInt] = Field(default_factory=dict)
+    discover: bool = False  # read unconfigured models' windows from the upstream
 
     def context_window_for(self, model: str) -> int:
-        """The context window of `model`: exact name first, then the first matching glob."""
+        """The context window of `model`: configured (configured_window), else the default."""
+        configured = self.configured_window(model)
+        return self.default_context_window if configured is None else configured
+
+    def configured_window(self, model: str) -> int | None:
+        """The window configured for `model`: exact name first, then the first matching glob."""
         if model in self.context_windows:
             return self.context_windows[model]
         for pattern, window in self.context_windows.items():
             if fnmatch.fnmatchcase(model, pattern):
                 return window
-        return self.default_context_window
+        return None
 
 
 class CompactionSection(_Section):

@@ -21,6 +21,7 @@ from compaction.offload import Offload
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations
 from proxy.compacting.dialects import Dialect, NotCompactable, for_route
+from proxy.compacting.discovery import WindowDiscovery
 from proxy.compacting.exchange import (
     SESSION,
     STATUS,
@@ -64,15 +65,17 @@ class CompactingHook:
         precompute: Precompute,
         metrics: CompactionMetrics,
         known: KnownRequests | None = None,
+        discovery: WindowDiscovery | None = None,
     ) -> None:
         self._settings = settings
+        self._discovery = discovery
         self._options = settings.compaction
         self._conversations = conversations
         self._precompute = precompute
         self._metrics = metrics
         self.calibration = Calibration()
         self.learned = LearnedWindows()
-        self._builder = RequestBuilder(settings.models, self.calibration, self.learned)
+        self._builder = RequestBuilder(settings.models, self.calibration, self.learned, discovery)
         self._recall = Recall(
             known or KnownRequests(max_bytes=0, min_body_bytes=0),
             builder=self._builder,
@@ -132,8 +135,9 @@ class CompactingHook:
     # -- deciding ----------------------------------------------------------------------------
 
     def _may_reach(self, body: bytes) -> bool:
-        learned = self.learned.smallest()
-        smallest = self._smallest_window if learned is None else min(learned, self._smallest_window)
+        discovered = self._discovery.smallest() if self._discovery is not None else None
+        known = [w for w in (self.learned.smallest(), discovered) if w is not None]
+        smallest = min([self._smallest_window, *known])
         return may_need_parsing(
             body,
             smallest_window=smallest,
@@ -241,8 +245,16 @@ def build_hook(
         metrics=metrics,
         tasks=tasks,
     )
+    discovery = None
+    if settings.models.discover:
+        discovery = WindowDiscovery(
+            lambda: upstream.session,
+            settings.upstream.base_url,
+            timeout_s=settings.upstream.connect_timeout_s,
+        )
     return CompactingHook(
         settings,
+        discovery=discovery,
         conversations=conversations,
         precompute=Precompute(options, conversations, tasks),
         metrics=metrics,

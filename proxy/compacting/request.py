@@ -22,6 +22,7 @@ from compaction.checkpoints import conversation_seed
 from compaction.packing import JsonArray
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.dialects import Dialect
+from proxy.compacting.discovery import WindowDiscovery
 from proxy.compacting.identity import is_injected, named_session
 from proxy.compacting.llm_client import LLMRequest
 from proxy.compacting.overflow import LearnedWindows
@@ -88,6 +89,8 @@ class ParsedRequest:
     estimator: HeuristicEstimator
     array: JsonArray | None = None
     """Its `messages` as the JSON array in `body`, once that is located (a remembered body)."""
+    window_source: str = "configured"
+    """Where `window` came from: configured, default, discovered (proxy.compacting.discovery)."""
 
     def with_budget(self, *, window: int, factor: float) -> ParsedRequest:
         estimator = HeuristicEstimator(factor, shape=self.dialect.shape)
@@ -167,11 +170,16 @@ class RequestBuilder:
     model's window, learned limits, calibration)."""
 
     def __init__(
-        self, models: ModelsSettings, calibration: Calibration, learned: LearnedWindows
+        self,
+        models: ModelsSettings,
+        calibration: Calibration,
+        learned: LearnedWindows,
+        discovery: WindowDiscovery | None = None,
     ) -> None:
         self._models = models
         self._calibration = calibration
         self._learned = learned
+        self._discovery = discovery
 
     async def parse(self, ctx: RequestContext, dialect: Dialect, body: bytes) -> ParsedRequest:
         """The whole request (NotCompactable when the dialect does not compact it). A large body
@@ -185,7 +193,31 @@ class RequestBuilder:
             payload, messages = dialect.parse(body)
         else:
             payload, messages = pieces, dialect.items(pieces)
+        await self._discover(ctx, dialect, payload)
         return self.build(ctx, dialect, body, payload, messages, messages, None)
+
+    def _window_of(self, model: str) -> tuple[int, str]:
+        configured = self._models.configured_window(model)
+        if configured is not None:
+            return configured, "configured"
+        found = self._discovery.known(model) if self._discovery is not None else None
+        if found is not None:
+            return found.tokens, found.source
+        return self._models.default_context_window, "default"
+
+    async def _discover(
+        self, ctx: RequestContext, dialect: Dialect, payload: dict[str, Any]
+    ) -> None:
+        """Look up the window of a model the configuration does not name, once per model (the
+        OpenAI-shaped upstream publishes it; Anthropic's models are not listed there)."""
+        model = model_of(payload)
+        if self._discovery is None or dialect.name == "anthropic" or not model:
+            return
+        if self._models.configured_window(model) is None:
+            names = ("Authorization", *SCOPE_HEADERS)
+            await self._discovery.discover(
+                model, {name: ctx.headers[name] for name in names if name in ctx.headers}
+            )
 
     def build(
         self,
@@ -209,6 +241,8 @@ class RequestBuilder:
         if opening is None:  # hashing the opening costs as much as the first user message is long
             opening = fingerprint(dialect.opening(payload, opening_messages), tenant)
         session_id = ctx.explicit_session or named_session(payload, tenant) or opening
+        window, source = self._window_of(model)
+        budget = self._learned.window(model, window)  # an upstream's refusal may lower it
         factor = self._calibration.factor(model)
         return ParsedRequest(
             dialect=dialect,
@@ -217,7 +251,8 @@ class RequestBuilder:
             messages=messages,
             extras=dialect.extras(payload),
             model=model,
-            window=self._learned.window(model, self._models.context_window_for(model)),
+            window=budget,
+            window_source=source if budget == window else "learned",
             max_output_tokens=dialect.max_output(payload),
             session_id=session_id,
             opening=opening,
