@@ -23,6 +23,7 @@ from compaction import CheckpointStore, Compactor, MemoryWriter, Offload
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations
 from proxy.compacting.dialects import Dialect, NotCompactable, for_route
+from proxy.compacting.discovery import WindowDiscovery
 from proxy.compacting.exchange import (
     SESSION,
     STATUS,
@@ -95,8 +96,10 @@ class CompactingHook:
         precompute: Precompute,
         shared: Shared,
         indexes: BodyIndexes,
+        discovery: WindowDiscovery | None = None,
     ) -> None:
         self._settings = settings
+        self._discovery = discovery
         self._options = settings.compaction
         self._conversations = conversations
         self._precompute = precompute
@@ -104,7 +107,11 @@ class CompactingHook:
         self._calibration = shared.calibration
         self._learned = shared.learned
         self._builder = RequestBuilder(
-            settings.models, shared.calibration, shared.learned, parse=parse_in_pieces
+            settings.models,
+            shared.calibration,
+            shared.learned,
+            parse=parse_in_pieces,
+            discovery=discovery,
         )
         self._fast = FastPath(
             indexes,
@@ -165,8 +172,9 @@ class CompactingHook:
     # -- deciding ----------------------------------------------------------------------------
 
     def _may_reach(self, body: bytes) -> bool:
-        learned = self._learned.smallest()
-        smallest = self._smallest_window if learned is None else min(learned, self._smallest_window)
+        discovered = self._discovery.smallest() if self._discovery is not None else None
+        known = [w for w in (self._learned.smallest(), discovered) if w is not None]
+        smallest = min([self._smallest_window, *known])
         return may_need_parsing(
             body,
             smallest_window=smallest,
@@ -252,8 +260,16 @@ def build_hook(
         metrics=shared.metrics,
         tasks=shared.tasks,
     )
+    discovery = None
+    if settings.models.discover:
+        discovery = WindowDiscovery(
+            lambda: shared.upstream.session,
+            settings.upstream.base_url,
+            timeout_s=settings.upstream.connect_timeout_s,
+        )
     return CompactingHook(
         settings,
+        discovery=discovery,
         conversations=conversations,
         precompute=Precompute(options, conversations, shared.tasks),
         shared=shared,
