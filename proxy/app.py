@@ -10,7 +10,8 @@ from compaction.checkpoints import CheckpointStore
 from proxy import keys
 from proxy.compacting.hook import build_hook
 from proxy.compacting.llm_client import LLMFactory
-from proxy.compacting.stores.backend import StateBackend, build_backend
+from proxy.compacting.stores.factory import build_backend
+from proxy.compacting.stores.roles import StateBackend
 from proxy.compacting.workers import Workers
 from proxy.hook import Hook
 from proxy.http import admin, handlers

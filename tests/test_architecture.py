@@ -16,8 +16,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_LINES = 300
-# Modules allowed past MAX_LINES, each with its reason. Keep this list short (empty today).
-OVERSIZE: dict[str, str] = {}
+# Modules allowed past MAX_LINES, each with its reason. Keep this list short.
+OVERSIZE: dict[str, str] = {
+    "proxy/compacting/conversations.py": "finding a conversation's stored checkpoint is its job",
+}
 
 
 def _modules(where: str) -> list[Path]:

@@ -35,8 +35,8 @@ from proxy.compacting.parts import splice_view, view_parts
 from proxy.compacting.precompute import Precompute
 from proxy.compacting.recall import Recall, estimate_known
 from proxy.compacting.request import Decision, ParsedRequest, RequestBuilder, may_need_parsing
-from proxy.compacting.stores.backend import StateBackend
-from proxy.compacting.stores.memory import MemoryStore
+from proxy.compacting.stores.factory import build_local
+from proxy.compacting.stores.roles import StateBackend
 from proxy.hook import Exchange, Passthrough, RequestContext
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
@@ -217,12 +217,7 @@ def build_hook(
     single-flight leases) to the process's own, `known` (long requests remembered) to one of
     `compaction.known_requests_mb`."""
     options = settings.compaction
-    state = state or MemoryStore(
-        options.checkpoint_max_entries,
-        options.checkpoint_ttl_s,
-        failure_threshold=options.failure_threshold,
-        failure_cooldown_s=options.failure_cooldown_s,
-    )
+    state = state or build_local(options)
     # A request stops waiting after summary_timeout_s; the summarization itself may go on a
     # while longer in the background and still record its checkpoint.
     llm_timeout_s = options.summary_timeout_s * _BACKGROUND_TIMEOUT_FACTOR
@@ -235,7 +230,9 @@ def build_hook(
         options,
         compactor=compactor,
         store=store,
-        state=state,
+        leases=state,
+        cooldowns=state,
+        marks=state,
         llm_for=llm_for or UpstreamLLMFactory(upstream, timeout_s=llm_timeout_s),
         records=records,
         metrics=metrics,

@@ -1,7 +1,7 @@
 """A persistent or shared backend that never fails a request.
 
 Every call to the backend is bounded by `state.timeout_s`. A call that fails or times out is
-answered from the in-process cache (a MemoryStore holding every checkpoint this process wrote or
+answered from the in-process cache (a LocalStore holding every checkpoint this process wrote or
 read), counted in /metrics, and the backend is left alone for `state.retry_s`; the first failure
 of an outage is logged, and so is the recovery. Checkpoints written while the backend was down
 are written to it once it answers again, in the background (never inside the request that
@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from compaction.checkpoints import Checkpoint
-from proxy.compacting.stores.backend import Lease, LocalLease, StateBackend
-from proxy.compacting.stores.memory import MemoryStore
+from proxy.compacting.stores.local import LocalStore
+from proxy.compacting.stores.roles import Lease, LocalLease, StateBackend
 from proxy.metrics import StateMetrics
 from proxy.tasks import BackgroundTasks
 
@@ -36,7 +36,7 @@ class Guarded:
     def __init__(
         self,
         backend: StateBackend,
-        local: MemoryStore,
+        local: LocalStore,
         metrics: StateMetrics,
         tasks: BackgroundTasks,
         *,

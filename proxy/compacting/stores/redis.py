@@ -20,19 +20,19 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
 from cachetools import LRUCache
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 
 from compaction.checkpoints import CHECKPOINT_VERSION, Checkpoint
 from proxy.compacting.cooldown import FORGET_FAILURES_AFTER_S
 from proxy.compacting.stores import redis_scripts as scripts
-from proxy.compacting.stores.backend import Lease
 from proxy.compacting.stores.redis_notices import RECHECK_S, Notices
+from proxy.compacting.stores.roles import Lease
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class RedisStore:
         self._prefix = prefix.encode()
         self.channel = f"{prefix}done"
         self._client: aioredis.Redis | None = None
-        self._scripts: dict[str, Any] = {}
+        self._scripts: dict[str, AsyncScript] = {}
         self._cache: LRUCache[bytes, Checkpoint] = LRUCache(_CACHED_CHECKPOINTS)
         self._notices: Notices | None = None
         self._tasks = tasks
@@ -136,7 +136,7 @@ class RedisStore:
             return None
         packed = b"".join(digests)
         prefix = self._checkpoint_key(b"")
-        cut = int(await self.script(scripts.LONGEST, [], [prefix, packed]))
+        cut = await self.script(scripts.LONGEST, [], [prefix, packed]) or 0
         while cut > 0:
             key = digests[cut - 1]
             found = self._cache.get(key)
@@ -145,7 +145,7 @@ class RedisStore:
             if found is not None:
                 return found
             # Expired or unreadable since the script ran: look below it.
-            cut = int(await self.script(scripts.LONGEST, [], [prefix, packed[: (cut - 1) * 16]]))
+            cut = await self.script(scripts.LONGEST, [], [prefix, packed[: (cut - 1) * 16]]) or 0
         return None
 
     async def _read(self, key: bytes, cut: int) -> Checkpoint | None:
@@ -219,14 +219,13 @@ class RedisStore:
         )
         if fence is None:
             return None
-        return RedisLease(self, key, int(fence), self._lease_ttl_s, self._tasks)
+        return RedisLease(self, key, fence, self._lease_ttl_s, self._tasks)
 
     async def holder(self, digests: Sequence[bytes]) -> bytes | None:
         if not digests:
             return None
-        cut = int(
-            await self.script(scripts.HOLDER, [], [self._prefix + b"lock:", b"".join(digests)])
-        )
+        locks = self._prefix + b"lock:"
+        cut = await self.script(scripts.HOLDER, [], [locks, b"".join(digests)]) or 0
         return digests[cut - 1] if cut > 0 else None
 
     async def wait(self, key: bytes, timeout_s: float) -> None:
@@ -249,11 +248,15 @@ class RedisStore:
 
     # -- keys and calls ------------------------------------------------------------------------
 
-    async def script(self, source: str, keys: list[Any], args: list[Any]) -> Any:
+    async def script(
+        self, source: str, keys: Sequence[bytes], args: Sequence[bytes | str | int]
+    ) -> int | None:
+        """Run one of redis_scripts: each answers an integer, or nil."""
         script = self._scripts.get(source)
         if script is None:
             script = self._scripts[source] = self._require().register_script(source)
-        return await script(keys=keys, args=args)
+        reply = await script(keys=keys, args=args)
+        return None if reply is None else int(reply)
 
     def lock_key(self, key: bytes) -> bytes:
         return self._prefix + b"lock:" + key

@@ -18,7 +18,7 @@ from cachetools import LRUCache
 
 from compaction.checkpoints import Checkpoint
 from proxy.compacting.cooldown import Cooldown, CooldownState
-from proxy.compacting.stores.backend import Lease, LocalLease
+from proxy.compacting.stores.roles import Lease, LocalLease
 from proxy.compacting.stores.sqlite_file import StateFile
 
 # Checkpoints read back from the file and kept decoded; the keys of all of them stay in memory.
@@ -111,7 +111,7 @@ class SqliteStore:
 
     async def _read(self, key: bytes) -> Checkpoint | None:
         body = await self._file.read(key)
-        if body is None:
+        if not isinstance(body, bytes | str):  # gone (None), or left by another writer
             self._index.pop(key, None)
             return None
         try:

@@ -15,7 +15,7 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from proxy.compacting.cooldown import FORGET_FAILURES_AFTER_S, MAX_KEYS
 
@@ -37,7 +37,9 @@ Forwarded = dict[str, float]
 """Compaction id -> expiry, of the compactions some request went out with."""
 Loaded = tuple[Index, Cooldowns, Forwarded]
 _Opened = tuple[sqlite3.Connection, Index, Cooldowns, Forwarded]
-_Row = tuple[str, tuple[Any, ...]]
+Parameter = bytes | str | int | float | None
+"""A value bound to a statement."""
+_Row = tuple[str, tuple[Parameter, ...]]
 
 
 class StateFile:
@@ -82,12 +84,12 @@ class StateFile:
         self._executor.shutdown(wait=True)
         self._executor = None
 
-    async def read(self, key: bytes) -> Any:
+    async def read(self, key: bytes) -> object:
         """The stored body of checkpoint `key` (bytes, or whatever another writer left there),
         None if there is none that lives."""
-        return await self._in_thread(self._select, key)
+        return await self._in_thread(lambda: self._select(key))
 
-    async def write(self, sql: str, parameters: tuple[Any, ...]) -> None:
+    async def write(self, sql: str, parameters: tuple[Parameter, ...]) -> None:
         """Queue a row and wait until it is committed, together with whatever else is queued."""
         if self._executor is None:
             raise sqlite3.OperationalError("the state file is closed")
@@ -99,10 +101,10 @@ class StateFile:
             self._executor.submit(self._commit)
         await asyncio.wrap_future(done)
 
-    async def _in_thread(self, call: Callable[..., T], *args: Any) -> T:
+    async def _in_thread(self, call: Callable[[], T]) -> T:
         if self._executor is None:
             raise sqlite3.OperationalError("the state file is closed")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, call, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     # -- on the writer thread ----------------------------------------------------------------
 
@@ -150,7 +152,7 @@ class StateFile:
             self._connection.close()
             self._connection = None
 
-    def _select(self, key: bytes) -> Any:
+    def _select(self, key: bytes) -> object:
         """The stored body (bytes, or whatever another writer left there), None if none."""
         connection = self._require()
         row = connection.execute(

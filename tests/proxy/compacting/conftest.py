@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from proxy.compacting.hook import build_hook
-from proxy.compacting.stores.memory import MemoryStore
+from proxy.compacting.stores.local import LocalStore
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
 from proxy.metrics import Metrics
@@ -112,7 +112,7 @@ async def with_hook(
     records it keeps, its state)."""
     settings = build_settings(upstream, **sections)
     metrics = Metrics()
-    parts.setdefault("store", MemoryStore(100, 600))
+    parts.setdefault("store", LocalStore(100, 600))
     parts.setdefault("records", SessionRecords(max_sessions=10, records_per_session=10))
     async with Upstream(settings.upstream, metrics) as own_upstream:
         hook = build_hook(

@@ -18,10 +18,10 @@ import redis.asyncio as aioredis
 
 from compaction.checkpoints import Checkpoint, conversation_seed, prefix_digests
 from compaction.marker import SUMMARY_MARKER
+from proxy.compacting.conversations import stored_under
 from proxy.compacting.flight import run_once_everywhere
 from proxy.compacting.forwarded import Forwarded
-from proxy.compacting.stores.backend import stored_under
-from proxy.compacting.stores.memory import MemoryStore
+from proxy.compacting.stores.local import LocalStore
 from proxy.compacting.stores.redis import RedisStore
 from proxy.compacting.stores.sqlite import SqliteStore
 from proxy.compacting.stores.sqlite_file import StateFile
@@ -449,8 +449,8 @@ async def test_the_longest_live_checkpoint_is_found_when_a_longer_one_expired_or
     # `longest` walks a request's digests from the end and stops at the first live checkpoint:
     # one that expired or was evicted must not hide an earlier one that lives.
     now = [0.0]
-    stores: MemoryStore | SqliteStore = (
-        MemoryStore(3, 10.0, timer=lambda: now[0])
+    stores: LocalStore | SqliteStore = (
+        LocalStore(3, 10.0, timer=lambda: now[0])
         if store == "memory"
         else _sqlite(tmp_path / "state.db", now, max_entries=3, ttl_s=10.0)
     )
