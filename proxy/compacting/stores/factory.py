@@ -42,6 +42,7 @@ def build_backend(
             ttl_s=options.checkpoint_ttl_s,
             failure_threshold=options.failure_threshold,
             failure_cooldown_s=options.failure_cooldown_s,
+            metrics=metrics,
         )
     else:
         assert state.redis_url is not None  # settings refuse redis without a URL

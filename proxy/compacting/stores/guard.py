@@ -55,6 +55,7 @@ class Guarded:
         self._clock = clock
         self._down_until: float | None = None
         self._unsynced: dict[bytes, Checkpoint] = {}
+        self._unsynced_marks: dict[str, None] = {}  # compaction ids, oldest first
         metrics.degraded.labels(backend=self.name).set(0)
 
     @property
@@ -103,10 +104,17 @@ class Guarded:
         return await self._call("lease", lambda: self.backend.holder(digests), lambda: None)
 
     async def mark_forwarded(self, compaction_id: str) -> bool:
-        # Down: new here; the process's own table (proxy.compacting.forwarded) still holds.
-        return await self._call(
-            "write", lambda: self.backend.mark_forwarded(compaction_id), lambda: True
+        # Down: new here; the process's own table (proxy.compacting.forwarded) still holds, and
+        # the mark is written back with the checkpoints.
+        marked = await self._call(
+            "write", lambda: self.backend.mark_forwarded(compaction_id), _none
         )
+        if marked is None:
+            self._unsynced_marks[compaction_id] = None
+            while len(self._unsynced_marks) > _MAX_UNSYNCED:
+                del self._unsynced_marks[next(iter(self._unsynced_marks))]
+            return True
+        return marked
 
     async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
         # Down: every key is new here; the writer's own de-duplication still holds.
@@ -161,7 +169,8 @@ class Guarded:
         self._metrics.degraded.labels(backend=self.name).set(0)
         log.warning("state backend is back", extra={"backend": self.name})
         writing = self._writing_back is not None and not self._writing_back.done()
-        if self._unsynced and not writing and not self._tasks.closed:
+        unsynced = self._unsynced or self._unsynced_marks
+        if unsynced and not writing and not self._tasks.closed:
             self._writing_back = self._tasks.spawn(self._write_back(), name="state-write-back")
 
     async def _write_back(self) -> None:
@@ -171,15 +180,34 @@ class Guarded:
             for checkpoint, ok in zip(batch, written, strict=True):
                 if ok:
                     self._unsynced.pop(checkpoint.key, None)
+        # Marks after their checkpoints: a mark without its checkpoint would make a restarted
+        # process call a compaction it cannot find "reused".
+        while self._unsynced_marks and not self._unsynced and not self._is_down():
+            ids = list(itertools.islice(self._unsynced_marks, _WRITE_BACK_BATCH))
+            marked = await asyncio.gather(
+                *(self._mark_back(compaction_id) for compaction_id in ids)
+            )
+            for compaction_id, ok in zip(ids, marked, strict=True):
+                if ok:
+                    self._unsynced_marks.pop(compaction_id, None)
 
     async def _put_back(self, checkpoint: Checkpoint) -> bool:
         return await self._call("write", lambda: _true(self.backend.put(checkpoint)), _false)
 
+    async def _mark_back(self, compaction_id: str) -> bool:
+        # Whatever it answers (another replica may have marked it meanwhile), it is written.
+        mark = self.backend.mark_forwarded
+        return await self._call("write", lambda: _true(mark(compaction_id)), _false)
 
-async def _true(call: Awaitable[None]) -> bool:
+
+async def _true(call: Awaitable[object]) -> bool:
     await call
     return True
 
 
 def _false() -> bool:
     return False
+
+
+def _none() -> None:
+    return None

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
 
 from compaction.checkpoints import Checkpoint, conversation_seed, prefix_digests
 from compaction.marker import SUMMARY_MARKER
@@ -25,6 +26,7 @@ from proxy.compacting.stores.local import LocalStore
 from proxy.compacting.stores.redis import RedisStore
 from proxy.compacting.stores.sqlite import SqliteStore
 from proxy.compacting.stores.sqlite_file import StateFile
+from proxy.metrics import StateMetrics
 from proxy.tasks import BackgroundTasks
 from tests import factories as f
 from tests.proxy.state.conftest import RedisServer
@@ -44,6 +46,7 @@ def _sqlite(path: Path, now: list[float], **options: Any) -> SqliteStore:
         "ttl_s": 60.0,
         "failure_threshold": 3,
         "failure_cooldown_s": 30.0,
+        "metrics": StateMetrics(CollectorRegistry()),
     }
     return SqliteStore(path, clock=lambda: now[0], **{**settings, **options})
 
@@ -312,7 +315,9 @@ async def test_a_sqlite_write_given_up_leaves_the_rest_of_its_batch_to_finish(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "state.sqlite3"
-    state = StateFile(path, max_entries=100, clock=time.time)
+    state = StateFile(
+        path, max_entries=100, metrics=StateMetrics(CollectorRegistry()), clock=time.time
+    )
     await state.open()
     insert = "INSERT OR REPLACE INTO forwarded (id, expires_at) VALUES (?, ?)"
     expires_at = time.time() + 60
