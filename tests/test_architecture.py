@@ -19,6 +19,9 @@ MAX_LINES = 300
 # Modules allowed past MAX_LINES, each with its reason. Keep this list short.
 OVERSIZE: dict[str, str] = {
     "proxy/compacting/conversations.py": "finding a conversation's stored checkpoint is its job",
+    "proxy/compacting/stores/sqlite_file.py": "the file's whole life on its one thread, faults too",
+    "proxy/compacting/stores/redis.py": "every role in Redis, and what keeps a process out of it",
+    "proxy/settings.py": "every section of the configuration, each validated where it is read",
 }
 
 

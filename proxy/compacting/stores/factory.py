@@ -53,6 +53,7 @@ def build_backend(
             failure_cooldown_s=options.failure_cooldown_s,
             lease_ttl_s=min(options.summary_timeout_s, LEASE_TTL_S),
             timeout_s=state.timeout_s,
+            max_connections=state.redis_max_connections,
             tasks=tasks,
         )
     return Guarded(remote, local, metrics, tasks, timeout_s=state.timeout_s, retry_s=state.retry_s)

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import orjson
 import redis.asyncio as aioredis
@@ -27,6 +27,13 @@ from cachetools import LRUCache
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
+from redis.exceptions import (
+    AuthenticationError,
+    NoPermissionError,
+    ResponseError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from compaction.checkpoints import CHECKPOINT_VERSION, Checkpoint
 from proxy.compacting.cooldown import FORGET_FAILURES_AFTER_S
@@ -39,6 +46,10 @@ log = logging.getLogger(__name__)
 
 PREFIX = "compaction-proxy:"
 _CACHED_CHECKPOINTS = 1024
+
+
+class Unreachable(ConnectionError):
+    """What keeps this process from using Redis, in words (no credentials)."""
 
 
 class RedisLease:
@@ -87,6 +98,7 @@ class RedisStore:
         failure_cooldown_s: float,
         lease_ttl_s: float,
         timeout_s: float,
+        max_connections: int,
         tasks: BackgroundTasks,
         prefix: str = PREFIX,
         recheck_s: float = RECHECK_S,
@@ -97,6 +109,7 @@ class RedisStore:
         self._cooldown_ms = int(failure_cooldown_s * 1000)
         self._lease_ttl_s = lease_ttl_s
         self._timeout_s = timeout_s
+        self._max_connections = max_connections
         self._prefix = prefix.encode()
         self.channel = f"{prefix}done"
         self._client: aioredis.Redis | None = None
@@ -109,17 +122,38 @@ class RedisStore:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def open(self) -> None:
-        # Connections are made on first use, so an unreachable Redis does not stop the start.
-        self._client = aioredis.from_url(
+        """Connect, and say what keeps this process from using Redis (raising Unreachable: the
+        guard logs it once and serves in-process); the client stays, to be retried later."""
+        pool = aioredis.BlockingConnectionPool.from_url(
             self._url,
+            # Bounded: past it, a call waits for a free connection (at most the state timeout).
+            max_connections=self._max_connections,
+            timeout=self._timeout_s,
             socket_timeout=self._timeout_s,
             socket_connect_timeout=self._timeout_s,
             # One immediate retry (a pooled connection the server closed is reopened at once);
             # anything longer is the guard's business, which leaves a failing Redis alone.
             retry=Retry(NoBackoff(), 1),
         )
+        self._client = aioredis.Redis.from_pool(pool)
         self._notices = Notices(self._client, self.channel, self._tasks, recheck_s=self._recheck_s)
         await self._notices.start()
+        await self._check(pool)
+
+    async def _check(self, pool: aioredis.ConnectionPool) -> None:
+        where = _where(pool.connection_kwargs)
+        try:
+            await self._require().ping()
+        except AuthenticationError as exc:
+            raise Unreachable(f"Redis at {where} refused the login (state.redis_url)") from exc
+        except NoPermissionError as exc:
+            raise Unreachable(f"Redis at {where} does not let this user in") from exc
+        except ResponseError as exc:
+            # The connection's only other command is SELECT of the URL's database.
+            database = pool.connection_kwargs.get("db", 0)
+            raise Unreachable(f"Redis at {where} has no database {database}") from exc
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise Unreachable(f"Redis at {where} cannot be reached: {exc}") from exc
 
     async def close(self) -> None:
         if self._notices is not None:
@@ -282,3 +316,10 @@ class RedisStore:
         if self._client is None:
             raise ConnectionError("the redis store is not open")
         return self._client
+
+
+def _where(options: Mapping[str, object]) -> str:
+    """Host and port, or the socket path, of a pool's connections: never the credentials."""
+    if "path" in options:
+        return str(options["path"])
+    return f"{options.get('host', 'localhost')}:{options.get('port', 6379)}"

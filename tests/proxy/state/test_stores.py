@@ -184,7 +184,11 @@ async def stores(redis_server: RedisServer) -> AsyncIterator[tuple[RedisStore, R
 
 
 def _redis(
-    url: str, ttl_s: float = 60.0, lease_ttl_s: float = 5.0, tasks: BackgroundTasks | None = None
+    url: str,
+    ttl_s: float = 60.0,
+    lease_ttl_s: float = 5.0,
+    tasks: BackgroundTasks | None = None,
+    max_connections: int = 32,
 ) -> RedisStore:
     return RedisStore(
         url,
@@ -193,6 +197,7 @@ def _redis(
         failure_cooldown_s=30,
         lease_ttl_s=lease_ttl_s,
         timeout_s=2.0,
+        max_connections=max_connections,
         tasks=BackgroundTasks() if tasks is None else tasks,
         # Waiters re-check rarely here, so a lost notice shows as a long wait, never hides.
         recheck_s=30.0,
