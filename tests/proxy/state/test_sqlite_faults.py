@@ -71,13 +71,30 @@ async def test_a_state_file_deleted_while_in_use_is_said_once_and_its_rows_survi
     await again.close()
 
 
+async def _damage(path: Path, how: str) -> bytes:
+    """A file that is not a database at all, or one whose pages past the first are overwritten
+    (SQLite's header reads; its tables do not)."""
+    if how == "not-a-database":
+        path.write_bytes(b"this is not a database\n" * 512)
+    else:
+        store = _sqlite(path, [1000.0])
+        await store.open()
+        for cut in range(1, 13):
+            await store.put(_checkpoint(cut, "y" * 3000))
+        await store.close()
+        with path.open("r+b") as file:
+            file.seek(4096)
+            file.write(b"\xff" * (path.stat().st_size - 4096))
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("how", ["not-a-database", "malformed"])
 async def test_a_corrupt_state_file_is_moved_aside_and_a_new_one_started(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    how: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     now = [1000.0]  # 1970-01-01T00:16:40Z
     path = tmp_path / "state.sqlite3"
-    garbage = b"this is not a database\n" * 512
-    path.write_bytes(garbage)
+    damaged = await _damage(path, how)
     registry = CollectorRegistry()
     metrics = StateMetrics(registry)
     store = _sqlite(path, now, metrics=metrics)
@@ -87,7 +104,9 @@ async def test_a_corrupt_state_file_is_moved_aside_and_a_new_one_started(
     await store.close()
 
     aside = tmp_path / "state.sqlite3.corrupt-19700101T001640Z"
-    assert aside.read_bytes() == garbage
+    assert aside.stat().st_size == len(damaged)
+    if how == "not-a-database":
+        assert aside.read_bytes() == damaged
     assert _replaced(registry, "corrupt") == 1
     assert len(_said(caplog, "corrupt")) == 1
     again = _sqlite(path, now, metrics=metrics)
@@ -96,6 +115,8 @@ async def test_a_corrupt_state_file_is_moved_aside_and_a_new_one_started(
     await again.close()
     assert _replaced(registry, "corrupt") == 1
     assert sorted(p.name for p in tmp_path.iterdir() if "corrupt" in p.name) == [aside.name]
+    with pytest.raises(sqlite3.DatabaseError), sqlite3.connect(aside) as connection:
+        connection.execute("SELECT count(*) FROM checkpoints").fetchall()  # still the damaged one
 
 
 async def test_forwarded_marks_are_written_back_with_their_checkpoints_after_an_outage(
