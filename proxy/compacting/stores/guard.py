@@ -5,7 +5,8 @@ answered from the in-process cache (a LocalStore holding every checkpoint this p
 read), counted in /metrics, and the backend is left alone for `state.retry_s`; the first failure
 of an outage is logged, and so is the recovery. Checkpoints written while the backend was down
 are written to it once it answers again, in the background (never inside the request that
-happened to find the backend back), a batch at a time.
+happened to find the backend back), a batch at a time, and so are the forwarded marks made
+meanwhile.
 """
 
 from __future__ import annotations
@@ -180,8 +181,8 @@ class Guarded:
             for checkpoint, ok in zip(batch, written, strict=True):
                 if ok:
                     self._unsynced.pop(checkpoint.key, None)
-        # Marks after their checkpoints: a mark without its checkpoint would make a restarted
-        # process call a compaction it cannot find "reused".
+        # Then the marks of the compactions that went out meanwhile, so that a restarted process
+        # (or another replica) reports those as "reused", not "applied".
         while self._unsynced_marks and not self._unsynced and not self._is_down():
             ids = list(itertools.islice(self._unsynced_marks, _WRITE_BACK_BATCH))
             marked = await asyncio.gather(
@@ -195,7 +196,7 @@ class Guarded:
         return await self._call("write", lambda: _true(self.backend.put(checkpoint)), _false)
 
     async def _mark_back(self, compaction_id: str) -> bool:
-        # Whatever it answers (another replica may have marked it meanwhile), it is written.
+        # Written whatever it answers (False: another replica marked it meanwhile).
         mark = self.backend.mark_forwarded
         return await self._call("write", lambda: _true(mark(compaction_id)), _false)
 

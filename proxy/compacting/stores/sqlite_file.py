@@ -200,6 +200,7 @@ class StateFile:
         if self._connection is not None:
             with contextlib.suppress(sqlite3.Error, OSError):
                 self._checked()  # a file that vanished since the last write: keep its rows
+        if self._connection is not None:
             self._connection.close()
             self._connection = None
 
