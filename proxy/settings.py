@@ -11,7 +11,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Literal, Self
 from urllib.parse import parse_qsl, urlsplit
 
 import yaml
@@ -218,7 +218,7 @@ class Settings(_Section):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @classmethod
-    def build(cls, data: Mapping[str, Any]) -> Self:
+    def build(cls, data: Mapping[str, object]) -> Self:
         """Validate a nested mapping, turning pydantic's report into one `SettingsError` line."""
         try:
             return cls.model_validate(data)
@@ -229,16 +229,16 @@ class Settings(_Section):
 def load_settings(
     config_path: str | None,
     environ: Mapping[str, str],
-    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    overrides: Mapping[str, Mapping[str, object]] | None = None,
 ) -> Settings:
     """File, then environment, then CLI overrides (each `{section: {key: value}}`)."""
-    data: dict[str, Any] = _read_file(config_path) if config_path else {}
+    data: dict[str, object] = _read_file(config_path) if config_path else {}
     _merge(data, _read_environ(environ))
     _merge(data, overrides or {})
     return Settings.build(data)
 
 
-def _read_file(path: str) -> dict[str, Any]:
+def _read_file(path: str) -> dict[str, object]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -259,8 +259,8 @@ def _read_file(path: str) -> dict[str, Any]:
     return {str(k): dict(v or {}) for k, v in data.items()}
 
 
-def _read_environ(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    found: dict[str, dict[str, Any]] = {}
+def _read_environ(environ: Mapping[str, str]) -> dict[str, dict[str, object]]:
+    found: dict[str, dict[str, object]] = {}
     for name, raw in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
@@ -272,7 +272,7 @@ def _read_environ(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def _parse_env_value(section: str, key: str, raw: str, name: str) -> Any:
+def _parse_env_value(section: str, key: str, raw: str, name: str) -> object:
     """A YAML scalar, except that string-typed keys keep the raw text (an all-digit token stays
     a string); `null` or `~` still means None."""
     if raw.strip() in ("null", "~", "Null", "NULL"):
@@ -296,10 +296,10 @@ def _is_string_key(section: str, key: str) -> bool:
     return key_field is not None and key_field.annotation in (str, str | None)
 
 
-def _merge(into: dict[str, Any], layer: Mapping[str, Any]) -> None:
+def _merge(into: dict[str, object], layer: Mapping[str, object]) -> None:
     for section, values in layer.items():
-        if isinstance(values, Mapping) and isinstance(into.get(section), dict):
-            into[section].update(values)
+        if isinstance(values, Mapping) and isinstance(current := into.get(section), dict):
+            current.update(values)
         else:
             into[section] = dict(values) if isinstance(values, Mapping) else values
 

@@ -1,4 +1,4 @@
-"""The compacting hook: the proxy's per-request compaction decision (proxy.hook.Hook).
+"""The compacting hook: the proxy's per-request compaction decision (proxy.interception.Hook).
 
 Bodies that cannot reach the lowest ratio are not parsed; below the trigger the original bytes go
 upstream untouched. At the trigger the conversations (proxy.compacting.conversations) give the
@@ -37,9 +37,9 @@ from proxy.compacting.recall import Recall, estimate_known
 from proxy.compacting.request import Decision, ParsedRequest, RequestBuilder, may_need_parsing
 from proxy.compacting.stores.factory import build_local
 from proxy.compacting.stores.roles import StateBackend
-from proxy.hook import Exchange, Passthrough, RequestContext
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
+from proxy.interception import Exchange, Passthrough, RequestContext
 from proxy.metrics import CompactionMetrics
 from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks

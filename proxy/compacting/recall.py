@@ -36,7 +36,7 @@ from proxy.compacting.request import (
     RequestBuilder,
     opening_of,
 )
-from proxy.hook import RequestContext
+from proxy.interception import RequestContext
 from proxy.metrics import CompactionMetrics
 
 log = logging.getLogger(__name__)

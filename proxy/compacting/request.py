@@ -25,7 +25,7 @@ from proxy.compacting.dialects import Dialect
 from proxy.compacting.llm_client import LLMRequest
 from proxy.compacting.overflow import LearnedWindows
 from proxy.compacting.pieces import PIECES_FROM_BYTES, by_pieces
-from proxy.hook import RequestContext
+from proxy.interception import RequestContext
 from proxy.settings import ModelsSettings
 
 SCOPE_HEADERS = ("api-key", "x-api-key", "OpenAI-Organization", "OpenAI-Project")
