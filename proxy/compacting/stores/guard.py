@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from compaction.checkpoints import Checkpoint
+from compaction import Checkpoint
 from proxy.compacting.stores.local import LocalStore
 from proxy.compacting.stores.roles import Lease, LocalLease, StateBackend
 from proxy.metrics import StateMetrics

@@ -35,7 +35,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from compaction.checkpoints import CHECKPOINT_VERSION, Checkpoint
+from compaction import CHECKPOINT_VERSION, Checkpoint
 from proxy.compacting.cooldown import FORGET_FAILURES_AFTER_S
 from proxy.compacting.stores import redis_scripts as scripts
 from proxy.compacting.stores.redis_notices import RECHECK_S, Notices

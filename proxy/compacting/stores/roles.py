@@ -1,11 +1,11 @@
 """The roles of the state, each a small protocol its consumer receives alone, and the backend
 that plays them all.
 
-- checkpoints: compaction.checkpoints.CheckpointStore (Conversations);
+- checkpoints: compaction.CheckpointStore (Conversations);
 - Leases: single-flight across processes (proxy.compacting.flight);
 - Cooldowns: the summarizer's, per model and tenant (Conversations);
 - ForwardedMarks: compactions some request already went out with (proxy.compacting.forwarded);
-- claims: compaction.memory.ItemClaims, memory-file items de-duplicated across processes.
+- claims: compaction.ItemClaims, memory-file items de-duplicated across processes.
 
 A StateBackend plays every role and has a lifecycle; it is built once, in proxy.app.create_app
 (through proxy.compacting.stores.factory), which hands each consumer its role.
@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from compaction.checkpoints import CheckpointStore
-from compaction.memory import ItemClaims
+from compaction import CheckpointStore, ItemClaims
 
 
 class Lease(Protocol):
