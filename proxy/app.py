@@ -50,7 +50,11 @@ def create_app(
     )
     app[keys.TASKS] = BackgroundTasks()
     app[keys.UPSTREAM] = Upstream(settings.upstream, app[keys.METRICS])
-    app[WORKERS] = Workers(settings.compaction.workers)
+    app[WORKERS] = Workers(
+        settings.compaction.workers,
+        timeout_s=settings.compaction.worker_timeout_s,
+        replacements=app[keys.METRICS].compaction.worker_replacements,
+    )
     state: StateBackend | None = None
     if hook is None:
         state = build_backend(

@@ -27,7 +27,7 @@ from compaction import (
     plan_key,
     prefix_digests,
 )
-from proxy.compacting.fallback import fallback
+from proxy.compacting.fallback import GRACE_S, fallback
 from proxy.compacting.flight import (
     SingleFlight,
     is_running,
@@ -41,6 +41,7 @@ from proxy.compacting.records import record_compaction
 from proxy.compacting.request import Decision, ParsedRequest
 from proxy.compacting.reserves import ReserveMemory
 from proxy.compacting.stores.roles import Cooldowns, ForwardedMarks, Leases
+from proxy.compacting.workers import WorkerLost
 from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
 from proxy.settings import CompactionSection
@@ -204,7 +205,11 @@ class Conversations:
         deadline: float,
         reason: str,
     ) -> Decision:
-        compaction = await self.plan(req, view)
+        try:  # a stuck worker holds no request past its deadline (and a plan's fallback's grace)
+            waited = max(deadline - self._clock(), GRACE_S)
+            compaction = await asyncio.wait_for(self.plan(req, view), waited)
+        except (TimeoutError, WorkerLost):  # a worker lost is logged where it was found
+            return await self._as_is(view, before, tokens)
         key = plan_key(view, compaction.plan, digests)
         joined = key is not None and key in self._flight
         task = self.start(req, view, compaction, digests, reason)

@@ -34,6 +34,7 @@ from proxy.compacting.request import (
     RequestBuilder,
     opening_of,
 )
+from proxy.compacting.workers import WorkerLost
 from proxy.interception import RequestContext
 from proxy.metrics import CompactionMetrics
 
@@ -154,6 +155,8 @@ class Recall:
                 opening=opening,
                 fingerprint=(dialect.opening(request.payload, opening), request.opening),
             )
+        except WorkerLost:  # logged where it was found
+            return None
         except Exception:  # only the next request's speed depends on it
             log.exception("remembering a long request failed")
             return None
