@@ -2,7 +2,7 @@
 
 A checkpoint substituted for the first time (one prepared in the background, or finished after
 its request left on the fallback) is new to the conversation: that request is reported "applied";
-later ones "reused". Known in the process (a bounded table) and in the state backend, so a
+later ones "reused". BodyIndex in the process (a bounded table) and in the state backend, so a
 restarted proxy or another replica reports a compaction already sent as "reused".
 """
 
@@ -13,7 +13,7 @@ from cachetools import LRUCache
 from proxy.compacting.stores.roles import ForwardedMarks
 
 
-class Forwarded:
+class AppliedCompactions:
     def __init__(self, marks: ForwardedMarks, max_entries: int) -> None:
         self._marks = marks
         self._known: LRUCache[str, None] = LRUCache(max_entries)
