@@ -12,7 +12,7 @@ import fnmatch
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, Self
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 from pydantic import (
@@ -166,14 +166,29 @@ class StateSettings(_Section):
     backend: Literal["memory", "sqlite", "redis"] = "sqlite"
     path: Path = Path("./workspace/state.sqlite3")
     redis_url: str | None = None
+    redis_max_connections: int = Field(default=32, ge=1)
     timeout_s: float = Field(default=0.5, gt=0)
     retry_s: float = Field(default=5, gt=0)
 
     @field_validator("redis_url")
     @classmethod
     def _check_redis_url(cls, value: str | None) -> str | None:
-        if value is not None and urlsplit(value).scheme not in ("redis", "rediss", "unix"):
+        if value is None:
+            return value
+        url = urlsplit(value)
+        if url.scheme not in ("redis", "rediss", "unix"):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        try:
+            url.port  # noqa: B018 (raises on a port that is not a number)
+        except ValueError:
+            raise ValueError("the port must be a number") from None
+        # The database: the path of a redis:// URL, or its `db` query parameter (redis-py would
+        # silently use database 0 for anything else).
+        databases = [value for key, value in parse_qsl(url.query) if key == "db"]
+        if url.scheme != "unix" and url.path.strip("/"):
+            databases.append(url.path.strip("/"))
+        if any(not database.isdigit() for database in databases):
+            raise ValueError("the database must be a number, as in redis://host:6379/0")
         return value
 
     @model_validator(mode="after")
