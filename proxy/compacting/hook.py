@@ -70,8 +70,8 @@ class CompactingHook:
         self._conversations = conversations
         self._precompute = precompute
         self._metrics = metrics
-        self.calibration = Calibration()
-        self.learned = LearnedWindows()
+        self.calibration = Calibration(settings.models.max_models)
+        self.learned = LearnedWindows(settings.models.max_models)
         self._builder = RequestBuilder(settings.models, self.calibration, self.learned)
         self._recall = Recall(
             known or KnownRequests(max_bytes=0, min_body_bytes=0),
@@ -228,7 +228,9 @@ def build_hook(
     llm_timeout_s = options.summary_timeout_s * _BACKGROUND_TIMEOUT_FACTOR
     compactor = compactor or Compactor(
         settings=options.library_settings(llm_timeout_s=llm_timeout_s),
-        memory=MemoryWriter(settings.memory.dir, claims=state),
+        memory=MemoryWriter(
+            settings.memory.dir, claims=state, max_sessions=settings.memory.max_sessions
+        ),
         offload=offload,
     )
     conversations = Conversations(
