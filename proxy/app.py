@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
-from compaction.checkpoints import CheckpointStore
+from compaction import CheckpointStore
 from proxy.compacting.hook import build_hook
 from proxy.compacting.llm_client import LLMFactory
 from proxy.compacting.stores.backend import StateBackend, build_backend

@@ -25,7 +25,10 @@ from pydantic import (
     model_validator,
 )
 
-from compaction import settings as library
+from compaction import CompactionSettings
+
+_LIBRARY = CompactionSettings()
+"""The library's defaults, which this section's defaults are."""
 
 ENV_PREFIX = "COMPACTION_PROXY__"
 
@@ -99,12 +102,12 @@ class CompactionSection(_Section):
     cooldown, checkpoints). Not named CompactionSettings: that is the library's class."""
 
     enabled: bool = True
-    trigger_ratio: float = Field(default=library.TRIGGER_RATIO, gt=0, le=1)
-    target_ratio: float = Field(default=library.TARGET_RATIO, gt=0, le=1)
+    trigger_ratio: float = Field(default=_LIBRARY.trigger_ratio, gt=0, le=1)
+    target_ratio: float = Field(default=_LIBRARY.target_ratio, gt=0, le=1)
     precompute_ratio: float = Field(default=0.7, ge=0, le=1)
-    keep_recent_rounds: int = Field(default=library.KEEP_RECENT_ROUNDS, gt=0)
+    keep_recent_rounds: int = Field(default=_LIBRARY.keep_recent_rounds, gt=0)
     summary_model: str | None = None
-    summary_max_tokens: int = Field(default=library.SUMMARY_MAX_TOKENS, gt=0)
+    summary_max_tokens: int = Field(default=_LIBRARY.summary_max_tokens, gt=0)
     summary_timeout_s: float = Field(default=60, gt=0)
     failure_threshold: int = Field(default=3, gt=0)
     failure_cooldown_s: float = Field(default=300, ge=0)
@@ -112,7 +115,7 @@ class CompactionSection(_Section):
     checkpoint_ttl_s: float = Field(default=21600, gt=0)
     known_requests_mb: float = Field(default=256, ge=0)
     workers: int = Field(default=1, ge=0)
-    strict_alternation: bool = library.STRICT_ALTERNATION
+    strict_alternation: bool = _LIBRARY.strict_alternation
 
     @field_validator("target_ratio")
     @classmethod
@@ -130,8 +133,8 @@ class CompactionSection(_Section):
             raise ValueError(f"must not exceed compaction.trigger_ratio ({trigger})")
         return value
 
-    def library_settings(self, *, llm_timeout_s: float) -> library.CompactionSettings:
-        return library.CompactionSettings(
+    def library_settings(self, *, llm_timeout_s: float) -> CompactionSettings:
+        return CompactionSettings(
             trigger_ratio=self.trigger_ratio,
             target_ratio=self.target_ratio,
             keep_recent_rounds=self.keep_recent_rounds,

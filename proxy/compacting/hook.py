@@ -15,9 +15,7 @@ import logging
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from compaction import Compactor, MemoryWriter
-from compaction.checkpoints import CheckpointStore
-from compaction.offload import Offload
+from compaction import CheckpointStore, Compactor, MemoryWriter, Offload
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations
 from proxy.compacting.dialects import Dialect, NotCompactable, for_route

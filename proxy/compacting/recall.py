@@ -18,9 +18,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from compaction import HeuristicEstimator
-from compaction.checkpoints import Checkpoint
-from compaction.tokens import REPLY_PRIMING_TOKENS
+from compaction import REPLY_PRIMING_TOKENS, Checkpoint, HeuristicEstimator
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations
 from proxy.compacting.dialects import Dialect, NotCompactable

@@ -17,9 +17,7 @@ from typing import Any
 
 import orjson
 
-from compaction import HeuristicEstimator
-from compaction.checkpoints import conversation_seed
-from compaction.packing import JsonArray
+from compaction import HeuristicEstimator, JsonArray, conversation_seed
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.dialects import Dialect
 from proxy.compacting.llm_client import LLMRequest

@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from compaction import Message
-from compaction.messages import Shape
+from compaction import Message, Shape
 from proxy.compacting.dialects.anthropic import ANTHROPIC_MESSAGES
 from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
 from proxy.compacting.dialects.payload import JsonObject, NotCompactable

@@ -11,9 +11,7 @@ from collections.abc import Mapping
 
 import orjson
 
-from compaction import Message
-from compaction.messages import ANTHROPIC, Shape, join_summary
-from compaction.messages.anthropic import blocks_text
+from compaction import ANTHROPIC, Message, Shape, blocks_text, join_summary
 from proxy.compacting.dialects.payload import (
     ItemsDialect,
     JsonObject,

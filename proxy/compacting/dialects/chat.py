@@ -7,8 +7,7 @@ from collections.abc import Mapping
 
 import orjson
 
-from compaction import Message
-from compaction.messages import CHAT, Shape, message_text
+from compaction import CHAT, Message, Shape, message_text
 from proxy.compacting.dialects.payload import (
     ItemsDialect,
     JsonObject,

@@ -11,9 +11,7 @@ from collections.abc import Mapping
 
 import orjson
 
-from compaction import Message
-from compaction.messages import RESPONSES, Shape
-from compaction.messages.responses import content_text, is_message_item
+from compaction import RESPONSES, Message, Shape, content_text, is_message_item
 from proxy.compacting.dialects.payload import (
     ItemsDialect,
     JsonObject,

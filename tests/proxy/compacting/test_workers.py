@@ -70,8 +70,9 @@ async def test_a_worker_scans_only_the_new_texts_of_a_fold_redone_over_a_longer_
     scanned: list[int] = []
     try:
         for messages in (shorter, longer):
-            plan = compactor.plan(messages, window=6000)
-            result = await compactor.run(messages, plan, llm=ScriptedLLM(), session_id=None)
+            compaction = await compactor.prepare(messages, window=6000)
+            plan = compaction.plan
+            result = await compaction.run(llm=ScriptedLLM(), session_id=None)
             assert result.path == "llm"
             folded.append({messages[i]["content"] for i in plan.folded})
             scanned.append(await workers.run(scanned_here, None))
@@ -90,11 +91,12 @@ async def test_without_workers_a_compactor_keeps_its_jobs_in_process() -> None:
     workers.open()
     compactor = Compactor(offload=workers)
     messages = simple_conversation(120)
-    plan = compactor.plan(messages, window=6000)
-    result = await compactor.run(messages, plan, llm=ScriptedLLM(), session_id=None)
+    compaction = await compactor.prepare(messages, window=6000)
+    plan = compaction.plan
+    result = await compaction.run(llm=ScriptedLLM(), session_id=None)
     await workers.close()
     assert (Workers(0).crossing, Workers(1).crossing) == (False, True)
-    assert result.path == "llm" and len(compactor.packings) == 0
+    assert result.path == "llm" and not compactor.crossing
     assert compactor.mentions.scanned == len({messages[i]["content"] for i in plan.folded})
 
 
