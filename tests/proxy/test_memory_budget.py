@@ -3,17 +3,9 @@ them up), and the bounds the settings name are the ones the running proxy uses."
 
 from __future__ import annotations
 
-from proxy.app import create_app
 from proxy.compacting.calibration import Calibration
-from proxy.compacting.hook import CompactingHook
-from proxy.http import keys
-from proxy.settings import Settings, load_settings
-
-
-def hook_of(settings: Settings) -> CompactingHook:
-    hook = create_app(settings)[keys.HOOK]
-    assert isinstance(hook, CompactingHook)
-    return hook
+from proxy.compacting.overflow import LearnedWindows
+from proxy.settings import load_settings
 
 
 def test_the_new_bounds_have_safe_defaults_and_come_from_the_environment() -> None:
@@ -28,22 +20,16 @@ def test_the_new_bounds_have_safe_defaults_and_come_from_the_environment() -> No
     assert (tuned.models.max_models, tuned.memory.max_sessions) == (8, 16)
 
 
-def test_calibration_keeps_at_most_models_max_models() -> None:
-    settings = Settings.model_validate(
-        {"models": {"max_models": 2}, "state": {"backend": "memory"}}
-    )
-    calibration = hook_of(settings).calibration
+def test_calibration_keeps_at_most_max_models() -> None:
+    calibration = Calibration(max_models=2)  # create_app passes models.max_models
     for model in ("a", "b", "c"):
         calibration.observe(model, 1000, 1500)
     assert calibration.factor("a") == 1.0  # forgotten: the least recently used
     assert calibration.factor("b") == calibration.factor("c") == 1.5
 
 
-def test_learned_windows_keep_at_most_models_max_models() -> None:
-    settings = Settings.model_validate(
-        {"models": {"max_models": 2}, "state": {"backend": "memory"}}
-    )
-    learned = hook_of(settings).learned
+def test_learned_windows_keep_at_most_max_models() -> None:
+    learned = LearnedWindows(max_models=2)  # create_app passes models.max_models
     for model in ("a", "b", "c"):
         learned.learn(model, 8000, 128_000)
     assert learned.window("a", 128_000) == 128_000  # forgotten
