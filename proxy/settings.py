@@ -78,6 +78,8 @@ class ModelsSettings(_Section):
     default_context_window: int = Field(default=128000, gt=0)
     context_windows: dict[str, PositiveInt] = Field(default_factory=dict)
     discover: bool = False  # read unconfigured models' windows from the upstream
+    max_models: int = Field(default=1024, gt=0)
+    """Models whose calibration factor and learned window are kept (least recently used go)."""
 
     def context_window_for(self, model: str) -> int:
         """The context window of `model`: configured (configured_window), else the default."""
@@ -144,6 +146,9 @@ class CompactionSection(_Section):
 
 class MemorySettings(_Section):
     dir: Path = Path("./workspace/memory")
+    max_sessions: int = Field(default=4096, gt=0)
+    """Sessions whose memory-writer state (a lock, the items already written) is kept in
+    process; a session forgotten is read back from its file when it writes again."""
 
 
 class AdminSettings(_Section):
