@@ -151,6 +151,7 @@ class Compactor:
             summary_budget_tokens=self.summary_budget(window),
             max_output_tokens=max_output_tokens,
             strict_alternation=self.settings.strict_alternation,
+            pinned_budget_tokens=int(window * self.settings.pinned_ratio),
             reading=None if self.crossing else self.last_read,
         )
 

@@ -156,4 +156,5 @@ class Run:
             duration_s=self.compactor.clock() - self.started,
             folded_count=len(folded),
             errors=tuple(self.errors),
+            pinned_overflow=done.pinned_overflow,
         )

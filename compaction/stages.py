@@ -59,6 +59,7 @@ class PlanJob:
     summary_budget_tokens: int
     max_output_tokens: int | None
     strict_alternation: bool
+    pinned_budget_tokens: int = 0
     reading: LastRead | None = None
     """Keeps the Items read here for the run that follows (in process only: Items stay)."""
 
@@ -94,6 +95,7 @@ def _make_plan(job: PlanJob) -> Plan:
         summary_budget_tokens=job.summary_budget_tokens,
         max_output_tokens=job.max_output_tokens,
         strict_alternation=job.strict_alternation,
+        pinned_budget_tokens=job.pinned_budget_tokens,
     )
 
 
@@ -197,6 +199,7 @@ class Finish:
     summary_message: Any
     problems: list[str]
     tokens_after: int
+    pinned_overflow: int = 0
 
 
 def finish(job: FinishJob) -> Finish:
@@ -221,6 +224,7 @@ def _finish(job: FinishJob) -> Finish:
         budget=folded.body_budget,
         folded_count=len(plan.folded),
         estimator=job.estimator,
+        pinned_budget=plan.pinned_budget_tokens,
     )
     # The key decisions and user requests; what has no room is in memory_items: moved.
     keys = [i.content for i in found] + list(folded.ledger.requests)
@@ -236,6 +240,7 @@ def _finish(job: FinishJob) -> Finish:
         summary_message=inserted,
         problems=check_compacted(messages, compacted, plan, shape=shape),
         tokens_after=estimate_request(compacted, job.tools, job.estimator),
+        pinned_overflow=len(summary.pinned_left_out),
     )
 
 
