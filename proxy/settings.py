@@ -111,6 +111,7 @@ class CompactionSection(_Section):
     known_requests_mb: float = Field(default=256, ge=0)
     workers: int = Field(default=1, ge=0)
     strict_alternation: bool = library.STRICT_ALTERNATION
+    pinned_ratio: float = Field(default=library.PINNED_RATIO, ge=0, lt=1)
 
     @field_validator("target_ratio")
     @classmethod
@@ -136,6 +137,7 @@ class CompactionSection(_Section):
             summary_max_tokens=self.summary_max_tokens,
             llm_timeout_s=llm_timeout_s,
             strict_alternation=self.strict_alternation,
+            pinned_ratio=self.pinned_ratio,
         )
 
 
