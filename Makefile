@@ -6,7 +6,7 @@ STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 STAMP_BENCH := $(VENV)/.installed-bench
 
-.PHONY: run test lint format typecheck bench demo clean redis-server
+.PHONY: run test lint format typecheck review bench demo clean redis-server
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,10 @@ format: $(STAMP_TEST)
 
 typecheck: $(STAMP_TEST)
 	$(BIN)/python -m mypy
+
+# Warnings for a reviewer, never a failure: the modules past about 300 lines (tests/review.py).
+review: $(STAMP_TEST)
+	$(BIN)/python -m tests.review
 
 demo: $(STAMP_RUN)
 	$(BIN)/compaction-proxy demo

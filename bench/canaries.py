@@ -171,8 +171,8 @@ async def replay(
         view = View.of(prefix, find_longest(store, digests[:end]))
         forwarded = view.messages
         if compactor.needs_compaction(compactor.estimate(forwarded), window):
-            plan = compactor.plan(forwarded, window=window)
-            result = await compactor.run(forwarded, plan, llm=llm, session_id=None)
+            compaction = await compactor.prepare(forwarded, window=window)
+            result = await compaction.run(llm=llm, session_id=None)
             if result.path != "unchanged":
                 checkpoint = checkpoint_after(view, result, digests[:end])
                 if checkpoint is not None:

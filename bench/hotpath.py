@@ -46,7 +46,7 @@ from bench.history import history, source_label
 from bench.passthrough import COMPLETION, _loop, free_port, spawn, stop, wait_ready
 from bench.reuse import DIALECTS, answer_of, prepare_figures, reuse_figures
 from bench.wrk import passthrough_figures
-from compaction import Compactor, HeuristicEstimator
+from compaction import Compaction, Compactor, HeuristicEstimator
 from proxy.compacting.workers import Workers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,8 +190,9 @@ async def cpu_figures() -> None:
             messages = history(windows * WINDOW, source=source, tag=f"c{windows}-")
             compactor = Compactor()
             started = time.process_time()
-            plan = compactor.plan(messages, window=WINDOW)
-            result = await compactor.run(messages, plan, llm=_InstantLLM(), session_id=None)
+            compaction = await compactor.prepare(messages, window=WINDOW)
+            plan = compaction.plan
+            result = await compaction.run(llm=_InstantLLM(), session_id=None)
             cpu = time.process_time() - started
             folded = sum(estimator.count_message(messages[i]) for i in plan.folded)
             print(
@@ -228,8 +229,8 @@ async def redone_figures() -> None:
 
 
 async def _compact(compactor: Compactor, messages: list[dict[str, Any]], window: int) -> None:
-    plan = compactor.plan(messages, window=window)
-    await compactor.run(messages, plan, llm=_InstantLLM(), session_id=None)
+    plan = compactor.plan(messages, window=window)  # on this thread, as it always was here
+    await Compaction(compactor, messages, plan).run(llm=_InstantLLM(), session_id=None)
 
 
 # --- (e) one very large body ------------------------------------------------------------------

@@ -43,7 +43,7 @@ from bench.facts import (
 from bench.facts import flat as flatten
 from compaction import CompactionSettings, Compactor
 from compaction.checkpoints import (
-    MemoryCheckpointStore,
+    CheckpointCache,
     View,
     checkpoint_after,
     find_longest,
@@ -125,7 +125,7 @@ async def replay(conversation: dict[str, Any], window: int, lossy: bool) -> Tall
     tally = Tally(conversations=1)
     compactor = Compactor(settings=CompactionSettings(llm_timeout_s=5))
     llm = LossyLLM() if lossy else None
-    store = MemoryCheckpointStore()
+    store = CheckpointCache()
     digests = prefix_digests(messages, b"retention")
     facts = [facts_of(m) for m in messages]
     task_index = next((i for i, m in enumerate(messages) if is_request(m)), None)
@@ -140,8 +140,8 @@ async def replay(conversation: dict[str, Any], window: int, lossy: bool) -> Tall
         forwarded = view.messages
         tokens = compactor.estimate(forwarded, tools)
         if compactor.needs_compaction(tokens, window):
-            plan = compactor.plan(forwarded, window=window, tools=tools)
-            result = await compactor.run(forwarded, plan, llm=llm, session_id=None, tools=tools)
+            compaction = await compactor.prepare(forwarded, window=window, tools=tools)
+            result = await compaction.run(llm=llm, session_id=None)
             if result.path != "unchanged":
                 checkpoint = checkpoint_after(view, result, digests[:end])
                 if checkpoint is not None:

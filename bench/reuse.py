@@ -24,9 +24,9 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from bench.dialects import WIRES
 from bench.history import history
-from proxy import keys
 from proxy.app import create_app
-from proxy.hook import RequestContext
+from proxy.http import keys
+from proxy.interception import RequestContext
 from proxy.settings import Settings
 
 WINDOW = 128_000

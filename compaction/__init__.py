@@ -9,19 +9,38 @@ A pure library: no HTTP, no environment, no files except the memory writer. What
     compactor = Compactor(memory=MemoryWriter("./memory"))
     tokens = compactor.estimate(messages, tools)
     if compactor.needs_compaction(tokens, window):
-        plan = compactor.plan(messages, window=window, tools=tools)
-        result = await compactor.run(messages, plan, llm=my_llm, session_id="agent-1", tools=tools)
+        compaction = await compactor.prepare(messages, window=window, tools=tools)
+        result = await compaction.run(llm=my_llm, session_id="agent-1")
         messages = result.messages
+
+The CPU work runs inline unless `Compactor(offload=...)` gives an `Offload` that runs it in
+another process (the proxy's worker pool); `prepare` then takes `messages_json=JsonArray(...)`
+when the caller holds the messages' JSON already.
+
+Checkpoints (compaction.checkpoints) remember a compaction under a digest of the prefix it
+folded, so a server that sees the same history again substitutes it instead of compacting anew.
 """
 
 from __future__ import annotations
 
-from compaction.compactor import Compactor
+from compaction.checkpoints import (
+    CHECKPOINT_VERSION,
+    Checkpoint,
+    CheckpointCache,
+    CheckpointStore,
+    DigestPrefix,
+    View,
+    checkpoint_after,
+    conversation_seed,
+    plan_key,
+    prefix_digests,
+)
+from compaction.compactor import Compaction, Compactor
 from compaction.engine import CompactionEngine
 from compaction.extract import extract_items_heuristically, parse_memory_reply
 from compaction.ledger import Ledger, build_ledger
 from compaction.marker import SUMMARY_MARKER
-from compaction.memory import InvalidSessionId, MemoryWriter
+from compaction.memory import InvalidSessionId, MemoryWriter, is_valid_session_id
 from compaction.messages import (
     ANTHROPIC,
     CHAT,
@@ -30,14 +49,18 @@ from compaction.messages import (
     Kind,
     Shape,
     ToolCall,
+    blocks_text,
+    content_text,
+    is_message_item,
     is_summary_message,
     join_summary,
     message_text,
     read_items,
 )
+from compaction.offload import Inline, JsonArray, Offload
 from compaction.settings import CompactionSettings
 from compaction.summarize import is_substantive, summary_message, summary_text
-from compaction.tokens import HeuristicEstimator, estimate_request
+from compaction.tokens import REPLY_PRIMING_TOKENS, HeuristicEstimator, estimate_request
 from compaction.transcript import render_transcript
 from compaction.types import (
     Block,
@@ -46,9 +69,11 @@ from compaction.types import (
     MemoryItem,
     Message,
     Plan,
+    Purpose,
     Round,
     Segments,
     TokenEstimator,
+    Tools,
     Verification,
 )
 from compaction.verify import check_preserved
@@ -56,38 +81,59 @@ from compaction.verify import check_preserved
 __all__ = [
     "ANTHROPIC",
     "CHAT",
+    "CHECKPOINT_VERSION",
+    "REPLY_PRIMING_TOKENS",
     "RESPONSES",
     "SUMMARY_MARKER",
     "Block",
     "ChatLLM",
+    "Checkpoint",
+    "CheckpointCache",
+    "CheckpointStore",
+    "Compaction",
     "CompactionEngine",
     "CompactionResult",
     "CompactionSettings",
     "Compactor",
+    "DigestPrefix",
     "HeuristicEstimator",
+    "Inline",
     "InvalidSessionId",
     "Item",
+    "JsonArray",
     "Kind",
     "Ledger",
     "MemoryItem",
     "MemoryWriter",
     "Message",
+    "Offload",
     "Plan",
+    "Purpose",
     "Round",
     "Segments",
     "Shape",
     "TokenEstimator",
     "ToolCall",
+    "Tools",
     "Verification",
+    "View",
+    "blocks_text",
     "build_ledger",
     "check_preserved",
+    "checkpoint_after",
+    "content_text",
+    "conversation_seed",
     "estimate_request",
     "extract_items_heuristically",
+    "is_message_item",
     "is_substantive",
     "is_summary_message",
+    "is_valid_session_id",
     "join_summary",
     "message_text",
     "parse_memory_reply",
+    "plan_key",
+    "prefix_digests",
     "read_items",
     "render_transcript",
     "summary_message",

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from itertools import islice
+from typing import Any, Protocol, overload
 
 import orjson
 from cachetools import TTLCache
@@ -33,7 +34,7 @@ def conversation_seed(*parts: str) -> bytes:
     return hasher.digest()
 
 
-def prefix_digests(messages: Sequence[Any], seed: bytes) -> list[bytes]:
+def prefix_digests(messages: Sequence[Message], seed: bytes) -> list[bytes]:
     """digests[i] identifies messages[:i + 1] under `seed` (key order inside a message ignored)."""
     digests: list[bytes] = []
     current = seed
@@ -42,6 +43,57 @@ def prefix_digests(messages: Sequence[Any], seed: bytes) -> list[bytes]:
         current = hashlib.blake2b(current + body, digest_size=_DIGEST_SIZE).digest()
         digests.append(current)
     return digests
+
+
+class DigestPrefix(Sequence[bytes]):
+    """The first `count` digests of a list, as a sequence, without a copy: a slice of a long
+    history's digests copies tens of thousands of references on every request. Iterated, in
+    either direction, at C speed (the stores walk a request's digests newest first)."""
+
+    __slots__ = ("_count", "_digests")
+
+    def __init__(self, digests: Sequence[bytes], count: int) -> None:
+        self._count = max(0, min(count, len(digests)))
+        if isinstance(digests, DigestPrefix):  # the list under it
+            self._digests: list[bytes] = digests._digests
+        elif isinstance(digests, list):
+            self._digests = digests
+        else:  # another sequence: made a list once
+            self._digests = list(digests)
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        if isinstance(index, slice):
+            return self._digests[: self._count][index]
+        position = index + self._count if index < 0 else index
+        if not 0 <= position < self._count:
+            raise IndexError("prefix index out of range")
+        return self._digests[position]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return islice(self._digests, self._count)
+
+    def __reversed__(self) -> Iterator[bytes]:
+        return islice(reversed(self._digests), len(self._digests) - self._count, None)
+
+    def __contains__(self, value: object) -> bool:
+        try:
+            self.index(value)
+        except ValueError:
+            return False
+        return True
+
+    def index(self, value: Any, start: int = 0, stop: int | None = None) -> int:
+        begin, end, _ = slice(start, stop).indices(self._count)  # negatives count from its end
+        return self._digests.index(value, begin, end)
 
 
 @dataclass(frozen=True)
@@ -67,7 +119,7 @@ class Checkpoint:
     """A reserve's memory items, written to the memory file when it is applied, not before (a
     conversation that never reaches the trigger must not leave memory behind)."""
 
-    def apply(self, messages: Sequence[Any]) -> list[Any]:
+    def apply(self, messages: Sequence[Message]) -> list[Message]:
         """The compacted view of a request whose first `cut` messages match this checkpoint."""
         return [
             *messages[: self.head_end],
@@ -98,7 +150,7 @@ class Checkpoint:
         }
 
     @classmethod
-    def from_json(cls, data: Any) -> Checkpoint:
+    def from_json(cls, data: object) -> Checkpoint:
         """The checkpoint `to_json` wrote; ValueError for another version or malformed data (a
         store treats that as a miss)."""
         if not isinstance(data, dict) or data.get("version") != CHECKPOINT_VERSION:
@@ -129,7 +181,7 @@ class Checkpoint:
 CHECKPOINT_VERSION = 1
 
 
-def _non_negative(value: Any) -> int:
+def _non_negative(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{value!r} is not a non-negative integer")
     return value
@@ -150,7 +202,7 @@ class CheckpointStore(Protocol):
     async def put(self, checkpoint: Checkpoint) -> None: ...
 
 
-class MemoryCheckpointStore:
+class CheckpointCache:
     """A bounded in-process table, looked up one key at a time: least recently used entries go
     first, each lives `ttl_s`. Synchronous, for in-process users of the library; the proxy's
     async `CheckpointStore` over it is proxy.compacting.stores.memory."""
@@ -194,7 +246,7 @@ class MemoryCheckpointStore:
         return len(self._cache)
 
 
-def find_longest(store: MemoryCheckpointStore, digests: Sequence[bytes]) -> Checkpoint | None:
+def find_longest(store: CheckpointCache, digests: Sequence[bytes]) -> Checkpoint | None:
     """The checkpoint of the longest remembered prefix of a request, None when no prefix is.
 
     The last message is never part of a checkpoint (it is the new turn), so the search starts one
@@ -219,11 +271,11 @@ def longest_of(
 class View:
     """A request's messages as they go upstream: the original, or a checkpoint applied to it."""
 
-    messages: list[Any]
+    messages: list[Message]
     base: Checkpoint | None
 
     @classmethod
-    def of(cls, original: list[Any], base: Checkpoint | None) -> View:
+    def of(cls, original: list[Message], base: Checkpoint | None) -> View:
         return cls(base.apply(original) if base else original, base)
 
     def original_index(self, index: int) -> int | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from compaction.instructions import Instruction, merge_instructions
 from compaction.ledger import Ledger, overflow_items
@@ -24,7 +23,7 @@ from compaction.pinned import Pinned, render_pinned
 from compaction.sections import Body, read_body, render_sections, render_task
 from compaction.summarize import summary_text, unwrap_summary
 from compaction.text import clip_middle
-from compaction.types import MemoryItem, ResultPath, TokenEstimator
+from compaction.types import MemoryItem, Message, ResultPath, TokenEstimator
 
 LLM_SHARE = 0.45
 """Of the summary body, the part the model's text may take; the code-built sections get the rest
@@ -54,7 +53,7 @@ def body_budget(summary_budget: int, framing_tokens: int, replaced_tokens: int) 
 
 
 def read_previous(
-    messages: Sequence[Any], items: Sequence[Item], folded: Sequence[int], shape: Shape
+    messages: Sequence[Message], items: Sequence[Item], folded: Sequence[int], shape: Shape
 ) -> tuple[str, Body | None]:
     """The earlier summaries in the folded span: their text, and their body read back (the lead
     without a fallback's note, so that a fallback of a fallback never repeats it)."""

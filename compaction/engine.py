@@ -74,8 +74,9 @@ class CompactionEngine:
         if window is None:
             result = None
         else:
-            plan = quote_pinned(compactor.plan(conversation_history, window=window))
-            result = await compactor.run(conversation_history, plan, llm=self.llm, session_id=None)
+            compaction = await compactor.prepare(conversation_history, window=window)
+            compaction.plan = quote_pinned(compaction.plan)
+            result = await compaction.run(llm=self.llm, session_id=None)
         if result is None or result.path == "unchanged":
             tokens = compactor.estimate(conversation_history)
             return {

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from compaction.messages import CHAT, Item, Shape, read_items
-from compaction.types import Plan
+from compaction.types import Message, Plan
 
 
 class PairingProblem(NamedTuple):
@@ -27,7 +27,7 @@ class PairingProblem(NamedTuple):
 
 
 def find_pairing_problems(
-    messages: Sequence[Any], *, shape: Shape = CHAT, items: Sequence[Item] | None = None
+    messages: Sequence[Message], *, shape: Shape = CHAT, items: Sequence[Item] | None = None
 ) -> list[PairingProblem]:
     """Every orphan result and every call left unanswered, in order."""
     if items is None:
@@ -59,17 +59,17 @@ def find_pairing_problems(
     return problems
 
 
-def check_tool_pairing(messages: Sequence[Any], *, shape: Shape = CHAT) -> list[str]:
+def check_tool_pairing(messages: Sequence[Message], *, shape: Shape = CHAT) -> list[str]:
     """Pairing problems of `messages` as readable lines; [] when every call has its result."""
     return [p.describe() for p in find_pairing_problems(messages, shape=shape)]
 
 
 def check_compacted(
-    original: Sequence[Any], compacted: Sequence[Any], plan: Plan, *, shape: Shape = CHAT
+    original: Sequence[Message], compacted: Sequence[Message], plan: Plan, *, shape: Shape = CHAT
 ) -> list[str]:
     """What is wrong with `compacted` as the result of applying `plan` to `original`."""
     if plan.keep_from == plan.head_end and not plan.pinned:
-        expected: list[Any] = list(original)
+        expected: list[Message] = list(original)
         problems = _check_same(expected, compacted, "unchanged")
         return problems + _new_pairing_problems(original, compacted, shape)
     head = list(original[: plan.head_end])
@@ -87,7 +87,7 @@ def check_compacted(
     return problems + _new_pairing_problems(original, compacted, shape)
 
 
-def _check_same(expected: Sequence[Any], actual: Sequence[Any], part: str) -> list[str]:
+def _check_same(expected: Sequence[Message], actual: Sequence[Message], part: str) -> list[str]:
     if len(expected) != len(actual):
         return [f"{part}: expected {len(expected)} messages, got {len(actual)}"]
     return [
@@ -98,7 +98,7 @@ def _check_same(expected: Sequence[Any], actual: Sequence[Any], part: str) -> li
 
 
 def _new_pairing_problems(
-    original: Sequence[Any], compacted: Sequence[Any], shape: Shape
+    original: Sequence[Message], compacted: Sequence[Message], shape: Shape
 ) -> list[str]:
     """Pairing problems of `compacted` beyond those `original` already had (malformed input).
 

@@ -12,12 +12,11 @@ block too. Every other item, malformed ones included, is a block of its own.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from compaction.marker import TASK_HEADING
 from compaction.messages import CHAT, Item, Shape, read_items
 from compaction.tokens import REPLY_PRIMING_TOKENS, count_messages
-from compaction.types import Block, Round, Segments, TokenEstimator
+from compaction.types import Block, Message, Round, Segments, TokenEstimator, Tools
 
 
 def block_end(items: Sequence[Item], start: int) -> int:
@@ -141,9 +140,9 @@ def head_end(items: Sequence[Item]) -> int:
 
 
 def split(
-    messages: Sequence[Any],
+    messages: Sequence[Message],
     estimator: TokenEstimator,
-    tools: Any = None,
+    tools: Tools = None,
     *,
     shape: Shape = CHAT,
     items: Sequence[Item] | None = None,

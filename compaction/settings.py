@@ -1,7 +1,7 @@
 """The library's settings and the one place each default lives.
 
-The proxy's configuration section mirrors these fields; it takes its defaults from the constants
-here, so a default changes in one place.
+The proxy's configuration section mirrors these fields; it takes its defaults from a default
+CompactionSettings, so a default changes in one place.
 """
 
 from __future__ import annotations

@@ -1,18 +1,21 @@
 """The CPU stages of one compaction, around its two model calls (compaction.compactor).
 
-`make_plan` decides where to cut; `fold` reads the folded messages and prepares what the model is asked (transcript, ledger,
-budgets); `finish` turns the model's answers into the summary, verifies it, builds the compacted
-list and checks it. Each is a module-level function of one frozen, picklable job, so an
-`Offload` can run it in another process: a result refers to the caller's messages by index only.
+`make_plan` decides where to cut; `fold` reads the folded messages and prepares what the model
+is asked (transcript, ledger, budgets); `finish` turns the model's answers into the summary,
+verifies it, builds the compacted list and checks it. Each is a module-level function of one
+frozen, picklable job, so an `Offload` can run it in another process: a result refers to the
+caller's messages by index only. Each runs with the cyclic garbage collector paused.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NamedTuple
 
 from compaction.composition import (
     body_budget,
@@ -25,10 +28,8 @@ from compaction.invariants import check_compacted
 from compaction.ledger import Ledger, build_ledger
 from compaction.mentions import MentionCache, scan_prose
 from compaction.messages import Item, Shape, read_items
-from compaction.offload import collector_paused
-from compaction.packing import Packed
+from compaction.offload import JobMessages
 from compaction.plan import plan_compaction
-from compaction.reading import LastRead
 from compaction.sections import Body
 from compaction.segment import split
 from compaction.settings import CompactionSettings
@@ -39,18 +40,37 @@ from compaction.transcript import render_transcript
 from compaction.types import (
     CompactionResult,
     MemoryItem,
+    Message,
     Plan,
     ResultPath,
     TokenEstimator,
+    Tools,
     Verification,
 )
 from compaction.verify import check_preserved
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused for the duration (restored as it was).
+
+    A fold builds an object or two per message (Items, Blocks, entries) that all live until it
+    ends: the collector's passes triggered by those allocations (~190 for a 12k-message fold,
+    one of them over the whole heap) find nothing to free and cost about a tenth of the fold.
+    Cycles made meanwhile are collected by the next pass after it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 @dataclass(frozen=True)
 class PlanJob:
-    messages: Packed
-    tools: Any
+    messages: JobMessages
+    tools: Tools
     estimator: TokenEstimator
     shape: Shape
     window: int
@@ -60,8 +80,21 @@ class PlanJob:
     max_output_tokens: int | None
     strict_alternation: bool
     pinned_budget_tokens: int = 0
-    reading: LastRead | None = None
-    """Keeps the Items read here for the run that follows (in process only: Items stay)."""
+    keep_reading: bool = False
+    """Return the Items read and the tokens counted, for the run that follows (in process
+    only: sent back from another process they would cost more than reading them again)."""
+
+
+class Reading(NamedTuple):
+    """What a plan read of every message: its Item and its tokens (by the plan's estimator)."""
+
+    items: list[Item]
+    counts: list[int]
+
+
+class Planned(NamedTuple):
+    plan: Plan
+    reading: Reading | None
 
 
 @functools.cache
@@ -73,21 +106,19 @@ def worker_mentions() -> MentionCache:
     return MentionCache()
 
 
-def make_plan(job: PlanJob) -> Plan:
+def make_plan(job: PlanJob) -> Planned:
     with collector_paused():
         return _make_plan(job)
 
 
-def _make_plan(job: PlanJob) -> Plan:
-    messages, reading = job.messages.unpack(), job.reading
-    items = reading.read(messages, job.shape) if reading is not None else None
+def _make_plan(job: PlanJob) -> Planned:
+    messages = job.messages.load()
+    items = read_items(messages, job.shape) if job.keep_reading else None
     counts = count_messages(messages, job.estimator)
-    if reading is not None:
-        reading.counted(counts, job.estimator)
     segments = split(
         messages, job.estimator, job.tools, shape=job.shape, items=items, counts=counts
     )
-    return plan_compaction(
+    plan = plan_compaction(
         segments,
         window=job.window,
         target_ratio=job.target_ratio,
@@ -97,13 +128,14 @@ def _make_plan(job: PlanJob) -> Plan:
         strict_alternation=job.strict_alternation,
         pinned_budget_tokens=job.pinned_budget_tokens,
     )
+    return Planned(plan, Reading(items, counts) if items is not None else None)
 
 
 @dataclass(frozen=True)
 class FoldJob:
-    messages: Packed
-    """The run's raw messages, all of them: packed once for the fold and the finish (on the
-    event loop, packing a long history to JSON is the cost that grows)."""
+    messages: JobMessages
+    """The run's raw messages, all of them: made ready once for the fold and the finish (on
+    the event loop, serializing a long history to JSON is the cost that grows)."""
     plan: Plan
     """Which of them are folded (`plan.folded`)."""
     shape: Shape
@@ -139,7 +171,7 @@ def fold(job: FoldJob) -> Fold:
 
 
 def _fold(job: FoldJob) -> Fold:
-    shape, estimator, messages = job.shape, job.estimator, job.messages.unpack()
+    shape, estimator, messages = job.shape, job.estimator, job.messages.load()
     folded = [messages[i] for i in job.plan.folded]
     framing = estimator.count_message(summary_message("", shape))
     # Once: the sums below share them.
@@ -173,9 +205,9 @@ def _fold(job: FoldJob) -> Fold:
 
 @dataclass(frozen=True)
 class FinishJob:
-    messages: Packed
+    messages: JobMessages
     plan: Plan
-    tools: Any
+    tools: Tools
     shape: Shape
     estimator: TokenEstimator
     fold: Fold
@@ -196,7 +228,7 @@ class Finish:
     summary: str
     path: ResultPath
     verification: Verification
-    summary_message: Any
+    summary_message: Message
     problems: list[str]
     tokens_after: int
     pinned_overflow: int = 0
@@ -208,7 +240,7 @@ def finish(job: FinishJob) -> Finish:
 
 
 def _finish(job: FinishJob) -> Finish:
-    plan, shape, folded, messages = job.plan, job.shape, job.fold, job.messages.unpack()
+    plan, shape, folded, messages = job.plan, job.shape, job.fold, job.messages.load()
     # Read again here, and only if the model's answer holds no items: cheaper than carrying
     # the folded items from one job to the next.
     fresh = (
@@ -244,7 +276,7 @@ def _finish(job: FinishJob) -> Finish:
     )
 
 
-def compacted_list(messages: Sequence[Any], plan: Plan, inserted: Any) -> list[Any]:
+def compacted_list(messages: Sequence[Message], plan: Plan, inserted: Message) -> list[Message]:
     """Head, the summary, the pinned messages and the kept tail: the same objects as given."""
     return [
         *messages[: plan.head_end],
@@ -255,11 +287,11 @@ def compacted_list(messages: Sequence[Any], plan: Plan, inserted: Any) -> list[A
 
 
 def drop_folded(
-    messages: list[Any],
+    messages: list[Message],
     plan: Plan,
     *,
     shape: Shape,
-    tools: Any,
+    tools: Tools,
     estimator: TokenEstimator,
     compaction_id: str,
 ) -> CompactionResult:

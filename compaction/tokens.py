@@ -14,10 +14,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from compaction.messages import CHAT, Shape, json_text
-from compaction.types import TokenEstimator
+from compaction.types import Message, TokenEstimator, Tools
 
 REPLY_PRIMING_TOKENS = 3
 """The assistant header the upstream appends before generating."""
@@ -75,15 +74,15 @@ class HeuristicEstimator:
     def count_text(self, text: str) -> int:
         return round(self._raw_text(text) * self.calibration)
 
-    def count_message(self, message: Any) -> int:
+    def count_message(self, message: object) -> int:
         return round(self.shape.measure(message, self._raw_text) * self.calibration)
 
-    def count_messages(self, messages: Sequence[Any]) -> list[int]:
+    def count_messages(self, messages: Sequence[Message]) -> list[int]:
         """`count_message` of each message, its lookups made once for the whole list."""
         measure, text_cost, calibration = self.shape.measure, self._raw_text, self.calibration
         return [round(measure(message, text_cost) * calibration) for message in messages]
 
-    def count_tools(self, tools: Any) -> int:
+    def count_tools(self, tools: Tools) -> int:
         if not tools:
             return 0
         return round(self._raw_text(json_text(tools)) * self.calibration)
@@ -124,7 +123,7 @@ class HeuristicEstimator:
         )
 
 
-def count_messages(messages: Sequence[Any], estimator: TokenEstimator) -> list[int]:
+def count_messages(messages: Sequence[Message], estimator: TokenEstimator) -> list[int]:
     """The tokens of each message (a list parallel to `messages`): a plan counts every message
     of the history."""
     if type(estimator) is HeuristicEstimator:  # a subclass may count one message its own way
@@ -132,7 +131,7 @@ def count_messages(messages: Sequence[Any], estimator: TokenEstimator) -> list[i
     return list(map(estimator.count_message, messages))
 
 
-def estimate_request(messages: Sequence[Any], tools: Any, estimator: TokenEstimator) -> int:
+def estimate_request(messages: Sequence[Message], tools: Tools, estimator: TokenEstimator) -> int:
     """Prompt tokens of a chat request: every message, the tool definitions, reply priming."""
     return (
         sum(count_messages(messages, estimator))

@@ -18,6 +18,10 @@ from compaction.text import normalize
 Message = dict[str, Any]
 """One chat message as the caller sent it. Never copied, never edited in place."""
 
+Tools = object
+"""A request's tool definitions as the caller sent them (None when it has none): only what they
+cost in tokens matters here, so any value is accepted."""
+
 Purpose = Literal["summary", "memory"]
 """Why the library calls the LLM; the proxy turns it into `X-Compaction-Purpose`."""
 
@@ -61,11 +65,11 @@ class TokenEstimator(Protocol):
 
     def count_text(self, text: str) -> int: ...
 
-    def count_message(self, message: Any) -> int:
+    def count_message(self, message: object) -> int:
         """One message including its per-message overhead; must accept malformed items."""
         ...
 
-    def count_tools(self, tools: Any) -> int:
+    def count_tools(self, tools: Tools) -> int:
         """The request's `tools` definitions (None or malformed counts as their JSON size)."""
         ...
 

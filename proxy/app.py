@@ -6,21 +6,24 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
-from compaction.checkpoints import CheckpointStore
-from proxy import keys
+from compaction import CheckpointStore
 from proxy.compacting.hook import build_hook
 from proxy.compacting.llm_client import LLMFactory
 from proxy.compacting.stores.backend import StateBackend, build_backend
 from proxy.compacting.workers import Workers
-from proxy.hook import Hook
-from proxy.http import admin, handlers
-from proxy.http.edge import GET_ONLY, AnyTarget, at_edge, unmatched
+from proxy.http import admin, handlers, keys
+from proxy.http.middleware import GET_ONLY, AnyTarget, unmatched, wrap_handler
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
-from proxy.lag import watch_loop_lag
+from proxy.interception import Hook
+from proxy.loop_lag import watch_loop_lag
 from proxy.metrics import Metrics
 from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks
+
+# The processes compactions' CPU work runs in (started on first use, stopped with the app). Only
+# the app reads it: it is not among proxy.http.keys, which the handlers read.
+WORKERS = web.AppKey("workers", Workers)
 
 
 def create_app(
@@ -46,7 +49,11 @@ def create_app(
     )
     app[keys.TASKS] = BackgroundTasks()
     app[keys.UPSTREAM] = Upstream(settings.upstream, app[keys.METRICS])
-    app[keys.WORKERS] = Workers(settings.compaction.workers)
+    app[WORKERS] = Workers(
+        settings.compaction.workers,
+        timeout_s=settings.compaction.worker_timeout_s,
+        replacements=app[keys.METRICS].compaction.worker_replacements,
+    )
     state: StateBackend | None = None
     if hook is None:
         state = build_backend(
@@ -61,7 +68,7 @@ def create_app(
             records=app[keys.RECORDS],
             metrics=app[keys.METRICS].compaction,
             tasks=app[keys.TASKS],
-            offload=app[keys.WORKERS],
+            offload=app[WORKERS],
         )
     app[keys.HOOK] = hook
     app.cleanup_ctx.append(_upstream_ctx)
@@ -86,7 +93,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _workers_ctx(app: web.Application) -> AsyncIterator[None]:
-    workers = app[keys.WORKERS]
+    workers = app[WORKERS]
     workers.open()
     try:
         yield
@@ -115,24 +122,24 @@ async def _tasks_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def _add_routes(router: web.UrlDispatcher) -> None:
-    """Every route's handler is put in the edge (proxy.http.edge) with the route's kind, which
-    labels its metrics and access lines; hooked routes' kinds are also their dialects
-    (proxy.compacting.dialects). Nothing is left to the router's own answers: GET-only
-    endpoints take every method and refuse the others in the edge (the admin ones in their
-    handler), a catch-all route answers every unknown target, and every route answers an
-    `Expect` header through its edge too, so a 405, 404 or 417 is shaped and counted like any
-    error."""
+    """Every route's handler is wrapped in the middleware (proxy.http.middleware) with the
+    route's kind, which labels its metrics and access lines; hooked routes' kinds are also their
+    dialects (proxy.compacting.dialects). Nothing is left to the router's own answers: GET-only
+    endpoints take every method and refuse the others in the middleware (the admin ones in
+    their handler), a catch-all route answers every unknown target, and every route answers an
+    `Expect` header through its middleware too, so a 405, 404 or 417 is shaped and counted like
+    any error."""
     for path, kind in (
         ("chat/completions", "chat"),
         ("responses", "responses"),
         ("messages", "messages"),
     ):
-        hooked = at_edge(handlers.hooked, kind)
+        hooked = wrap_handler(handlers.hooked, kind)
         for prefix in ("", "/s/{session}"):
             router.add_post(
                 f"{prefix}/v1/{path}", hooked, expect_handler=handlers.expect_handler(kind)
             )
-    forward = at_edge(handlers.forward, "forward")
+    forward = wrap_handler(handlers.forward, "forward")
     for prefix in ("", "/s/{session}"):
         router.add_route(
             "*",
@@ -147,7 +154,7 @@ def _add_routes(router: web.UrlDispatcher) -> None:
         router.add_route(
             "*",
             path,
-            at_edge(handler, route, methods=GET_ONLY),
+            wrap_handler(handler, route, methods=GET_ONLY),
             expect_handler=handlers.expect_handler(route),
         )
     # The admin endpoints refuse other methods themselves, after answering 404 while disabled.
@@ -156,10 +163,12 @@ def _add_routes(router: web.UrlDispatcher) -> None:
         ("/admin/sessions/{session}", admin.admin_session, "admin_session"),
     ):
         router.add_route(
-            "*", path, at_edge(handler, route), expect_handler=handlers.expect_handler(route)
+            "*", path, wrap_handler(handler, route), expect_handler=handlers.expect_handler(route)
         )
     anywhere = AnyTarget()
     router.register_resource(anywhere)
     anywhere.add_route(
-        "*", at_edge(unmatched, "unmatched"), expect_handler=handlers.expect_handler("unmatched")
+        "*",
+        wrap_handler(unmatched, "unmatched"),
+        expect_handler=handlers.expect_handler("unmatched"),
     )

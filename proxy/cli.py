@@ -14,12 +14,11 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
-from proxy import keys
 from proxy.app import create_app
+from proxy.http import keys
 from proxy.logs import configure_logging
 from proxy.settings import Settings, SettingsError, load_settings
 
@@ -61,8 +60,8 @@ def _config_path(flag: str | None) -> str | None:
     return DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() else None
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    overrides: dict[str, dict[str, Any]] = {}
+def _overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
+    overrides: dict[str, dict[str, object]] = {}
     if args.host is not None:
         overrides.setdefault("server", {})["host"] = args.host
     if args.port is not None:
@@ -111,7 +110,7 @@ def _serve(settings: Settings) -> int:
             host=settings.server.host,
             port=settings.server.port,
             loop=loop,
-            access_log=None,  # our own access line is written by proxy.http.edge
+            access_log=None,  # our own access line is written by proxy.http.middleware
             print=log_listening,
             # aiohttp waits this twice for a handler that does not end by itself: for it to
             # finish, then again after failing its request body (which a relay no longer

@@ -12,14 +12,15 @@ import asyncio
 import re
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TextIO
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from compaction import SUMMARY_MARKER
+from compaction import SUMMARY_MARKER, Message
 from proxy.app import create_app
 from proxy.compacting.exchange import STATUS, TOKENS_AFTER, TOKENS_BEFORE
 from proxy.http.serving import serve_on_loopback
@@ -28,7 +29,7 @@ from proxy.settings import Settings
 WINDOW = 6000
 
 
-def _user_turns(prompt: list[Any]) -> list[str]:
+def _user_turns(prompt: list[Message]) -> list[str]:
     """The user entries of the transcript the proxy sent (its last message)."""
     text = str(prompt[-1].get("content", "")) if prompt else ""
     transcript = text.split("<transcript>", 1)[-1]
@@ -38,7 +39,7 @@ def _user_turns(prompt: list[Any]) -> list[str]:
     ]
 
 
-def _fake_summary(prompt: list[Any]) -> str:
+def _fake_summary(prompt: list[Message]) -> str:
     """What the fake upstream answers to a summary request: what it can see, structured. Like a
     real summarizer asked for an update, it carries the current summary's goals forward."""
     text = str(prompt[-1].get("content", "")) if prompt else ""
@@ -51,7 +52,7 @@ def _fake_summary(prompt: list[Any]) -> str:
     return "\n".join(lines)
 
 
-def _fake_memory(prompt: list[Any]) -> str:
+def _fake_memory(prompt: list[Message]) -> str:
     """Like a real extractor: the sentence that states a preference, decision or todo, not the
     whole turn (a task that mentions a preference is not itself a preference)."""
     kinds = {"prefer": "preference", "decided": "decision", "agreed": "decision", "todo": "todo"}
@@ -91,13 +92,13 @@ async def _fake_upstream(request: web.Request) -> web.Response:
     )
 
 
-def _script() -> list[list[dict[str, Any]]]:
+def _script() -> list[list[Message]]:
     """Turns of a coding agent: each turn is what gets appended before the next request."""
     log = "\n".join(f"tests/test_dates.py::test_case_{i} PASSED" for i in range(40))
     source = "\n".join(
         f"def parse_{i}(text):\n    return text.split('-')[{i % 3}]" for i in range(30)
     )
-    turns: list[list[dict[str, Any]]] = []
+    turns: list[list[Message]] = []
     tasks = [
         # The task is pinned after every summary: what later turns say is what gets folded.
         "Fix the date parser in src/dates.py: it crashes on '2024-02-30'.",
@@ -162,7 +163,7 @@ tool call) and one after the tool's result. It sends its whole history every tim
 MEMORY_LINES_SHOWN = 8
 
 
-async def run_demo(out: Any = sys.stdout, workdir: Path = Path("workspace/demo")) -> int:
+async def run_demo(out: TextIO = sys.stdout, workdir: Path = Path("workspace/demo")) -> int:
     """Run the demo; memory files are written under `workdir/memory` (emptied first)."""
 
     def say(text: str = "") -> None:
@@ -192,7 +193,7 @@ async def run_demo(out: Any = sys.stdout, workdir: Path = Path("workspace/demo")
     say(f"fake upstream {upstream_url}  ·  proxy {proxy_url}  ·  window {WINDOW} tokens")
     say(f"memory files go to {memory_dir}\n")
     say(LEGEND)
-    messages: list[dict[str, Any]] = [
+    messages: list[Message] = [
         {"role": "system", "content": "You are a careful coding agent. Use the bash tool."},
     ]
     tools = [
@@ -226,11 +227,11 @@ async def run_demo(out: Any = sys.stdout, workdir: Path = Path("workspace/demo")
 async def _request(
     client: aiohttp.ClientSession,
     url: str,
-    messages: list[dict[str, Any]],
-    tools: Any,
+    messages: list[Message],
+    tools: object,
     turn: int,
     turns: int,
-    say: Any,
+    say: Callable[[str], None],
     seen: dict[str, str],
 ) -> None:
     body = {"model": "demo-model", "messages": messages, "tools": tools}
@@ -248,7 +249,7 @@ async def _request(
 
 
 async def _show_new_compactions(
-    client: aiohttp.ClientSession, url: str, say: Any, seen: dict[str, str]
+    client: aiohttp.ClientSession, url: str, say: Callable[[str], None], seen: dict[str, str]
 ) -> None:
     """Print the compaction records that appeared since the last request (precomputes included),
     each with what its summary says that the one it extends did not. `seen`: id -> summary."""
@@ -279,7 +280,7 @@ async def _show_new_compactions(
             say(f"      {' ' * len(label)} … and {len(added) - 6} more lines")
 
 
-def _show_memory(memory_dir: Path, say: Any) -> None:
+def _show_memory(memory_dir: Path, say: Callable[[str], None]) -> None:
     files = sorted(memory_dir.glob("*/compaction_flush.jsonl"))
     say("")
     for file in files:

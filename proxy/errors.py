@@ -20,12 +20,10 @@
                                      started; the relay can only end the client's stream.
 
 Upstream answers, errors included, are data and are relayed unchanged; they never become one of
-these. `http.edge` is the one place that turns these into responses.
+these. `http.middleware` is the one place that turns these into responses.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import orjson
 
@@ -143,5 +141,5 @@ def error_body(
     if api == "anthropic":
         kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else type_)
         return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
-    payload: dict[str, Any] = {"error": {"message": message, "type": type_, "code": code}}
+    payload: dict[str, object] = {"error": {"message": message, "type": type_, "code": code}}
     return orjson.dumps(payload)

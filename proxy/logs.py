@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, ClassVar
+from typing import IO, ClassVar
 
 import orjson
 
@@ -37,7 +37,7 @@ class JsonFormatter(logging.Formatter):
 
     def encode(self, record: logging.LogRecord) -> bytes:
         """The line as UTF-8 JSON, without its newline."""
-        entry: dict[str, Any] = {
+        entry: dict[str, object] = {
             "ts": self.timestamp(record.created, record.msecs),
             "level": record.levelname,
             "logger": record.name,
@@ -99,7 +99,7 @@ class JsonLines(logging.Handler):
         self._pending += (line, b"\n")
         self.flush()
 
-    def write_access(self, fields: dict[str, Any]) -> None:
+    def write_access(self, fields: dict[str, object]) -> None:
         """The access line of `fields`: what `emit` writes for log_request's record."""
         entry = {
             "ts": self.formatter.timestamp(time.time()),
@@ -191,7 +191,7 @@ class _AccessRecord(logging.LogRecord):
     worked out once, copied in (formatters read a record's __dict__). The time and the thread
     are the line's own."""
 
-    _constant: ClassVar[dict[str, Any]] = {
+    _constant: ClassVar[dict[str, object]] = {
         key: value
         for key, value in vars(
             logging.LogRecord(
@@ -201,7 +201,7 @@ class _AccessRecord(logging.LogRecord):
         if key not in _PER_LINE
     }
 
-    def __init__(self, fields: dict[str, Any]) -> None:  # no super(): that is the point
+    def __init__(self, fields: dict[str, object]) -> None:  # no super(): that is the point
         created = time.time()
         self.__dict__.update(self._constant)
         self.created = created
@@ -216,7 +216,7 @@ class _AccessRecord(logging.LogRecord):
 def log_request(method: str, path: str, status: int, info: RequestInfo) -> None:
     if not _access.isEnabledFor(logging.INFO):
         return
-    fields: dict[str, Any] = {
+    fields: dict[str, object] = {
         "method": method,
         "path": path,
         "status": status,

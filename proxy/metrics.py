@@ -2,13 +2,16 @@
 
 Each app owns a `CollectorRegistry` (tests build many apps in one process; the global default
 registry would refuse the second). Subclass `Metrics` or add collectors to `registry` to extend
-it; `render()` serves whatever the registry holds.
+it; `render()` serves whatever the registry holds. The series every request updates are kept
+as plain numbers (`RequestSeries`), the others are prometheus_client's own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+import bisect
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -18,9 +21,14 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.metrics_core import Metric
-
-from proxy.traffic import Traffic
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -36,9 +44,9 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
-        # What every request updates: plain numbers, read when scraped (see proxy.traffic).
-        self.traffic = Traffic(_LATENCY_BUCKETS)
-        r.register(self.traffic)
+        # What every request updates: plain numbers, read when scraped (see RequestSeries).
+        self.requests = RequestSeries(_LATENCY_BUCKETS)
+        r.register(self.requests)
         self.upstream_errors = Counter(
             "compaction_proxy_upstream_errors",
             "Upstream failures: connect, timeout (before headers), stream_cut, stream_timeout.",
@@ -67,6 +75,96 @@ class Metrics:
         return generate_latest(_WithoutCreated(self.registry))
 
 
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+class _Histogram:
+    """One label set's buckets: `counts[i]` values at most `bounds[i]`, the last `+Inf`."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self, size: int) -> None:
+        self.counts = [0] * (size + 1)
+        self.total = 0.0
+
+
+class RequestSeries:
+    """The per-request series (requests, bytes each way, upstream latency, in flight) as plain
+    numbers, turned into Prometheus samples only when `/metrics` is scraped: a collector
+    (register it in a registry).
+
+    prometheus_client's children take a lock and validate their argument on every update; at
+    six updates per request that was a visible share of a pass-through request's CPU. These
+    series are only ever updated on the event loop's thread, one update at a time, so a dict of
+    floats is enough. The series keep their names, labels and types.
+    """
+
+    def __init__(self, latency_buckets: Sequence[float]) -> None:
+        self.in_flight = 0
+        self._bounds = tuple(latency_buckets)
+        self._requests: defaultdict[tuple[str, str, str], float] = defaultdict(float)
+        self._request_bytes: defaultdict[str, float] = defaultdict(float)
+        self._response_bytes: defaultdict[str, float] = defaultdict(float)
+        self._latency: dict[str, _Histogram] = {}
+
+    def count_request(self, route: str, method: str, status: int) -> None:
+        # A client may send any token as its method: one series per made-up method would let
+        # it grow the exposition without bound.
+        self._requests[route, method if method in _METHODS else "other", str(status)] += 1
+
+    def add_request_bytes(self, route: str, size: int) -> None:
+        self._request_bytes[route] += size
+
+    def add_response_bytes(self, route: str, size: int) -> None:
+        self._response_bytes[route] += size
+
+    def observe_upstream_latency(self, route: str, seconds: float) -> None:
+        histogram = self._latency.get(route)
+        if histogram is None:
+            histogram = self._latency[route] = _Histogram(len(self._bounds))
+        histogram.counts[bisect.bisect_left(self._bounds, seconds)] += 1
+        histogram.total += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "compaction_proxy_requests",
+            "Requests answered, by route, method and status.",
+            labels=("route", "method", "status"),
+        )
+        for labels, value in list(self._requests.items()):
+            requests.add_metric(labels, value)
+        yield requests
+        yield self._latency_family()
+        for name, doc, values in (
+            ("request_bytes", "Request body bytes received from clients.", self._request_bytes),
+            ("response_bytes", "Response body bytes relayed to clients.", self._response_bytes),
+        ):
+            family = CounterMetricFamily(f"compaction_proxy_{name}", doc, labels=("route",))
+            for route, total in list(values.items()):
+                family.add_metric((route,), total)
+            yield family
+        yield GaugeMetricFamily(
+            "compaction_proxy_in_flight_requests",
+            "Requests being handled right now.",
+            value=self.in_flight,
+        )
+
+    def _latency_family(self) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(
+            "compaction_proxy_upstream_latency_seconds",
+            "Time from sending a request upstream to receiving its response headers.",
+            labels=("route",),
+        )
+        edges = [floatToGoString(bound) for bound in self._bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
+        for route, histogram in list(self._latency.items()):
+            cumulative, running = [], 0
+            for edge, count in zip(edges, histogram.counts, strict=True):
+                running += count
+                cumulative.append((edge, float(running)))
+            family.add_metric((route,), cumulative, histogram.total)
+        return family
+
+
 class _WithoutCreated:
     """`registry` without the `*_created` series prometheus-client adds to every counter and
     histogram: a start timestamp per label set that doubles the output and that Prometheus does
@@ -81,16 +179,19 @@ class _WithoutCreated:
             yield metric
 
 
-class Children:
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
+class Children(Generic[M]):
     """A labelled metric's children, kept by their label values (a small fixed set). Its
     `labels()` checks the values and takes a lock on every call, about 1.5 µs: a visible cost
     for the counters that every long request on the hooked routes bumps."""
 
-    def __init__(self, metric: Any) -> None:
+    def __init__(self, metric: M) -> None:
         self._metric = metric
-        self._children: dict[tuple[str, ...], Any] = {}
+        self._children: dict[tuple[str, ...], M] = {}
 
-    def __call__(self, *values: str) -> Any:
+    def __call__(self, *values: str) -> M:
         child = self._children.get(values)
         if child is None:
             child = self._children[values] = self._metric.labels(*values)
@@ -161,6 +262,13 @@ class CompactionMetrics:
         self.tokens_saved = Counter(
             "compaction_proxy_tokens_saved",
             "Estimated prompt tokens removed by compactions (each compaction counted once).",
+            registry=r,
+        )
+        self.worker_replacements = Counter(
+            "compaction_proxy_worker_replacements",
+            "Worker pools replaced (proxy.compacting.workers), by reason: deadline (a worker "
+            "missed a job's compaction.worker_timeout_s and was killed) or died.",
+            ("reason",),
             registry=r,
         )
         self.errors = Counter(

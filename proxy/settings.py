@@ -11,7 +11,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Literal, Self
 from urllib.parse import urlsplit
 
 import yaml
@@ -25,7 +25,10 @@ from pydantic import (
     model_validator,
 )
 
-from compaction import settings as library
+from compaction import CompactionSettings
+
+_LIBRARY = CompactionSettings()
+"""The library's defaults, which this section's defaults are."""
 
 ENV_PREFIX = "COMPACTION_PROXY__"
 
@@ -97,12 +100,12 @@ class CompactionSection(_Section):
     cooldown, checkpoints). Not named CompactionSettings: that is the library's class."""
 
     enabled: bool = True
-    trigger_ratio: float = Field(default=library.TRIGGER_RATIO, gt=0, le=1)
-    target_ratio: float = Field(default=library.TARGET_RATIO, gt=0, le=1)
+    trigger_ratio: float = Field(default=_LIBRARY.trigger_ratio, gt=0, le=1)
+    target_ratio: float = Field(default=_LIBRARY.target_ratio, gt=0, le=1)
     precompute_ratio: float = Field(default=0.7, ge=0, le=1)
-    keep_recent_rounds: int = Field(default=library.KEEP_RECENT_ROUNDS, gt=0)
+    keep_recent_rounds: int = Field(default=_LIBRARY.keep_recent_rounds, gt=0)
     summary_model: str | None = None
-    summary_max_tokens: int = Field(default=library.SUMMARY_MAX_TOKENS, gt=0)
+    summary_max_tokens: int = Field(default=_LIBRARY.summary_max_tokens, gt=0)
     summary_timeout_s: float = Field(default=60, gt=0)
     failure_threshold: int = Field(default=3, gt=0)
     failure_cooldown_s: float = Field(default=300, ge=0)
@@ -110,8 +113,9 @@ class CompactionSection(_Section):
     checkpoint_ttl_s: float = Field(default=21600, gt=0)
     known_requests_mb: float = Field(default=256, ge=0)
     workers: int = Field(default=1, ge=0)
-    strict_alternation: bool = library.STRICT_ALTERNATION
-    pinned_ratio: float = Field(default=library.PINNED_RATIO, ge=0, lt=1)
+    worker_timeout_s: float = Field(default=60, gt=0)
+    strict_alternation: bool = _LIBRARY.strict_alternation
+    pinned_ratio: float = Field(default=_LIBRARY.pinned_ratio, ge=0, lt=1)
 
     @field_validator("target_ratio")
     @classmethod
@@ -129,8 +133,8 @@ class CompactionSection(_Section):
             raise ValueError(f"must not exceed compaction.trigger_ratio ({trigger})")
         return value
 
-    def library_settings(self, *, llm_timeout_s: float) -> library.CompactionSettings:
-        return library.CompactionSettings(
+    def library_settings(self, *, llm_timeout_s: float) -> CompactionSettings:
+        return CompactionSettings(
             trigger_ratio=self.trigger_ratio,
             target_ratio=self.target_ratio,
             keep_recent_rounds=self.keep_recent_rounds,
@@ -205,7 +209,7 @@ class Settings(_Section):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @classmethod
-    def build(cls, data: Mapping[str, Any]) -> Self:
+    def build(cls, data: Mapping[str, object]) -> Self:
         """Validate a nested mapping, turning pydantic's report into one `SettingsError` line."""
         try:
             return cls.model_validate(data)
@@ -216,16 +220,16 @@ class Settings(_Section):
 def load_settings(
     config_path: str | None,
     environ: Mapping[str, str],
-    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    overrides: Mapping[str, Mapping[str, object]] | None = None,
 ) -> Settings:
     """File, then environment, then CLI overrides (each `{section: {key: value}}`)."""
-    data: dict[str, Any] = _read_file(config_path) if config_path else {}
+    data: dict[str, object] = _read_file(config_path) if config_path else {}
     _merge(data, _read_environ(environ))
     _merge(data, overrides or {})
     return Settings.build(data)
 
 
-def _read_file(path: str) -> dict[str, Any]:
+def _read_file(path: str) -> dict[str, object]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -246,8 +250,8 @@ def _read_file(path: str) -> dict[str, Any]:
     return {str(k): dict(v or {}) for k, v in data.items()}
 
 
-def _read_environ(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    found: dict[str, dict[str, Any]] = {}
+def _read_environ(environ: Mapping[str, str]) -> dict[str, dict[str, object]]:
+    found: dict[str, dict[str, object]] = {}
     for name, raw in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
@@ -259,7 +263,7 @@ def _read_environ(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def _parse_env_value(section: str, key: str, raw: str, name: str) -> Any:
+def _parse_env_value(section: str, key: str, raw: str, name: str) -> object:
     """A YAML scalar, except that string-typed keys keep the raw text (an all-digit token stays
     a string); `null` or `~` still means None."""
     if raw.strip() in ("null", "~", "Null", "NULL"):
@@ -283,10 +287,10 @@ def _is_string_key(section: str, key: str) -> bool:
     return key_field is not None and key_field.annotation in (str, str | None)
 
 
-def _merge(into: dict[str, Any], layer: Mapping[str, Any]) -> None:
+def _merge(into: dict[str, object], layer: Mapping[str, object]) -> None:
     for section, values in layer.items():
-        if isinstance(values, Mapping) and isinstance(into.get(section), dict):
-            into[section].update(values)
+        if isinstance(values, Mapping) and isinstance(current := into.get(section), dict):
+            current.update(values)
         else:
             into[section] = dict(values) if isinstance(values, Mapping) else values
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -18,10 +18,10 @@ log = logging.getLogger(__name__)
 
 class BackgroundTasks:
     def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
         self._closed = False
 
-    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
+    def spawn(self, coro: Coroutine[object, None, T], *, name: str) -> asyncio.Task[T]:
         if self._closed:
             coro.close()
             raise RuntimeError("background tasks are closed")
@@ -30,7 +30,7 @@ class BackgroundTasks:
         task.add_done_callback(self._finished)
         return task
 
-    def _finished(self, task: asyncio.Task[Any]) -> None:
+    def _finished(self, task: asyncio.Task[object]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning(

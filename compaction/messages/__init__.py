@@ -9,9 +9,8 @@ A `Shape` turns one raw message (exactly as the caller sent it) into an `Item`, 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
-from compaction.messages.anthropic import ANTHROPIC, check_turns, join_summary
+from compaction.messages.anthropic import ANTHROPIC, blocks_text, check_turns, join_summary
 from compaction.messages.chat import CHAT, LEGACY_CALL_PREFIX, is_message, message_text
 from compaction.messages.item import (
     AUDIO_PART_TOKENS,
@@ -28,7 +27,7 @@ from compaction.messages.item import (
     json_text,
     read_all,
 )
-from compaction.messages.responses import RESPONSES
+from compaction.messages.responses import RESPONSES, content_text, is_message_item
 
 __all__ = [
     "ANTHROPIC",
@@ -46,8 +45,11 @@ __all__ = [
     "Kind",
     "Shape",
     "ToolCall",
+    "blocks_text",
     "check_turns",
+    "content_text",
     "is_message",
+    "is_message_item",
     "is_summary_message",
     "join_summary",
     "json_text",
@@ -56,11 +58,11 @@ __all__ = [
 ]
 
 
-def read_items(messages: Iterable[Any], shape: Shape = CHAT) -> list[Item]:
+def read_items(messages: Iterable[object], shape: Shape = CHAT) -> list[Item]:
     """The neutral view of each message, in order (a list parallel to `messages`)."""
     return read_all(messages, shape)
 
 
-def is_summary_message(message: Any, shape: Shape = CHAT) -> bool:
+def is_summary_message(message: object, shape: Shape = CHAT) -> bool:
     """True for a message this library inserted as a summary of folded history."""
     return shape.is_summary(message)

@@ -33,12 +33,13 @@ from compaction.messages.item import (
     measure_value,
     user_summary,
 )
+from compaction.types import Message
 
 IMAGE_TOKENS = 1600
 """A large image as Claude counts it (about width x height / 750, capped near 1600)."""
 
 
-def _blocks(content: Any) -> list[dict[str, Any]]:
+def _blocks(content: object) -> list[dict[str, Any]]:
     """The content as a list of block dicts (a string is one text block)."""
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
@@ -47,7 +48,7 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
     return []
 
 
-def blocks_text(content: Any) -> str:
+def blocks_text(content: object) -> str:
     """Readable text of content: strings and text blocks, tool results' text, placeholders."""
     if isinstance(content, str):
         return content
@@ -90,13 +91,13 @@ class AnthropicShape:
             return Item("assistant", text, calls=_calls(content), label=role)
         return Item("other", text, label=role)
 
-    def summary_message(self, text: str) -> dict[str, Any]:
+    def summary_message(self, text: str) -> Message:
         return user_summary(text)
 
-    def is_summary(self, raw: Any) -> bool:
+    def is_summary(self, raw: object) -> bool:
         return is_user_summary(raw)
 
-    def measure(self, raw: Any, text_cost: Callable[[str], float]) -> float:
+    def measure(self, raw: object, text_cost: Callable[[str], float]) -> float:
         """Every block with the message's overhead; thinking only in a turn that calls tools.
 
         Anthropic strips thinking from turns before the last user turn, except in the current
@@ -118,7 +119,7 @@ ANTHROPIC: Shape = AnthropicShape()
 """Anthropic's Messages API message shape."""
 
 
-def join_summary(messages: Sequence[Any]) -> list[Any]:
+def join_summary(messages: Sequence[Message]) -> list[Message]:
     """`messages` as Anthropic accepts them: the summary and the user turns right after it (the
     pinned requests, a kept user turn) become one user turn, as Anthropic would combine them.
 
@@ -142,7 +143,7 @@ def join_summary(messages: Sequence[Any]) -> list[Any]:
     return list(messages)
 
 
-def check_turns(messages: Sequence[Any]) -> list[str]:
+def check_turns(messages: Sequence[Message]) -> list[str]:
     """What Anthropic would refuse in the order of turns: a first turn that is not the user's,
     two turns of one role in a row."""
     problems: list[str] = []
@@ -155,19 +156,19 @@ def check_turns(messages: Sequence[Any]) -> list[str]:
     return problems
 
 
-def _is_user(message: Any) -> bool:
+def _is_user(message: object) -> bool:
     return isinstance(message, dict) and message.get("role") == "user"
 
 
-def _is_thinking(block: Any) -> bool:
+def _is_thinking(block: object) -> bool:
     return isinstance(block, dict) and block.get("type") in ("thinking", "redacted_thinking")
 
 
-def _is_result(block: Any) -> bool:
+def _is_result(block: object) -> bool:
     return isinstance(block, dict) and block.get("type") == "tool_result"
 
 
-def _calls(content: Any) -> tuple[ToolCall, ...]:
+def _calls(content: object) -> tuple[ToolCall, ...]:
     calls: list[ToolCall] = []
     for block in _blocks(content):
         if block.get("type") != "tool_use":

@@ -23,6 +23,7 @@ from compaction.messages.item import (
     json_text,
     user_summary,
 )
+from compaction.types import Message
 
 LEGACY_CALL_PREFIX = "function_call:"
 """The id a legacy `function_call` gets, so its `role: function` answer pairs with it by name."""
@@ -35,7 +36,7 @@ def is_message(item: object) -> bool:
     return isinstance(item, dict) and isinstance(item.get("role"), str)
 
 
-def message_text(message: Any) -> str:
+def message_text(message: object) -> str:
     """The readable text of a message's content: strings, text parts, placeholders for media."""
     if not isinstance(message, dict):
         return ""
@@ -94,13 +95,13 @@ class ChatShape:
             return Item("tool", text, answers=answers, label=role)
         return Item("other", text, label=role)
 
-    def summary_message(self, text: str) -> dict[str, Any]:
+    def summary_message(self, text: str) -> Message:
         return user_summary(text)
 
-    def is_summary(self, raw: Any) -> bool:
+    def is_summary(self, raw: object) -> bool:
         return is_user_summary(raw)
 
-    def measure(self, raw: Any, text_cost: Callable[[str], float]) -> float:
+    def measure(self, raw: object, text_cost: Callable[[str], float]) -> float:
         """Content, `name`, `tool_call_id` and every call, each message with its overhead."""
         if not isinstance(raw, dict):
             return MESSAGE_OVERHEAD_TOKENS + text_cost(json_text(raw))
@@ -128,7 +129,7 @@ CHAT: Shape = ChatShape()
 """The chat-completions shape, the default everywhere in the library."""
 
 
-def _calls(message: dict[str, Any]) -> tuple[ToolCall, ...]:
+def _calls(message: Message) -> tuple[ToolCall, ...]:
     """Every call an assistant message makes that has an id or a well-formed function."""
     raw_calls = message.get("tool_calls")
     calls: list[ToolCall] = []
@@ -146,7 +147,7 @@ def _calls(message: dict[str, Any]) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
-def _function(function: Any) -> tuple[str | None, str]:
+def _function(function: object) -> tuple[str | None, str]:
     """(name, arguments) of a `function` object; name None when it is not well formed."""
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
         return None, ""
@@ -154,7 +155,7 @@ def _function(function: Any) -> tuple[str | None, str]:
     return function["name"], arguments if isinstance(arguments, str) else ""
 
 
-def _measure_content(content: Any, text_cost: Callable[[str], float]) -> float:
+def _measure_content(content: object, text_cost: Callable[[str], float]) -> float:
     if content is None:
         return 0.0
     if isinstance(content, str):
@@ -179,7 +180,7 @@ def _measure_part(part: Any, text_cost: Callable[[str], float]) -> float:
     return text_cost(json_text(part))
 
 
-def _measure_call(call: Any, text_cost: Callable[[str], float]) -> float:
+def _measure_call(call: object, text_cost: Callable[[str], float]) -> float:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict):
         return text_cost(json_text(call))

@@ -15,6 +15,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 import orjson
 
 from compaction.marker import is_summary_text
+from compaction.types import Message
 
 Kind = Literal["head", "user", "assistant", "tool", "summary", "other"]
 """head: system/developer instructions; user: a user turn (a tool observation included, see
@@ -112,29 +113,29 @@ class Item(NamedTuple):
 class Shape(Protocol):
     """What the library needs to know about one API's message shape."""
 
-    def read(self, raw: Any) -> Item:
+    def read(self, raw: object) -> Item:
         """The neutral view of `raw`; never raises, whatever `raw` is."""
         ...
 
-    def summary_message(self, text: str) -> Any:
+    def summary_message(self, text: str) -> Message:
         """The raw message that carries a summary whose full text (marker included) is `text`."""
         ...
 
-    def is_summary(self, raw: Any) -> bool:
+    def is_summary(self, raw: object) -> bool:
         """True for a message this library inserted as a summary (see marker.py)."""
         ...
 
-    def measure(self, raw: Any, text_cost: Callable[[str], float]) -> float:
+    def measure(self, raw: object, text_cost: Callable[[str], float]) -> float:
         """Tokens of `raw`: `text_cost` for each string, flat costs for media and framing."""
         ...
 
 
-def user_summary(text: str) -> dict[str, Any]:
+def user_summary(text: str) -> Message:
     """A summary carried as a plain user message (chat and Anthropic)."""
     return {"role": "user", "content": text}
 
 
-def is_user_summary(raw: Any) -> bool:
+def is_user_summary(raw: object) -> bool:
     """True for a user message whose string content is a summary (see marker.py)."""
     if not isinstance(raw, dict) or raw.get("role") != "user":
         return False
@@ -142,7 +143,7 @@ def is_user_summary(raw: Any) -> bool:
     return isinstance(content, str) and is_summary_text(content)
 
 
-def json_text(item: Any) -> str:
+def json_text(item: object) -> str:
     """Any item as the JSON text the upstream would see; never raises."""
     try:
         return orjson.dumps(item, default=str).decode()
@@ -155,7 +156,7 @@ def is_observation_text(text: str) -> bool:
     return text.lstrip().startswith(OBSERVATION_PREFIXES)
 
 
-def file_data_tokens(data: Any) -> float:
+def file_data_tokens(data: object) -> float:
     """What inline base64 file data costs by its length; FILE_PART_TOKENS for a file sent by
     reference (an id, a URL), whose size we cannot see."""
     if not isinstance(data, str):
@@ -163,7 +164,7 @@ def file_data_tokens(data: Any) -> float:
     return max(FILE_PART_TOKENS, len(data) / BASE64_CHARS_PER_TOKEN)
 
 
-def measure_value(value: Any, text_cost: Callable[[str], float]) -> float:
+def measure_value(value: object, text_cost: Callable[[str], float]) -> float:
     """A string's cost, None's nothing, anything else its JSON text's cost."""
     if value is None:
         return 0.0
@@ -172,6 +173,6 @@ def measure_value(value: Any, text_cost: Callable[[str], float]) -> float:
     return text_cost(json_text(value))
 
 
-def read_all(messages: Iterable[Any], shape: Shape) -> list[Item]:
+def read_all(messages: Iterable[object], shape: Shape) -> list[Item]:
     """The neutral view of each message, in order (a list parallel to `messages`)."""
     return [shape.read(message) for message in messages]

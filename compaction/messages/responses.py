@@ -31,12 +31,13 @@ from compaction.messages.item import (
     json_text,
     measure_value,
 )
+from compaction.types import Message
 
 _HEAD_ROLES = frozenset({"system", "developer"})
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "refusal"})
 
 
-def content_text(content: Any) -> str:
+def content_text(content: object) -> str:
     """The readable text of a message's content or a call's output: strings, text parts, and
     placeholders for media."""
     if isinstance(content, str):
@@ -55,7 +56,7 @@ def content_text(content: Any) -> str:
     return "\n".join(pieces)
 
 
-def is_message_item(raw: Any) -> bool:
+def is_message_item(raw: object) -> bool:
     """A message item: typed `message`, or the short form with a role and no type."""
     return (
         isinstance(raw, dict)
@@ -84,7 +85,7 @@ class ResponsesShape:
             return Item("assistant", calls=(call,), joins=True, label=kind)
         return Item("other", label=kind)
 
-    def summary_message(self, text: str) -> dict[str, Any]:
+    def summary_message(self, text: str) -> Message:
         return {
             "type": "message",
             "role": "user",
@@ -99,7 +100,7 @@ class ResponsesShape:
             content = content[0].get("text")
         return isinstance(content, str) and is_summary_text(content)
 
-    def measure(self, raw: Any, text_cost: Callable[[str], float]) -> float:
+    def measure(self, raw: object, text_cost: Callable[[str], float]) -> float:
         """Content parts, call names and arguments, outputs, reasoning; each with its overhead."""
         if not isinstance(raw, dict):
             return MESSAGE_OVERHEAD_TOKENS + text_cost(json_text(raw))
@@ -125,7 +126,7 @@ class ResponsesShape:
             )
         return total + text_cost(json_text(raw))
 
-    def _read_message(self, raw: dict[str, Any]) -> Item:
+    def _read_message(self, raw: Message) -> Item:
         role: str = raw["role"]
         text = content_text(raw.get("content"))
         if role in _HEAD_ROLES:
@@ -145,14 +146,14 @@ RESPONSES: Shape = ResponsesShape()
 """The Responses API's input item shape."""
 
 
-def _name(raw: dict[str, Any]) -> str | None:
+def _name(raw: Message) -> str | None:
     name = raw.get("name")
     if isinstance(name, str):
         return name
     return "local_shell" if raw.get("type") == "local_shell_call" else None
 
 
-def _arguments(raw: dict[str, Any]) -> str:
+def _arguments(raw: Message) -> str:
     """The call's input as text: `arguments` (function), `input` (custom), `action` (shell)."""
     for key in ("arguments", "input", "action"):
         value = raw.get(key)
@@ -163,7 +164,7 @@ def _arguments(raw: dict[str, Any]) -> str:
     return ""
 
 
-def _measure_content(content: Any, text_cost: Callable[[str], float]) -> float:
+def _measure_content(content: object, text_cost: Callable[[str], float]) -> float:
     if not isinstance(content, list):
         return measure_value(content, text_cost)
     return sum(_measure_part(part, text_cost) for part in content)

@@ -14,18 +14,20 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from compaction import CompactionResult, Compactor, Plan
-from compaction.checkpoints import (
+from compaction import (
+    ChatLLM,
     Checkpoint,
     CheckpointStore,
+    Compaction,
+    CompactionResult,
+    Compactor,
+    DigestPrefix,
     View,
     checkpoint_after,
     plan_key,
     prefix_digests,
 )
-from compaction.prefix import Prefix
-from compaction.types import ChatLLM
-from proxy.compacting.fallback import fallback
+from proxy.compacting.fallback import GRACE_S, fallback
 from proxy.compacting.flight import (
     SingleFlight,
     is_running,
@@ -39,6 +41,7 @@ from proxy.compacting.records import record_compaction
 from proxy.compacting.request import Decision, ParsedRequest
 from proxy.compacting.reserves import ReserveMemory
 from proxy.compacting.stores.backend import StateBackend, stored_under
+from proxy.compacting.workers import WorkerLost
 from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics
 from proxy.settings import CompactionSection
@@ -115,7 +118,7 @@ class Conversations:
 
     async def latest(self, digests: Sequence[bytes], count: int) -> Checkpoint | None:
         """The checkpoint of the longest remembered prefix of `count` messages but the last."""
-        return await self._store.longest(Prefix(digests, count - 1))
+        return await self._store.longest(DigestPrefix(digests, count - 1))
 
     async def view(
         self, req: ParsedRequest, digests: Sequence[bytes], original_tokens: int | None = None
@@ -146,8 +149,8 @@ class Conversations:
 
     async def plan(
         self, req: ParsedRequest, view: View, *, target_ratio: float | None = None
-    ) -> Plan:
-        return await self._compactor.plan_async(
+    ) -> Compaction:
+        return await self._compactor.prepare(
             view.messages,
             window=req.window,
             tools=req.extras,
@@ -162,11 +165,16 @@ class Conversations:
         return await is_running(self._flight, self._state, digests)
 
     def start(
-        self, req: ParsedRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
+        self,
+        req: ParsedRequest,
+        view: View,
+        compaction: Compaction,
+        digests: Sequence[bytes],
+        reason: str,
     ) -> asyncio.Task[CompactionResult | Checkpoint] | None:
-        """The (single-flight) summarization carrying out `plan`, or the checkpoint another
-        process stored for it; None if it folds nothing new."""
-        key = plan_key(view, plan, digests)
+        """The (single-flight) summarization carrying out `compaction`, or the checkpoint
+        another process stored for it; None if it folds nothing new."""
+        key = plan_key(view, compaction.plan, digests)
         if key is None:
             return None
         return self._flight.start(
@@ -174,7 +182,7 @@ class Conversations:
             lambda: run_once_everywhere(
                 self._state,
                 key,
-                lambda: self._summarize(req, view, plan, digests, reason),
+                lambda: self._summarize(req, view, compaction, digests, reason),
                 lambda: self.stored(digests, key),
                 # As long as the summarizer call itself may take (see hook.build_hook).
                 budget_s=self._options.summary_timeout_s * 3,
@@ -194,10 +202,14 @@ class Conversations:
         deadline: float,
         reason: str,
     ) -> Decision:
-        plan = await self.plan(req, view)
-        key = plan_key(view, plan, digests)
+        try:  # a stuck worker holds no request past its deadline (and a plan's fallback's grace)
+            waited = max(deadline - self._clock(), GRACE_S)
+            compaction = await asyncio.wait_for(self.plan(req, view), waited)
+        except (TimeoutError, WorkerLost):  # a worker lost is logged where it was found
+            return await self._as_is(view, before, tokens)
+        key = plan_key(view, compaction.plan, digests)
         joined = key is not None and key in self._flight
-        task = self.start(req, view, plan, digests, reason)
+        task = self.start(req, view, compaction, digests, reason)
         if task is None:
             return await self._as_is(view, before, tokens)
         try:
@@ -214,7 +226,7 @@ class Conversations:
             # fallback, which flushes memory too: the summarization may yet fold nothing.
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
-            result = await fallback(self._run(req, view, plan, llm=None), view, plan, req)
+            result = await fallback(self._run(req, compaction, llm=None), compaction)
         if not isinstance(result, Checkpoint) and result.path == "unchanged":
             return await self._as_is(view, before, tokens)
         # "applied": computed for this request, or the first to go out with it (a checkpoint).
@@ -251,7 +263,12 @@ class Conversations:
         return "applied" if await self._forwarded.is_new(compaction_id) else "reused"
 
     async def _summarize(
-        self, req: ParsedRequest, view: View, plan: Plan, digests: Sequence[bytes], reason: str
+        self,
+        req: ParsedRequest,
+        view: View,
+        compaction: Compaction,
+        digests: Sequence[bytes],
+        reason: str,
     ) -> CompactionResult:
         summary_model = self._options.summary_model or req.model
         # One tenant's failing key must not cool the summarizer down for everyone.
@@ -262,7 +279,7 @@ class Conversations:
         else:
             llm = self._llm_for(req.summarizer(summary_model))
         # A precomputed compaction may never be applied: its memory items wait in its checkpoint.
-        result = await self._run(req, view, plan, llm=llm, flush=reason != "precompute")
+        result = await self._run(req, compaction, llm=llm, flush=reason != "precompute")
         if llm is not None and result.path != "unchanged":
             # "unchanged" says nothing about the summarizer (nothing to fold, or no gain).
             ok = result.path == "llm"
@@ -279,17 +296,9 @@ class Conversations:
         return result
 
     async def _run(
-        self, req: ParsedRequest, view: View, plan: Plan, *, llm: ChatLLM | None, flush: bool = True
+        self, req: ParsedRequest, compaction: Compaction, *, llm: ChatLLM | None, flush: bool = True
     ) -> CompactionResult:
-        return await self._compactor.run(
-            view.messages,
-            plan,
-            llm=llm,
-            session_id=req.session_id,
-            tools=req.extras,
-            estimator=req.estimator,
-            flush_memory=flush,
-        )
+        return await compaction.run(llm=llm, session_id=req.session_id, flush_memory=flush)
 
     async def flush_reserve(self, req: ParsedRequest, reserve: Checkpoint) -> None:
         """A precomputed checkpoint goes out: its memory items are due now, if not yet written

@@ -1,7 +1,7 @@
 """One compacted request from the upstream's point of view: what went out last, the one
 retry after a context-length error, and calibration from the usage the upstream reports.
 
-A `CompactedExchange` is the proxy.hook.Exchange of a parsed request; it is mutable on
+A `CompactedExchange` is the proxy.interception.Exchange of a parsed request; it is mutable on
 purpose (like a flow): the retry replaces what was sent, and calibration reads what was sent last.
 """
 
@@ -15,7 +15,7 @@ from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations
 from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.request import Decision, ParsedRequest
-from proxy.hook import Exchange, Passthrough
+from proxy.interception import Exchange, Passthrough
 from proxy.metrics import CompactionMetrics
 
 log = logging.getLogger(__name__)

@@ -9,34 +9,21 @@ request would wait `summary_timeout_s` and then that much again.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Awaitable
 
-from compaction import CompactionResult, Plan
-from compaction.checkpoints import View
-from compaction.stages import drop_folded
-from proxy.compacting.request import ParsedRequest
+from compaction import Compaction, CompactionResult
+from proxy.compacting.workers import WorkerLost
 
 GRACE_S = 5.0
 """How long a request that stopped waiting for a summary waits for the one built by code."""
 
 
 async def fallback(
-    built_by_code: Awaitable[CompactionResult],
-    view: View,
-    plan: Plan,
-    req: ParsedRequest,
+    built_by_code: Awaitable[CompactionResult], compaction: Compaction
 ) -> CompactionResult:
-    """`built_by_code` (the compaction of `view` by `plan` without the model) if it is ready
-    within GRACE_S, else the folded part dropped."""
+    """`built_by_code` (`compaction` run without the model) if it is ready within GRACE_S,
+    else its folded part dropped."""
     try:
         return await asyncio.wait_for(built_by_code, GRACE_S)
-    except TimeoutError:
-        return drop_folded(
-            view.messages,
-            plan,
-            shape=req.estimator.shape,
-            tools=req.extras,
-            estimator=req.estimator,
-            compaction_id=uuid.uuid4().hex,
-        )
+    except (TimeoutError, WorkerLost):  # a worker lost is logged where it was found
+        return compaction.dropped()

@@ -1,4 +1,4 @@
-"""The compacting hook: the proxy's per-request compaction decision (proxy.hook.Hook).
+"""The compacting hook: the proxy's per-request compaction decision (proxy.interception.Hook).
 
 Bodies that cannot reach the lowest ratio are not parsed; below the trigger the original bytes go
 upstream untouched. At the trigger the conversations (proxy.compacting.conversations) give the
@@ -15,9 +15,7 @@ import logging
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from compaction import Compactor, MemoryWriter
-from compaction.checkpoints import CheckpointStore
-from compaction.offload import Offload
+from compaction import CheckpointStore, Compactor, MemoryWriter, Offload
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations
 from proxy.compacting.dialects import Dialect, NotCompactable, for_route
@@ -37,9 +35,9 @@ from proxy.compacting.recall import Recall, estimate_known
 from proxy.compacting.request import Decision, ParsedRequest, RequestBuilder, may_need_parsing
 from proxy.compacting.stores.backend import StateBackend
 from proxy.compacting.stores.memory import MemoryStore
-from proxy.hook import Exchange, Passthrough, RequestContext
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
+from proxy.interception import Exchange, Passthrough, RequestContext
 from proxy.metrics import CompactionMetrics
 from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks

@@ -29,11 +29,7 @@ from typing import Any
 import orjson
 from cachetools import LRUCache
 
-from compaction import HeuristicEstimator
-from compaction.checkpoints import prefix_digests
-from compaction.messages import Shape
-from compaction.offload import Inline, Offload
-from compaction.packing import JsonArray
+from compaction import HeuristicEstimator, Inline, JsonArray, Offload, Shape, prefix_digests
 from proxy.compacting.learning import LearnJob, learn_body
 from proxy.compacting.parts import Part, other_fields, splice
 from proxy.compacting.spans import Items, scan_items

@@ -9,9 +9,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from compaction import HeuristicEstimator
-from compaction.checkpoints import prefix_digests
-from compaction.messages import Shape
+from compaction import HeuristicEstimator, Shape, prefix_digests
 from proxy.compacting.parts import is_same, other_fields
 from proxy.compacting.spans import Items, locate_value, scan_items
 

@@ -13,8 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from compaction import Message
-from compaction.types import ChatLLM, Purpose
+from compaction import ChatLLM, Message, Purpose
 from proxy.compacting.dialects import Dialect
 from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
 from proxy.http.upstream import Upstream

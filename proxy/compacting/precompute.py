@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from cachetools import LRUCache
 
-from compaction.checkpoints import plan_key, prefix_digests
+from compaction import plan_key, prefix_digests
 from proxy.compacting.conversations import Conversations
 from proxy.compacting.request import ParsedRequest
 from proxy.settings import CompactionSection
@@ -83,11 +83,11 @@ class Precompute:
             self._quiet_for(request, raw_tokens, threshold - tokens)
             return
         ratio = self._target_ratio(request, tokens)
-        plan = await conversations.plan(request, view, target_ratio=ratio)
-        key = plan_key(view, plan, digests)
+        compaction = await conversations.plan(request, view, target_ratio=ratio)
+        key = plan_key(view, compaction.plan, digests)
         if key is not None and await conversations.stored(digests, key) is not None:
             return  # prepared already
-        if conversations.start(request, view, plan, digests, "precompute") is None:
+        if conversations.start(request, view, compaction, digests, "precompute") is None:
             # Nothing new to fold yet (the recent rounds are all there is): look again once the
             # conversation grew a little, not on every request.
             self._quiet_for(request, raw_tokens, _RECHECK_GROWTH * request.window)

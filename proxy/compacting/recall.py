@@ -18,9 +18,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from compaction import HeuristicEstimator
-from compaction.checkpoints import Checkpoint
-from compaction.tokens import REPLY_PRIMING_TOKENS
+from compaction import REPLY_PRIMING_TOKENS, Checkpoint, HeuristicEstimator
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations
 from proxy.compacting.dialects import Dialect, NotCompactable
@@ -36,7 +34,8 @@ from proxy.compacting.request import (
     RequestBuilder,
     opening_of,
 )
-from proxy.hook import RequestContext
+from proxy.compacting.workers import WorkerLost
+from proxy.interception import RequestContext
 from proxy.metrics import CompactionMetrics
 
 log = logging.getLogger(__name__)
@@ -156,6 +155,8 @@ class Recall:
                 opening=opening,
                 fingerprint=(dialect.opening(request.payload, opening), request.opening),
             )
+        except WorkerLost:  # logged where it was found
+            return None
         except Exception:  # only the next request's speed depends on it
             log.exception("remembering a long request failed")
             return None

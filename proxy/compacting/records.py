@@ -5,8 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from compaction import CompactionResult
-from compaction.checkpoints import Checkpoint, View
+from compaction import Checkpoint, CompactionResult, View
 from proxy.compacting.request import ParsedRequest
 from proxy.http.sessions import SessionRecords
 from proxy.metrics import CompactionMetrics

@@ -17,15 +17,13 @@ from typing import Any
 
 import orjson
 
-from compaction import HeuristicEstimator
-from compaction.checkpoints import conversation_seed
-from compaction.packing import JsonArray
+from compaction import HeuristicEstimator, JsonArray, conversation_seed
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.dialects import Dialect
 from proxy.compacting.llm_client import LLMRequest
 from proxy.compacting.overflow import LearnedWindows
 from proxy.compacting.pieces import PIECES_FROM_BYTES, by_pieces
-from proxy.hook import RequestContext
+from proxy.interception import RequestContext
 from proxy.settings import ModelsSettings
 
 SCOPE_HEADERS = ("api-key", "x-api-key", "OpenAI-Organization", "OpenAI-Project")

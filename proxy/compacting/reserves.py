@@ -14,8 +14,7 @@ import asyncio
 
 from cachetools import LRUCache
 
-from compaction import Compactor
-from compaction.checkpoints import Checkpoint
+from compaction import Checkpoint, Compactor
 from proxy.compacting.flight import SingleFlight
 from proxy.tasks import BackgroundTasks
 

@@ -9,10 +9,10 @@ import hmac
 
 from aiohttp import web
 
-from proxy import keys
 from proxy.errors import NotFound, Unauthorized
-from proxy.http.edge import GET_ONLY
+from proxy.http import keys
 from proxy.http.handlers import json_response
+from proxy.http.middleware import GET_ONLY
 from proxy.http.sessions import check_session_id
 
 
@@ -32,7 +32,7 @@ async def admin_session(request: web.Request) -> web.Response:
 
 def _require_admin(request: web.Request) -> None:
     """404 while admin is disabled (the endpoints do not exist, whatever the method: so they
-    refuse other methods here, not in the edge); 405 for a method other than GET or HEAD; 401
+    refuse other methods here, not in the middleware); 405 for a method other than GET or HEAD; 401
     without the right token."""
     token = request.app[keys.SETTINGS].admin.token
     if token is None:

@@ -6,7 +6,7 @@ streamed as they arrive (the rest), either way refused past `server.max_body_mb`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 
 from aiohttp import StreamReader, web
 from aiohttp.web_protocol import RequestPayloadError
@@ -15,6 +15,9 @@ from proxy.errors import BodyTooLarge, RequestTimeout, UnreadableBody
 from proxy.http.encodings import unreadable_body
 from proxy.metrics import Metrics
 from proxy.settings import ServerSettings
+
+RequestBody = bytes | AsyncIterable[bytes] | None
+"""A body as it goes upstream: read whole (`read_body`), streamed (`LimitedBody`), or none."""
 
 
 async def read_body(request: web.Request, server: ServerSettings) -> bytes:
@@ -95,7 +98,7 @@ class LimitedBody:
         try:
             while chunk := await _next_chunk(self._content, self._patience_s):
                 size += len(chunk)
-                self._metrics.traffic.add_request_bytes(self._route, len(chunk))
+                self._metrics.requests.add_request_bytes(self._route, len(chunk))
                 if size > self._limit:
                     self.exceeded = True
                     raise too_large(self._limit)

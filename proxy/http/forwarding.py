@@ -15,20 +15,21 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
 
-from proxy import keys
 from proxy.errors import InvalidPath, ProxyError, UpstreamStreamCut
-from proxy.hook import Exchange, Hook, Passthrough, RequestContext
-from proxy.http.bodies import LimitedBody, read_body, too_large
+from proxy.http import keys
+from proxy.http.bodies import LimitedBody, RequestBody, read_body, too_large
 from proxy.http.encodings import decode_body
 from proxy.http.headers import upstream_request_headers
 from proxy.http.relay import relay
 from proxy.http.sessions import resolve_session_id
 from proxy.http.upstream import Response
 from proxy.http.usage import UsageProbe
+from proxy.interception import Exchange, Hook, Passthrough, RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,8 @@ def raw_tail(request: web.Request, session: str | None) -> str:
 
 
 async def forward_hooked(request: web.Request, path_session: str | None) -> web.StreamResponse:
-    """A request the app's hook may change (see proxy.hook): body read whole, one Exchange."""
+    """A request the app's hook may change (see proxy.interception): body read whole, one
+    Exchange."""
     app = request.app
     settings = app[keys.SETTINGS]
     upstream = app[keys.UPSTREAM]
@@ -58,7 +60,7 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
     tail = raw_tail(request, path_session)
     url = upstream.url_for(tail, request.rel_url.raw_query_string)
     body = await read_body(request, settings.server)
-    metrics.traffic.add_request_bytes(info.route, len(body))
+    metrics.requests.add_request_bytes(info.route, len(body))
     headers, credential = upstream_request_headers(
         request.headers, upstream.api_key_for(tail, request.headers), keep_length=False
     )
@@ -161,7 +163,9 @@ async def forward_verbatim(request: web.Request, path_session: str | None) -> we
     )
 
 
-async def _send(request: web.Request, method: str, url: Any, headers: Any, data: Any) -> Response:
+async def _send(
+    request: web.Request, method: str, url: URL, headers: CIMultiDict[str], data: RequestBody
+) -> Response:
     info = request[keys.REQUEST_INFO]
     started = time.perf_counter()
     try:

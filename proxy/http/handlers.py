@@ -8,10 +8,10 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import HttpVersion11, web
 
-from proxy import keys
 from proxy.errors import ExpectationFailed
-from proxy.http.edge import at_edge
+from proxy.http import keys
 from proxy.http.forwarding import forward_hooked, forward_verbatim
+from proxy.http.middleware import wrap_handler
 
 ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
 
@@ -29,10 +29,11 @@ def expect_handler(route: str) -> ExpectHandler:
 
     `100-continue`: go ahead, unless the stated length is already past `server.max_body_mb`.
     Then the client is told nothing yet, the handler answers 413 at once (shaped, counted and
-    logged by the edge), and the client never sends a body that would be refused (aiohttp's own
-    handler says 100 to any length). Any other expectation is a 417, answered through the edge
-    in the handler's stead (aiohttp's own is a plain-text 417, neither counted nor logged)."""
-    refuse = at_edge(_refuse_expectation, route)
+    logged by the middleware), and the client never sends a body that would be refused
+    (aiohttp's own handler says 100 to any length). Any other expectation is a 417, answered
+    through the middleware in the handler's stead (aiohttp's own is a plain-text 417, neither
+    counted nor logged)."""
+    refuse = wrap_handler(_refuse_expectation, route)
 
     async def expect(request: web.Request) -> web.StreamResponse | None:
         if request.version != HttpVersion11:

@@ -70,7 +70,9 @@ async def relay(
             extra={"kind": cut.kind, "path": request.path, "bytes_relayed": sent},
         )
         _drop_client_connection(request, response)
-    except ConnectionResetError:  # a write found the client gone (a cancelled handler: the edge)
+    except (
+        ConnectionResetError
+    ):  # a write found the client gone (a cancelled handler: the middleware)
         info.outcome = "client_gone"
         metrics.client_disconnects.labels(info.route).inc()
     except Exception:
@@ -85,7 +87,7 @@ async def relay(
             upstream.release()
         else:
             upstream.close()
-        metrics.traffic.add_response_bytes(info.route, sent)
+        metrics.requests.add_response_bytes(info.route, sent)
     return response
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from compaction.memory import is_valid_session_id
+from compaction import is_valid_session_id
 from proxy.errors import SessionIdRefused
 
 SESSION_HEADER = "X-Session-Id"

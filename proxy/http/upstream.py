@@ -2,7 +2,7 @@
 caught (`raise_mapped`, for every call: the agents' requests, the bodies relayed, the proxy's
 own summary calls through `upstream_errors`): before the response headers they become
 `UpstreamUnreachable` (502) or `UpstreamTimeout` (504); while a body is read they become
-`UpstreamStreamCut`. A request whose body is in memory goes by the wire client
+`UpstreamStreamCut`. A request whose body was read whole goes by the wire client
 (proxy.http.wire); a streamed one, and the proxy's own calls, by aiohttp's.
 
 URLs come from proxy.http.targets: `/v1/messages` and everything under it (Anthropic's Messages
@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 import aiohttp
 import orjson
@@ -27,10 +27,10 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from proxy.http.bodies import RequestBody
 from proxy.http.encodings import decode_body
-from proxy.http.framing import WireError
 from proxy.http.targets import build_url, is_anthropic_tail
-from proxy.http.wire import WirePool
+from proxy.http.wire import WireError, WirePool
 from proxy.metrics import Metrics
 from proxy.settings import UpstreamSettings
 
@@ -50,7 +50,7 @@ class Response(Protocol):
     def headers(self) -> CIMultiDictProxy[str]: ...
     @property
     def content(self) -> Body: ...
-    def release(self) -> Any: ...
+    def release(self) -> object: ...
     def close(self) -> None: ...
 
 
@@ -131,12 +131,12 @@ class Upstream:
         method: str,
         url: URL,
         headers: CIMultiDict[str],
-        data: Any,
+        data: RequestBody,
         *,
         route: str,
     ) -> Response:
         """Send one request; return the response once its headers arrived (body unread). A
-        body in memory goes by the wire client (proxy.http.wire), a streamed one by aiohttp."""
+        body read whole goes by the wire client (proxy.http.wire), a streamed one by aiohttp."""
         started = time.perf_counter()
         try:
             response: Response
@@ -150,7 +150,7 @@ class Upstream:
                 )
         except _CLIENT_ERRORS as exc:
             raise_mapped(exc, reading_body=False, count=self._count)
-        self._metrics.traffic.observe_upstream_latency(route, time.perf_counter() - started)
+        self._metrics.requests.observe_upstream_latency(route, time.perf_counter() - started)
         return response
 
     def chunks(self, response: Response) -> BodyChunks:
@@ -174,7 +174,7 @@ class Upstream:
 
     async def post_json(
         self, url: URL, body: bytes, headers: dict[str, str], timeout_s: float
-    ) -> tuple[int, Any]:
+    ) -> tuple[int, object]:
         """One request the proxy makes on its own behalf (a summary): POST `body`, wait at most
         `timeout_s` in total, return the status and the parsed JSON answer (None if it is not
         JSON). Raises what `upstream_errors` maps to; the caller decides what a failure means.
@@ -267,7 +267,7 @@ _FAILED = "the upstream failed before answering"
 
 
 def _kind_of(exc: BaseException) -> str:
-    """An aiohttp client error as one of the wire client's kinds (see proxy.http.framing)."""
+    """An aiohttp client error as one of the wire client's kinds (proxy.http.wire.WireError)."""
     # ConnectionTimeoutError is also a TimeoutError: the connect failed, nothing was asked yet.
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return "connect_timeout"

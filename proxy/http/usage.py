@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from typing import Any
 
 import orjson
 
 from proxy.http.encodings import decode_body
+from proxy.interception import Usage
 
 MAX_JSON_BYTES = 1024 * 1024
 _SSE_TAIL_BYTES = 64 * 1024
@@ -54,7 +54,7 @@ class UsageProbe:
             self._gave_up = True
             self._parts.clear()
 
-    def usage(self) -> dict[str, Any] | None:
+    def usage(self) -> Usage | None:
         if self._gave_up or not self._parts:
             return None
         data = decode_body(b"".join(self._parts), self._encoding)
@@ -66,13 +66,13 @@ class UsageProbe:
         # event seen twice merges to the same.
         head = self._head.rsplit(b"\n\n", 1)[0].splitlines()
         found = [*_from_sse(head), *_from_sse(data.splitlines()[::-1])[::-1]]
-        merged: dict[str, Any] = {}
+        merged: Usage = {}
         for usage in found:
             merged.update({key: value for key, value in usage.items() if value is not None})
         return merged or None
 
 
-def _usage_of(document: Any) -> dict[str, Any] | None:
+def _usage_of(document: object) -> Usage | None:
     """`usage` of a document, or of its `response` (Responses) or `message` (Anthropic)."""
     if not isinstance(document, dict):
         return None
@@ -83,16 +83,16 @@ def _usage_of(document: Any) -> dict[str, Any] | None:
     return None
 
 
-def _from_json(data: bytes) -> dict[str, Any] | None:
+def _from_json(data: bytes) -> Usage | None:
     try:
         return _usage_of(orjson.loads(data))
     except orjson.JSONDecodeError:
         return None
 
 
-def _from_sse(lines: list[bytes]) -> list[dict[str, Any]]:
+def _from_sse(lines: list[bytes]) -> list[Usage]:
     """The usage objects of the first few events of `lines` that mention one, in that order."""
-    found: list[dict[str, Any]] = []
+    found: list[Usage] = []
     tried = 0
     for line in lines:
         if _USAGE not in line:
@@ -112,7 +112,7 @@ def _from_sse(lines: list[bytes]) -> list[dict[str, Any]]:
     return found
 
 
-def _usage_in_fragment(fragment: bytes) -> dict[str, Any] | None:
+def _usage_in_fragment(fragment: bytes) -> Usage | None:
     """The usage object in the end of an event whose start fell out of the tail kept: Responses'
     `response.completed` repeats the whole output, instructions and tools, and can be far longer
     than the tail, but its `usage` comes last. A `"usage":` followed by an object can only be a

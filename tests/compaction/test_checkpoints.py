@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
+from compaction import DigestPrefix
 from compaction.checkpoints import (
     Checkpoint,
-    MemoryCheckpointStore,
+    CheckpointCache,
     View,
     checkpoint_after,
     conversation_seed,
@@ -17,7 +18,6 @@ from compaction.checkpoints import (
     prefix_digests,
 )
 from compaction.marker import SUMMARY_MARKER
-from compaction.prefix import Prefix
 from compaction.types import CompactionResult
 
 
@@ -25,7 +25,7 @@ def test_a_prefix_reads_as_the_slice_it_stands_for() -> None:
     digests = prefix_digests(_conversation(6), b"seed")
     absent = prefix_digests(_conversation(1), b"other")[0]
     for count in (-1, 0, 1, 5, len(digests), len(digests) + 3):
-        prefix, expected = Prefix(digests, count), digests[: max(0, count)]
+        prefix, expected = DigestPrefix(digests, count), digests[: max(0, count)]
         assert len(prefix) == len(expected)
         assert list(prefix) == expected
         assert list(reversed(prefix)) == expected[::-1]
@@ -33,16 +33,18 @@ def test_a_prefix_reads_as_the_slice_it_stands_for() -> None:
         assert prefix[1:-1] == expected[1:-1]
         for value in [*digests, absent]:
             assert (value in prefix) == (value in expected)
-        assert list(Prefix(prefix, count - 1)) == expected[: max(0, count - 1)]
+        assert list(DigestPrefix(prefix, count - 1)) == expected[: max(0, count - 1)]
         for index in (len(expected), -len(expected) - 1):
             with pytest.raises(IndexError):
                 prefix[index]
-    assert Prefix(digests, 4).index(digests[3]) == 3
-    assert Prefix(digests, 4).index(digests[3], -1) == 3  # negatives count from the prefix's end
+    assert DigestPrefix(digests, 4).index(digests[3]) == 3
+    assert (
+        DigestPrefix(digests, 4).index(digests[3], -1) == 3
+    )  # negatives count from the prefix's end
     with pytest.raises(ValueError):
-        Prefix(digests, 8).index(digests[7], 0, -1)
+        DigestPrefix(digests, 8).index(digests[7], 0, -1)
     with pytest.raises(ValueError):
-        Prefix(digests, 4).index(digests[4])  # past the prefix
+        DigestPrefix(digests, 4).index(digests[4])  # past the prefix
 
 
 def _conversation(rounds: int) -> list[dict[str, Any]]:
@@ -99,7 +101,7 @@ def test_seed_separates_tenants() -> None:
 def test_find_longest_prefers_the_longest_remembered_prefix() -> None:
     messages = _conversation(6)
     digests = prefix_digests(messages, b"seed")
-    store = MemoryCheckpointStore()
+    store = CheckpointCache()
     for cut in (3, 7):
         store.put(Checkpoint(digests[cut - 1], cut, 1, (), _summary(str(cut)), "c", "llm"))
     found = find_longest(store, digests)
@@ -117,14 +119,14 @@ def test_find_longest_prefers_the_longest_remembered_prefix() -> None:
 def test_the_last_message_is_never_part_of_a_checkpoint_lookup() -> None:
     messages = _conversation(2)
     digests = prefix_digests(messages, b"seed")
-    store = MemoryCheckpointStore()
+    store = CheckpointCache()
     store.put(Checkpoint(digests[-1], len(messages), 1, (), _summary("all"), "c", "llm"))
     assert find_longest(store, digests) is None
 
 
 def test_store_entries_expire_after_their_ttl() -> None:
     now = [0.0]
-    store = MemoryCheckpointStore(max_entries=10, ttl_s=5, timer=lambda: now[0])
+    store = CheckpointCache(max_entries=10, ttl_s=5, timer=lambda: now[0])
     checkpoint = Checkpoint(b"k", 1, 0, (), _summary("x"), "c", "llm")
     store.put(checkpoint)
     assert store.get(b"k") is checkpoint
@@ -197,7 +199,7 @@ def test_the_tables_own_lookup_finds_what_a_key_by_key_search_finds() -> None:
     messages = _conversation(8)
     digests = prefix_digests(messages, b"seed")
     now = [0.0]
-    store = MemoryCheckpointStore(max_entries=3, ttl_s=5, timer=lambda: now[0])
+    store = CheckpointCache(max_entries=3, ttl_s=5, timer=lambda: now[0])
     for cut in (3, 7, 11):
         store.put(Checkpoint(digests[cut - 1], cut, 1, (), _summary(str(cut)), "c", "llm"))
     # Under a key of its prefix, but not for that cut: never the answer.

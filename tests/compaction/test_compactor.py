@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -14,15 +13,17 @@ from hypothesis import strategies as st
 
 from compaction import (
     SUMMARY_MARKER,
+    Compaction,
     CompactionSettings,
     Compactor,
+    JsonArray,
     MemoryWriter,
+    Message,
+    Plan,
     is_summary_message,
     summary_text,
 )
 from compaction.invariants import check_compacted, check_tool_pairing
-from compaction.packing import JsonArray
-from compaction.types import Message, Plan
 from tests.compaction.conftest import ScriptedLLM, memory_reply, sleep_forever
 from tests.factories import agent_conversation, conversations, simple_conversation
 from tests.fakes.offload import PicklingOffload, RecordingOffload
@@ -44,28 +45,30 @@ async def _compact(
 ) -> Any:
     compactor = compactor or Compactor(settings=FAST)
     window = _over(compactor, messages)
-    plan = compactor.plan(messages, window=window)
-    return await compactor.run(messages, plan, llm=llm, session_id=session_id), plan, window
+    compaction = await compactor.prepare(messages, window=window)
+    result = await compaction.run(llm=llm, session_id=session_id)
+    return result, compaction.plan, window
 
 
-async def test_a_run_sends_the_history_packed_once_by_its_plan(llm: ScriptedLLM) -> None:
-    # Packing serializes the whole history on the caller's loop: the run takes the plan's
-    # packing for the very messages the plan packed, and packs anew for any others.
+async def test_a_compaction_sends_the_history_serialized_once_by_its_plan(
+    llm: ScriptedLLM,
+) -> None:
+    # Serializing the whole history costs the caller's loop: the run sends what the plan sent,
+    # and a compaction of a plan made elsewhere serializes its messages itself.
     offload = RecordingOffload()
     compactor = Compactor(settings=FAST, offload=offload)
     messages = agent_conversation(8, blocks=4, output_chars=1500)
     window = _over(compactor, messages)
-    plan = await compactor.plan_async(messages, window=window)
-    assert (await compactor.run(messages, plan, llm=llm, session_id=None)).path == "llm"
+    compaction = await compactor.prepare(messages, window=window)
+    assert (await compaction.run(llm=llm, session_id=None)).path == "llm"
     planned, folding, finishing = offload.jobs
     assert planned.messages.json is not None
     assert folding.messages is planned.messages and finishing.messages is planned.messages
-    assert len(compactor.packings) == 0  # taken once, by the run
 
     equal = [dict(message) for message in messages]  # the same content, other objects
-    plan = await compactor.plan_async(messages, window=window)
-    assert (await compactor.run(equal, plan, llm=llm, session_id=None)).path == "llm"
-    planned, folding = offload.jobs[3:5]
+    other = Compaction(compactor, equal, compaction.plan)
+    assert (await other.run(llm=llm, session_id=None)).path == "llm"
+    folding = offload.jobs[3]
     assert folding.messages is not planned.messages
     assert folding.messages.json == planned.messages.json
 
@@ -81,12 +84,12 @@ async def test_a_plan_takes_the_callers_json_of_the_messages_and_its_run_too(
     # A request body as a client might write it; the array is where its brackets are.
     body = json.dumps({"model": "m", "messages": messages}, indent=1).encode()
     sent = JsonArray(body, body.index(b"["), body.rindex(b"]") + 1)
-    plan = await compactor.plan_async(messages, window=window, messages_json=sent)
-    assert (await compactor.run(messages, plan, llm=llm, session_id=None)).path == "llm"
+    compaction = await compactor.prepare(messages, window=window, messages_json=sent)
+    assert (await compaction.run(llm=llm, session_id=None)).path == "llm"
     planned, folding, finishing = offload.jobs
     assert planned.messages.json is sent
     assert folding.messages.json is sent and finishing.messages.json is sent
-    assert plan == compactor.plan(messages, window=window)  # as planned from its own packing
+    assert compaction.plan == compactor.plan(messages, window=window)  # as from the objects
 
 
 async def test_a_finished_compaction_sends_back_its_texts_once(llm: ScriptedLLM) -> None:
@@ -97,8 +100,8 @@ async def test_a_finished_compaction_sends_back_its_texts_once(llm: ScriptedLLM)
     settings = CompactionSettings(llm_timeout_s=0.2, summary_max_tokens=256)
     compactor = Compactor(settings=settings, offload=offload)
     messages = agent_conversation(400, blocks=4, output_chars=100)  # more than a summary holds
-    plan = await compactor.plan_async(messages, window=_over(compactor, messages))
-    result = await compactor.run(messages, plan, llm=llm, session_id=None)
+    compaction = await compactor.prepare(messages, window=_over(compactor, messages))
+    result = await compaction.run(llm=llm, session_id=None)
     assert result.path == "llm" and result.verification is not None
     texts = [item.content for item in result.memory_items]
     carried = sum(map(len, [*texts, *result.verification.missing_key_info, result.summary_text]))
@@ -106,14 +109,16 @@ async def test_a_finished_compaction_sends_back_its_texts_once(llm: ScriptedLLM)
     assert len(offload.results[-1]) < 1.3 * carried
 
 
-async def test_a_plan_that_is_never_run_takes_its_packing_with_it() -> None:
-    compactor = Compactor(settings=FAST, offload=RecordingOffload())
-    messages = agent_conversation(8, blocks=4, output_chars=1500)
-    plans = [await compactor.plan_async(messages, window=_over(compactor, messages))]
-    assert len(compactor.packings) == 1
-    plans.clear()  # the caller let the plan go (a precomputed one already stored elsewhere)
-    gc.collect()
-    assert len(compactor.packings) == 0
+async def test_the_compactor_keeps_nothing_of_a_compaction(llm: ScriptedLLM) -> None:
+    # What a plan read or serialized lives in its Compaction: one that is never run (a
+    # precomputed one already stored elsewhere) takes it along when the caller lets it go.
+    for offload in (RecordingOffload(), None):
+        compactor = Compactor(settings=FAST, offload=offload)
+        before = dict(vars(compactor))
+        messages = agent_conversation(8, blocks=4, output_chars=1500)
+        compaction = await compactor.prepare(messages, window=_over(compactor, messages))
+        assert (await compaction.run(llm=llm, session_id=None)).path == "llm"
+        assert vars(compactor) == before
 
 
 # ---------------------------------------------------------------- the LLM path
@@ -238,7 +243,7 @@ async def test_tiny_summary_budget_drops_with_a_note() -> None:
     messages = agent_conversation(8, blocks=4, output_chars=1500)
     plan = compactor.plan(messages, window=_over(compactor, messages))
     plan = type(plan)(**{**plan.__dict__, "summary_budget_tokens": 100})
-    result = await compactor.run(messages, plan, llm=None, session_id=None)
+    result = await Compaction(compactor, messages, plan).run(llm=None, session_id=None)
     assert result.path == "dropped"
     assert "earlier messages were omitted" in result.summary_text
 
@@ -251,9 +256,9 @@ async def test_a_folded_previous_summary_is_updated_not_stacked(llm: ScriptedLLM
     assert first.path == "llm"
     grown = first.messages + agent_conversation(6, blocks=4, output_chars=1500)[1:]
     compactor = Compactor(settings=FAST)
-    plan = compactor.plan(grown, window=window)
-    assert any(is_summary_message(grown[i]) for i in plan.folded)
-    second = await compactor.run(grown, plan, llm=llm, session_id=None)
+    compaction = await compactor.prepare(grown, window=window)
+    assert any(is_summary_message(grown[i]) for i in compaction.plan.folded)
+    second = await compaction.run(llm=llm, session_id=None)
     summary_request = llm.requests("summary")[-1]
     assert "ONE updated summary" in summary_request[0]["content"]
     body = summary_request[1]["content"]
@@ -269,8 +274,9 @@ async def test_compacting_the_output_again_changes_nothing(llm: ScriptedLLM) -> 
     compactor = Compactor(settings=FAST)
     messages = agent_conversation(10, blocks=4, output_chars=1500)
     first, _, window = await _compact(messages, llm, compactor=compactor)
-    again_plan = compactor.plan(first.messages, window=window)
-    again = await compactor.run(first.messages, again_plan, llm=llm, session_id=None)
+    again = await (await compactor.prepare(first.messages, window=window)).run(
+        llm=llm, session_id=None
+    )
     assert not compactor.needs_compaction(first.tokens_after, window)
     if again.path == "unchanged":
         assert again.messages is first.messages
@@ -294,9 +300,8 @@ async def test_identical_input_gives_a_byte_identical_summary_message() -> None:
 async def test_nothing_to_fold_is_unchanged(llm: ScriptedLLM) -> None:
     messages = simple_conversation(2)
     compactor = Compactor()
-    result = await compactor.run(
-        messages, compactor.plan(messages, window=100_000), llm=llm, session_id=None
-    )
+    compaction = await compactor.prepare(messages, window=100_000)
+    result = await compaction.run(llm=llm, session_id=None)
     assert result.path == "unchanged" and result.messages is messages and llm.calls == []
 
 
@@ -316,9 +321,8 @@ async def test_an_internal_error_returns_the_input_with_the_reason() -> None:
 
     messages = simple_conversation(20)
     compactor = Compactor(estimator=BrokenEstimator())
-    result = await compactor.run(
-        messages, compactor.plan(messages, window=2000), llm=None, session_id=None
-    )
+    plan = compactor.plan(messages, window=2000)
+    result = await Compaction(compactor, messages, plan).run(llm=None, session_id=None)
     assert result.path == "unchanged" and result.messages is messages
     assert (
         result.reason == "internal error" and "ZeroDivisionError: estimator bug" in result.errors[0]
@@ -339,9 +343,10 @@ def test_any_conversation_compacts_into_a_valid_list(
     messages: list[Any], window: int, with_llm: bool
 ) -> None:
     compactor = Compactor(settings=FAST)
-    plan = compactor.plan(messages, window=window)
+    compaction = asyncio.run(compactor.prepare(messages, window=window))
+    plan = compaction.plan
     llm = ScriptedLLM() if with_llm else None
-    result = asyncio.run(compactor.run(messages, plan, llm=llm, session_id=None))
+    result = asyncio.run(compaction.run(llm=llm, session_id=None))
     assert not result.errors or result.path != "unchanged" or result.reason != "internal error", (
         result.errors
     )
@@ -373,7 +378,7 @@ async def test_too_little_to_fold_is_decided_before_any_model_call() -> None:
         summary_budget_tokens=300,
         fits=False,
     )
-    result = await Compactor().run(messages, plan, llm=llm, session_id=None)
+    result = await Compaction(Compactor(), messages, plan).run(llm=llm, session_id=None)
     assert result.path == "unchanged" and "too little" in result.reason
     assert result.messages is messages
     assert llm.calls == []

@@ -169,8 +169,9 @@ async def _measure(
     tally.runs += 1
     if not compactor.needs_compaction(compactor.estimate(messages, tools), window):
         return
-    plan = compactor.plan(messages, window=window, tools=tools)
-    result = await compactor.run(messages, plan, llm=llm, session_id=None, tools=tools)
+    compaction = await compactor.prepare(messages, window=window, tools=tools)
+    plan = compaction.plan
+    result = await compaction.run(llm=llm, session_id=None)
     assert "internal error" not in result.reason, (conversation["id"], result.errors)
     assert check_tool_pairing(result.messages) == [], conversation["id"]
     if result.path == "unchanged":

@@ -128,8 +128,8 @@ def test_what_exceeds_the_budget_is_counted_in_one_line_and_left_out() -> None:
 async def _compact(
     compactor: Compactor, messages: list[Message], llm: Any, window: int
 ) -> list[Message]:
-    plan = compactor.plan(messages, window=window)
-    result = await compactor.run(messages, plan, llm=llm, session_id=None)
+    compaction = await compactor.prepare(messages, window=window)
+    result = await compaction.run(llm=llm, session_id=None)
     assert result.path in ("llm", "extractive")
     return result.messages
 
@@ -185,8 +185,8 @@ async def test_the_overflow_is_counted_in_the_result_and_written_to_memory() -> 
         messages += [_user(rule), {"role": "assistant", "content": "Noted. " + "y " * 200}]
     messages += _work(1) + _work(2)
     compactor = Compactor(settings=CompactionSettings(pinned_ratio=0.02))
-    plan = compactor.plan(messages, window=8000)
-    result = await compactor.run(messages, plan, llm=None, session_id=None)
+    compaction = await compactor.prepare(messages, window=8000)
+    result = await compaction.run(llm=None, session_id=None)
     assert result.pinned_overflow > 0
     as_messages = {m["content"] for m in result.messages}
     folded = [rule for rule in rules if rule not in as_messages]

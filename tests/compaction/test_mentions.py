@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.corpus import read_corpus
-from compaction import Compactor
+from compaction import Compaction, Compactor
 from compaction.mentions import _EXTENSION, MentionCache, Mentions, find_paths_each, scan_prose
 from compaction.messages import Item, read_items
 from compaction.scan import CODE_EXTENSIONS, find_paths, mentioned_values, strip_fences
@@ -102,21 +102,23 @@ async def test_a_longer_history_folds_again_scanning_only_its_new_messages() -> 
     cache = MentionCache()
     compactor = Compactor(mentions=cache)
     short = _conversation(40)
-    plan = compactor.plan(short, window=4_000)
-    first = await compactor.run(short, plan, llm=ScriptedLLM(), session_id=None)
+    compaction = await compactor.prepare(short, window=4_000)
+    plan = compaction.plan
+    first = await compaction.run(llm=ScriptedLLM(), session_id=None)
     assert first.path == "llm"
     scanned = cache.scanned
     assert scanned == len(plan.folded)  # every folded message is prose: each scanned once
 
     longer = [*short, *_conversation(60)[len(short) :]]
-    longer_plan = compactor.plan(longer, window=4_000)
+    longer_compaction = await compactor.prepare(longer, window=4_000)
+    longer_plan = longer_compaction.plan
     assert set(plan.folded) < set(longer_plan.folded)
-    second = await compactor.run(longer, longer_plan, llm=ScriptedLLM(), session_id=None)
+    second = await longer_compaction.run(llm=ScriptedLLM(), session_id=None)
     assert second.path == "llm"
     assert cache.scanned - scanned == len(set(longer_plan.folded) - set(plan.folded))
 
     fresh = Compactor()
-    again = await fresh.run(longer, longer_plan, llm=ScriptedLLM(), session_id=None)
+    again = await Compaction(fresh, longer, longer_plan).run(llm=ScriptedLLM(), session_id=None)
     assert again.summary_text == second.summary_text
 
 

@@ -226,8 +226,9 @@ async def test_a_compactor_with_another_shape_folds_whole_blocks_and_inserts_its
             Item("assistant", "We decided to use SQLite. " * 20, label="message"),
         ]
     compactor = Compactor(shape=ITEMS)
-    plan = compactor.plan(messages, window=int(compactor.estimate(messages) / 0.9))
-    result = await compactor.run(messages, plan, llm=None, session_id=None)
+    compaction = await compactor.prepare(messages, window=int(compactor.estimate(messages) / 0.9))
+    plan = compaction.plan
+    result = await compaction.run(llm=None, session_id=None)
     assert result.path == "extractive"
     assert ITEMS.is_summary(result.messages[1]) and "SQLite" in result.summary_text
     kept = result.messages[result.prefix_len :]

@@ -95,8 +95,8 @@ async def test_a_compaction_gives_what_the_real_api_accepts(
         settings=CompactionSettings(keep_recent_rounds=2, summary_max_tokens=300), shape=shape
     )
     window = int(compactor.estimate(listed, None, estimator=estimator) / 1.2)
-    plan = compactor.plan(listed, window=window)
-    result = await compactor.run(listed, plan, llm=None, session_id=None)
+    compaction = await compactor.prepare(listed, window=window)
+    result = await compaction.run(llm=None, session_id=None)
     assert result.path in ("extractive", "dropped"), result.reason
     kept = result.messages[1:]
     assert all(any(k is m for m in listed) for k in kept)  # the caller's own objects

@@ -9,8 +9,7 @@ from typing import Any, TypeVar
 
 from compaction import Compactor
 from compaction.invariants import check_tool_pairing
-from compaction.offload import collector_paused
-from compaction.stages import drop_folded
+from compaction.stages import collector_paused, drop_folded
 from tests.compaction.conftest import ScriptedLLM
 from tests.factories import agent_conversation
 
@@ -20,6 +19,8 @@ R = TypeVar("R")
 
 class PicklingOffload:
     """Runs each job on a pickled copy of it, as another process would, and counts the jobs."""
+
+    crossing = True
 
     def __init__(self) -> None:
         self.jobs: list[str] = []
@@ -35,10 +36,12 @@ async def test_an_offloaded_run_gives_what_an_inline_run_gives(llm: ScriptedLLM)
     inline = Compactor()
     offload = PicklingOffload()
     elsewhere = Compactor(offload=offload)
-    plan = inline.plan(messages, window=4000)
-    assert await elsewhere.plan_async(messages, window=4000) == plan
-    here = await inline.run(messages, plan, llm=llm, session_id=None)
-    there = await elsewhere.run(messages, plan, llm=llm, session_id=None)
+    compaction = await inline.prepare(messages, window=4000)
+    plan = compaction.plan
+    sent = await elsewhere.prepare(messages, window=4000)
+    assert sent.plan == plan
+    here = await compaction.run(llm=llm, session_id=None)
+    there = await sent.run(llm=llm, session_id=None)
     assert offload.jobs == ["make_plan", "fold", "finish"]
     assert there.path == here.path == "llm"
     assert there.summary_message == here.summary_message

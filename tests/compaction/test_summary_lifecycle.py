@@ -27,8 +27,9 @@ async def _grow_and_compact(
     for step in range(steps):
         sent = [*sent, *base[12 + step * 6 : 18 + step * 6]]
         if compactor.needs_compaction(compactor.estimate(sent), window):
-            plan = compactor.plan(sent, window=window)
-            result = await compactor.run(sent, plan, llm=llm, session_id=None)
+            compaction = await compactor.prepare(sent, window=window)
+            plan = compaction.plan
+            result = await compaction.run(llm=llm, session_id=None)
             assert check_compacted(sent, result.messages, plan) == []
             sent = result.messages
             summaries.append(result.summary_text)
@@ -70,14 +71,14 @@ async def test_a_huge_task_is_quoted_head_and_tail_and_carried_forward() -> None
     for i in range(30):
         messages += [assistant(f"Step {i}: " + "reasoning " * 60), user(f"Go on with step {i}.")]
     compactor = Compactor(settings=SETTINGS)
-    plan = compactor.plan(messages, window=8_000)
-    assert 1 in plan.quoted and 1 not in plan.pinned  # too big to pin in 8k
-    first = await compactor.run(messages, plan, llm=None, session_id=None)
+    compaction = await compactor.prepare(messages, window=8_000)
+    assert 1 in compaction.plan.quoted and 1 not in compaction.plan.pinned  # too big for 8k
+    first = await compaction.run(llm=None, session_id=None)
     assert "Fix the parser." in first.summary_text and "END OF TASK." in first.summary_text
     assert "chars omitted" in first.summary_text
     grown = [*first.messages, *(user(f"More work {i}. " + "detail " * 80) for i in range(20))]
     assert split(grown, compactor.estimator).task is None  # the summary holds the task now
-    plan = compactor.plan(grown, window=8_000)
-    second = await compactor.run(grown, plan, llm=None, session_id=None)
+    compaction = await compactor.prepare(grown, window=8_000)
+    second = await compaction.run(llm=None, session_id=None)
     assert is_summary_message(second.messages[1])
     assert "Fix the parser." in second.summary_text and "END OF TASK." in second.summary_text

@@ -1,7 +1,7 @@
 """Offloads that run each job at once in this process and keep it (`jobs`).
 
-Not `Inline`: a Compactor or KnownRequests given one packs the messages as for a worker process
-(it does not say `crossing = False`), so a test sees what a worker would be sent; `Pickling`
+Not `Inline`: each says `crossing = True`, so a Compactor or KnownRequests given one sends the
+messages as to a worker process, and a test sees what a worker would be sent; `Pickling`
 also sends each job and its result through pickle, as a worker's pipe does, and keeps the
 pickled results (`results`); `SlowFirstPlan` plans slowly the first time."""
 
@@ -15,6 +15,8 @@ from compaction.stages import make_plan
 
 
 class RecordingOffload:
+    crossing = True
+
     def __init__(self) -> None:
         self.jobs: list[Any] = []
 

@@ -13,8 +13,8 @@ from aiohttp import web
 from compaction.checkpoints import CheckpointStore
 from proxy.app import create_app
 from proxy.compacting.llm_client import LLMFactory
-from proxy.hook import Hook
 from proxy.http.serving import serve_on_loopback
+from proxy.interception import Hook
 from proxy.settings import Settings
 from tests.fakes.upstream import FakeUpstream
 

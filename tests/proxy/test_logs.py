@@ -1,5 +1,6 @@
 """The CLI's log handler (proxy.logs.JsonLines): access lines batched, never lost or reordered,
-and written as the full record path writes them."""
+and written as the full record path writes them; the lean access record reads exactly as the
+standard LogRecord it replaces (same attributes for any formatter)."""
 
 from __future__ import annotations
 
@@ -179,3 +180,58 @@ def test_lines_that_wait_are_written_when_the_process_exits(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     (line,) = done.stderr.splitlines()
     assert orjson.loads(line)["path"] == "/healthz"
+
+
+def test_the_access_record_carries_every_attribute_a_formatter_may_ask_for() -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(
+        logging.Formatter(
+            "%(asctime)s %(levelname)s %(levelno)d %(name)s %(pathname)s %(filename)s "
+            "%(module)s %(lineno)d %(funcName)s %(process)d %(processName)s %(thread)d "
+            "%(threadName)s %(relativeCreated)d %(msecs)d %(message)s %(method)s %(status)d"
+        )
+    )
+    json_stream = io.StringIO()
+    json_handler = logging.StreamHandler(json_stream)
+    json_handler.setFormatter(JsonFormatter())
+    access = logging.getLogger("proxy.access")
+    access.addHandler(handler)
+    access.addHandler(json_handler)
+    previous = access.level
+    access.setLevel(logging.INFO)
+    try:
+        info = RequestInfo(route="chat", session="s-1", upstream_status=200, outcome="complete")
+        log_request("POST", "/v1/chat/completions", 200, info)
+        # A loop run in another thread than the one that imported proxy.logs: its own thread.
+        elsewhere = threading.Thread(
+            target=log_request, args=("GET", "/healthz", 200, info), name="loop-thread"
+        )
+        elsewhere.start()
+        elsewhere.join()
+    finally:
+        access.removeHandler(handler)
+        access.removeHandler(json_handler)
+        access.setLevel(previous)
+
+    text, other = stream.getvalue().splitlines()
+    assert f" {threading.get_ident()} MainThread " in text
+    assert f" {elsewhere.ident} loop-thread " in other
+    assert " INFO 20 proxy.access " in text
+    assert "logs.py logs 0 log_request" in text
+    assert text.rstrip().endswith("request POST 200")
+    line = orjson.loads(json_stream.getvalue().splitlines()[0])
+    assert line.pop("ts").endswith("Z")
+    assert line == {
+        "level": "INFO",
+        "logger": "proxy.access",
+        "msg": "request",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "status": 200,
+        "duration_ms": line["duration_ms"],
+        "session": "s-1",
+        "route": "chat",
+        "upstream_status": 200,
+        "outcome": "complete",
+    }

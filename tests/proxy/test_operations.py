@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.hook import Exchange, Passthrough, RequestContext
+from proxy.interception import Exchange, Passthrough, RequestContext
 from proxy.logs import JsonFormatter
 from tests.fakes.rawhttp import raw_request
 from tests.fakes.upstream import FakeUpstream, hang_reply, json_reply

@@ -3,21 +3,22 @@
 A `Dialect` is everything the compacting layer needs to know about one API: how a request reads
 into (payload, list, what else it costs) and serializes back with only the list changed, how its
 summary request and answer look, which fields carry its usage. The rest of proxy.compacting
-works on any dialect; `for_route` maps the route kind (proxy.hook.RequestContext.route) to one.
+works on any dialect; `for_route` maps the route kind (proxy.interception.RequestContext.route)
+to one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
-from compaction.messages import Shape
+from compaction import Message, Shape
 from proxy.compacting.dialects.anthropic import ANTHROPIC_MESSAGES
 from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
-from proxy.compacting.dialects.common import NotCompactable
+from proxy.compacting.dialects.payload import JsonObject, NotCompactable
 from proxy.compacting.dialects.responses import RESPONSES_API
 
-__all__ = ["Dialect", "NotCompactable", "for_route"]
+__all__ = ["Dialect", "JsonObject", "NotCompactable", "for_route"]
 
 
 class Dialect(Protocol):
@@ -49,47 +50,49 @@ class Dialect(Protocol):
         """True when `wire` joins the summary with the user turns right after it (Anthropic)."""
         ...
 
-    def parse(self, body: bytes) -> tuple[dict[str, Any], list[Any]]:
+    def parse(self, body: bytes) -> tuple[JsonObject, list[Message]]:
         """The payload and its list of messages; NotCompactable when it has none to compact."""
         ...
 
-    def items(self, payload: dict[str, Any]) -> list[Any]:
+    def items(self, payload: Mapping[str, object]) -> list[Message]:
         """The payload's list; NotCompactable when the payload is not one this dialect compacts
         (a recognized request's fields are checked with it, its list being empty)."""
         ...
 
-    def wire(self, messages: list[Any]) -> list[Any]:
+    def wire(self, messages: list[Message]) -> list[Message]:
         """The list as it goes upstream (`serialize` sends this): kept items stay the same
         objects, new ones are new objects."""
         ...
 
-    def extras(self, payload: dict[str, Any]) -> Any:
+    def extras(self, payload: Mapping[str, object]) -> object:
         """What the request costs besides its list (tools, instructions, system), as one value
         whose JSON text is measured."""
         ...
 
-    def max_output(self, payload: dict[str, Any]) -> int | None: ...
+    def max_output(self, payload: Mapping[str, object]) -> int | None: ...
 
-    def opening(self, payload: dict[str, Any], messages: list[Any]) -> dict[str, Any]:
+    def opening(self, payload: Mapping[str, object], messages: list[Message]) -> JsonObject:
         """What names a conversation that names no session: head, tool names, first user turn."""
         ...
 
-    def serialize(self, body: bytes, payload: dict[str, Any], messages: list[Any]) -> bytes:
+    def serialize(
+        self, body: bytes, payload: Mapping[str, object], messages: list[Message]
+    ) -> bytes:
         """The request with its list replaced by `messages`; every other field as sent."""
         ...
 
-    def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
+    def prompt_tokens(self, usage: Mapping[str, object]) -> int | None:
         """The prompt's tokens as the upstream counted them in a response's `usage`."""
         ...
 
     def summary_body(
-        self, model: str, messages: list[dict[str, Any]], max_tokens: int, refused: set[str]
+        self, model: str, messages: list[Message], max_tokens: int, refused: set[str]
     ) -> bytes:
         """A summary request from the library's chat-shaped `messages` (system + user), leaving
         out the parameters in `refused` that the model turned down before."""
         ...
 
-    def summary_text(self, answer: Any) -> str | None:
+    def summary_text(self, answer: object) -> str | None:
         """The summarizer's text in `answer`, None when the answer has none."""
         ...
 

@@ -8,14 +8,13 @@ tokens; summaries asked of `messages` with the caller's `x-api-key` or `Authoriz
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import orjson
 
-from compaction.messages import ANTHROPIC, Shape, join_summary
-from compaction.messages.anthropic import blocks_text
-from proxy.compacting.dialects.common import (
+from compaction import ANTHROPIC, Message, Shape, blocks_text, join_summary
+from proxy.compacting.dialects.payload import (
     ItemsDialect,
+    JsonObject,
     int_field,
     positive_int,
     replace_field,
@@ -33,27 +32,29 @@ class AnthropicMessages(ItemsDialect):
     items_key = "messages"
     joins_summary = True
 
-    def wire(self, messages: list[Any]) -> list[Any]:
+    def wire(self, messages: list[Message]) -> list[Message]:
         return join_summary(messages)
 
-    def extras(self, payload: dict[str, Any]) -> Any:
+    def extras(self, payload: Mapping[str, object]) -> object:
         parts = [payload.get(key) for key in ("system", "tools")]
         return [part for part in parts if part is not None] or None
 
-    def max_output(self, payload: dict[str, Any]) -> int | None:
+    def max_output(self, payload: Mapping[str, object]) -> int | None:
         return positive_int(payload, "max_tokens")
 
-    def opening(self, payload: dict[str, Any], messages: list[Any]) -> dict[str, Any]:
+    def opening(self, payload: Mapping[str, object], messages: list[Message]) -> JsonObject:
         first_user = next(
             (m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"),
             None,
         )
         return {"head": payload.get("system"), "tools": tool_names(payload), "user": first_user}
 
-    def serialize(self, body: bytes, payload: dict[str, Any], messages: list[Any]) -> bytes:
+    def serialize(
+        self, body: bytes, payload: Mapping[str, object], messages: list[Message]
+    ) -> bytes:
         return replace_field(body, payload, "messages", self.wire(messages))
 
-    def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
+    def prompt_tokens(self, usage: Mapping[str, object]) -> int | None:
         # Anthropic's input_tokens leaves out what the prompt cache read or wrote.
         counted = int_field(usage, "input_tokens")
         if counted is None:
@@ -61,9 +62,9 @@ class AnthropicMessages(ItemsDialect):
         return counted + sum(int_field(usage, key) or 0 for key in _CACHE_FIELDS)
 
     def summary_body(
-        self, model: str, messages: list[dict[str, Any]], max_tokens: int, refused: set[str]
+        self, model: str, messages: list[Message], max_tokens: int, refused: set[str]
     ) -> bytes:
-        payload: dict[str, Any] = {
+        payload: JsonObject = {
             "model": model,
             "max_tokens": max_tokens,
             "system": "\n\n".join(m["content"] for m in messages if m["role"] == "system"),
@@ -73,7 +74,7 @@ class AnthropicMessages(ItemsDialect):
             payload["temperature"] = 0.2
         return orjson.dumps(payload)
 
-    def summary_text(self, answer: Any) -> str | None:
+    def summary_text(self, answer: object) -> str | None:
         content = answer.get("content") if isinstance(answer, dict) else None
         if not isinstance(content, list):
             return None

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import orjson
 
-from compaction.messages import CHAT, Shape, message_text
-from proxy.compacting.dialects.common import (
+from compaction import CHAT, Message, Shape, message_text
+from proxy.compacting.dialects.payload import (
     ItemsDialect,
+    JsonObject,
     int_field,
     positive_int,
     replace_field,
@@ -28,13 +28,13 @@ class ChatCompletions(ItemsDialect):
     items_key = "messages"
     joins_summary = False
 
-    def extras(self, payload: dict[str, Any]) -> Any:
+    def extras(self, payload: Mapping[str, object]) -> object:
         return payload.get("tools")
 
-    def max_output(self, payload: dict[str, Any]) -> int | None:
+    def max_output(self, payload: Mapping[str, object]) -> int | None:
         return positive_int(payload, "max_completion_tokens", "max_tokens")
 
-    def opening(self, payload: dict[str, Any], messages: list[Any]) -> dict[str, Any]:
+    def opening(self, payload: Mapping[str, object], messages: list[Message]) -> JsonObject:
         first_user = next(
             (
                 m.get("content")
@@ -45,34 +45,36 @@ class ChatCompletions(ItemsDialect):
         )
         return {"head": _head_contents(messages), "tools": tool_names(payload), "user": first_user}
 
-    def serialize(self, body: bytes, payload: dict[str, Any], messages: list[Any]) -> bytes:
+    def serialize(
+        self, body: bytes, payload: Mapping[str, object], messages: list[Message]
+    ) -> bytes:
         return replace_field(body, payload, "messages", self.wire(messages))
 
-    def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
+    def prompt_tokens(self, usage: Mapping[str, object]) -> int | None:
         return int_field(usage, "prompt_tokens")
 
     def summary_body(
-        self, model: str, messages: list[dict[str, Any]], max_tokens: int, refused: set[str]
+        self, model: str, messages: list[Message], max_tokens: int, refused: set[str]
     ) -> bytes:
         # Reasoning models refuse `max_tokens` (for `max_completion_tokens`) and any temperature.
-        payload: dict[str, Any] = {"model": model, "messages": messages, "stream": False}
+        payload: JsonObject = {"model": model, "messages": messages, "stream": False}
         if "temperature" not in refused:
             payload["temperature"] = 0.2
         payload["max_completion_tokens" if "max_tokens" in refused else "max_tokens"] = max_tokens
         return orjson.dumps(payload)
 
-    def summary_text(self, answer: Any) -> str | None:
-        try:
-            message = answer["choices"][0]["message"]
-        except (KeyError, IndexError, TypeError):
+    def summary_text(self, answer: object) -> str | None:
+        choices = answer.get("choices") if isinstance(answer, dict) else None
+        first = choices[0] if isinstance(choices, list) and choices else None
+        if not isinstance(first, dict) or "message" not in first:
             return None
-        return message_text(message)
+        return message_text(first["message"])
 
 
 CHAT_COMPLETIONS = ChatCompletions()
 
 
-def _head_contents(messages: list[Any]) -> list[Any]:
+def _head_contents(messages: list[Message]) -> list[object]:
     head = []
     for message in messages:
         if isinstance(message, Mapping) and message.get("role") in _HEAD_ROLES:

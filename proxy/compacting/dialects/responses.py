@@ -8,14 +8,13 @@ or whose `input` is a plain string has no history here to compact: it passes thr
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import orjson
 
-from compaction.messages import RESPONSES, Shape
-from compaction.messages.responses import content_text, is_message_item
-from proxy.compacting.dialects.common import (
+from compaction import RESPONSES, Message, Shape, content_text, is_message_item
+from proxy.compacting.dialects.payload import (
     ItemsDialect,
+    JsonObject,
     NotCompactable,
     int_field,
     list_field,
@@ -40,20 +39,20 @@ class ResponsesAPI(ItemsDialect):
     items_key = "input"
     joins_summary = False
 
-    def items(self, payload: dict[str, Any]) -> list[Any]:
+    def items(self, payload: Mapping[str, object]) -> list[Message]:
         if any(payload.get(key) is not None for key in _KEPT_UPSTREAM):
             raise NotCompactable("the history lives upstream")
         return list_field(payload, "input")
 
-    def extras(self, payload: dict[str, Any]) -> Any:
+    def extras(self, payload: Mapping[str, object]) -> object:
         parts = [payload.get(key) for key in ("instructions", "tools")]
         return [part for part in parts if part is not None] or None
 
-    def max_output(self, payload: dict[str, Any]) -> int | None:
+    def max_output(self, payload: Mapping[str, object]) -> int | None:
         return positive_int(payload, "max_output_tokens")
 
-    def opening(self, payload: dict[str, Any], messages: list[Any]) -> dict[str, Any]:
-        head: list[Any] = [payload.get("instructions")]
+    def opening(self, payload: Mapping[str, object], messages: list[Message]) -> JsonObject:
+        head: list[object] = [payload.get("instructions")]
         for item in messages:
             if not is_message_item(item) or item.get("role") not in _HEAD_ROLES:
                 break
@@ -64,17 +63,19 @@ class ResponsesAPI(ItemsDialect):
         )
         return {"head": head, "tools": tool_names(payload), "user": first_user}
 
-    def serialize(self, body: bytes, payload: dict[str, Any], messages: list[Any]) -> bytes:
+    def serialize(
+        self, body: bytes, payload: Mapping[str, object], messages: list[Message]
+    ) -> bytes:
         return replace_field(body, payload, "input", self.wire(messages))
 
-    def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
+    def prompt_tokens(self, usage: Mapping[str, object]) -> int | None:
         return int_field(usage, "input_tokens")
 
     def summary_body(
-        self, model: str, messages: list[dict[str, Any]], max_tokens: int, refused: set[str]
+        self, model: str, messages: list[Message], max_tokens: int, refused: set[str]
     ) -> bytes:
         instructions = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
-        payload: dict[str, Any] = {
+        payload: JsonObject = {
             "model": model,
             "instructions": instructions,
             "input": [m for m in messages if m["role"] != "system"],
@@ -93,7 +94,7 @@ class ResponsesAPI(ItemsDialect):
             payload["max_output_tokens"] = max_tokens + _REASONING_ROOM
         return orjson.dumps(payload)
 
-    def summary_text(self, answer: Any) -> str | None:
+    def summary_text(self, answer: object) -> str | None:
         output = answer.get("output") if isinstance(answer, dict) else None
         if not isinstance(output, list):
             return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from compaction.checkpoints import Checkpoint, CheckpointStore
+from compaction import Checkpoint, CheckpointStore
 from proxy.metrics import StateMetrics
 from proxy.settings import CompactionSection, StateSettings
 from proxy.tasks import BackgroundTasks

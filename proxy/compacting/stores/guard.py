@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from compaction.checkpoints import Checkpoint
+from compaction import Checkpoint
 from proxy.compacting.stores.backend import Lease, LocalLease, StateBackend
 from proxy.compacting.stores.memory import MemoryStore
 from proxy.metrics import StateMetrics

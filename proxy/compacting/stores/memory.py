@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from compaction.checkpoints import Checkpoint, MemoryCheckpointStore
+from compaction import Checkpoint, CheckpointCache
 from proxy.compacting.cooldown import Cooldown
 from proxy.compacting.stores.backend import Lease, LocalLease
 
@@ -26,7 +26,7 @@ class MemoryStore:
         failure_threshold: int = 3,
         failure_cooldown_s: float = 300,
     ) -> None:
-        self._table = MemoryCheckpointStore(max_entries, ttl_s, timer)
+        self._table = CheckpointCache(max_entries, ttl_s, timer)
         self._cooldown = Cooldown(failure_threshold, failure_cooldown_s, timer)
         self._lease = LocalLease()
 

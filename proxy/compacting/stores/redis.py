@@ -28,7 +28,7 @@ from cachetools import LRUCache
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from compaction.checkpoints import CHECKPOINT_VERSION, Checkpoint
+from compaction import CHECKPOINT_VERSION, Checkpoint
 from proxy.compacting.cooldown import FORGET_FAILURES_AFTER_S
 from proxy.compacting.stores import redis_scripts as scripts
 from proxy.compacting.stores.backend import Lease

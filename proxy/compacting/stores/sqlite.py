@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 from cachetools import LRUCache
 
-from compaction.checkpoints import Checkpoint
+from compaction import Checkpoint
 from proxy.compacting.cooldown import Cooldown, CooldownState
 from proxy.compacting.stores.backend import Lease, LocalLease
 from proxy.compacting.stores.sqlite_file import StateFile

@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 
 from bench.dialects import WIRES
-from proxy import keys
 from proxy.compacting.spans import locate_value, scan_items
+from proxy.http import keys
 from tests import factories as f
 from tests.fakes.script import Script
 from tests.fakes.upstream import FakeUpstream

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from compaction import CompactionResult, Compactor, Plan, is_summary_message
+from compaction import Compaction, Compactor, Message, is_summary_message
 from proxy.compacting.known import KnownRequests
 from tests.fakes.script import Script, tokens
 from tests.fakes.upstream import FakeUpstream
@@ -157,15 +157,20 @@ async def test_admin_preview_chars_bounds_summary_previews_and_zero_disables_the
 
 
 class FoldsOnce(Compactor):
-    """A compactor that folds at its first run and can fold nothing after (say, no gain)."""
+    """A compactor whose first compaction folds and whose later ones can fold nothing (say,
+    no gain)."""
 
-    runs = 0
+    prepared = 0
 
-    async def run(self, messages: list[Any], plan: Plan, **kwargs: Any) -> CompactionResult:
-        self.runs += 1
-        if self.runs > 1:
-            plan = dataclasses.replace(plan, keep_from=plan.head_end)
-        return await super().run(messages, plan, **kwargs)
+    async def prepare(self, messages: list[Message], **kwargs: Any) -> Compaction:
+        compaction = await super().prepare(messages, **kwargs)
+        self.prepared += 1
+        if self.prepared == 1:
+            return compaction
+        nothing = dataclasses.replace(compaction.plan, keep_from=compaction.plan.head_end)
+        return Compaction(
+            self, messages, nothing, tools=compaction.tools, estimator=compaction.estimator
+        )
 
 
 async def test_failed_is_reported_only_when_the_original_request_went_out(

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy import keys
+from proxy.http import keys
 from proxy.http.sessions import SessionRecords
 from tests import factories as f
 from tests.fakes.offload import SlowFirstPlan

@@ -127,3 +127,18 @@ def test_the_responses_checker_refuses_a_call_sent_without_the_reasoning_it_came
     # A call that never had reasoning needs none.
     plain = {**call, "call_id": "c2"}
     assert check_responses({"input": [user, plain, {**output, "call_id": "c2"}]}, seen) == []
+
+
+def test_a_chat_answer_of_any_other_shape_holds_no_summary_text() -> None:
+    odd: list[object] = [
+        [],
+        "text",
+        {"choices": []},
+        {"choices": "text"},
+        {"choices": {"0": {"message": {"content": "x"}}}},
+        {"choices": [["message"]]},
+        {"choices": [{"text": "x"}]},
+    ]
+    for answer in odd:
+        assert CHAT_COMPLETIONS.summary_text(answer) is None
+    assert CHAT_COMPLETIONS.summary_text({"choices": [{"message": {"content": "x"}}]}) == "x"

@@ -14,8 +14,8 @@ from aiohttp import web
 from compaction import is_summary_message
 from compaction.invariants import check_tool_pairing
 from compaction.types import ChatLLM, Purpose
-from proxy import keys
 from proxy.compacting.llm_client import LLMRequest
+from proxy.http import keys
 from tests import factories as f
 from tests.fakes.script import MEMORY_TEXT, SUMMARY_TEXT, Script, tokens
 from tests.fakes.upstream import chat_completion

@@ -11,7 +11,7 @@ import orjson
 
 from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
 from proxy.compacting.request import fingerprint as fingerprint_of
-from proxy.hook import Exchange, RequestContext
+from proxy.interception import Exchange, RequestContext
 from tests.fakes.upstream import (
     FakeUpstream,
     chat_chunk,

@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy import keys
+from proxy.http import keys
 from proxy.logs import JsonFormatter
 from tests.fakes.upstream import FakeUpstream, chat_chunk, sse_events, stream_reply
 from tests.proxy.conftest import RunningProxy, StartProxy

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from proxy.http.wire import WirePool
-from tests.fakes.scripted import Answer, Server
+from tests.fakes.wire_server import Answer, Server
 
 
 @pytest.fixture

@@ -1,13 +1,16 @@
-"""Every typed key the app and its requests hold state under."""
+"""Every typed key the app and its requests hold state under that the handlers read.
+
+They live in proxy.http because the handlers are their readers and the upstream client and the
+session records are their values: the app factory (proxy.app), which fills them, sits above.
+"""
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.compacting.workers import Workers
-from proxy.hook import Hook
 from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
+from proxy.interception import Hook
 from proxy.logs import RequestInfo
 from proxy.metrics import Metrics
 from proxy.settings import Settings
@@ -20,7 +23,5 @@ HOOK: web.AppKey[Hook] = web.AppKey("hook")
 TASKS = web.AppKey("tasks", BackgroundTasks)
 # Its ClientSession opens while the app starts (it needs the running loop); see app.create_app.
 UPSTREAM = web.AppKey("upstream", Upstream)
-# The processes compactions' CPU work runs in (started on first use, stopped with the app).
-WORKERS = web.AppKey("workers", Workers)
 
 REQUEST_INFO = web.RequestKey("request_info", RequestInfo)

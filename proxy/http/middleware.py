@@ -1,4 +1,5 @@
-"""The edge around every route's handler (`at_edge`), doing two things for each request:
+"""The middleware around every route's handler (`wrap_handler`), doing two things for each
+request:
 
 - bookkeeping (in-flight gauge, request counter, the one JSON access line), also for requests
   that fail or whose client goes away;
@@ -6,12 +7,12 @@
   aiohttp's own HTTP errors (413…) get the same shape; anything unexpected is logged once and
   answered with a generic 500, never a traceback.
 
-A wrapper put on each route's handler when the routes are made (app.py), not an aiohttp
-middleware: any middleware at all makes aiohttp add its own current-app layer, and the two
-layers together cost a pass-through request about 10 µs of its ~200 µs (measured with wrk
-against the bare forwarder of bench.passthrough). What the router would answer by itself is
-routed here too, so it gets the same shape: a catch-all route answers 404 (`unmatched`), and
-the GET-only endpoints take every method and answer 405 themselves.
+A wrapper put on each route's handler when the routes are made (app.py), not registered in
+aiohttp's `app.middlewares`: any registered middleware at all makes aiohttp add its own
+current-app layer, and the two layers together cost a pass-through request about 10 µs of its
+~200 µs (measured with wrk against the bare forwarder of bench.passthrough). What the router
+would answer by itself is routed here too, so it gets the same shape: a catch-all route answers
+404 (`unmatched`), and the GET-only endpoints take every method and answer 405 themselves.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from collections.abc import Awaitable, Callable, Collection
 
 from aiohttp import web
 
-from proxy import keys
 from proxy.errors import ProxyError, error_body
+from proxy.http import keys
 from proxy.http.targets import is_anthropic_tail
 from proxy.logs import RequestInfo, log_request
 
@@ -38,16 +39,18 @@ CLIENT_CLOSED = 499
 GET_ONLY = ("GET", "HEAD")
 
 
-def at_edge(handler: Handler, route: str, *, methods: Collection[str] | None = None) -> Handler:
-    """`handler` with the edge around it. `route` labels its metrics and access lines (and
+def wrap_handler(
+    handler: Handler, route: str, *, methods: Collection[str] | None = None
+) -> Handler:
+    """`handler` with the middleware around it. `route` labels its metrics and access lines (and
     "messages" shapes its errors as Anthropic's); `methods`, when given, are the only ones it
     takes, any other is a 405."""
 
-    async def edge(request: web.Request) -> web.StreamResponse:
+    async def handle(request: web.Request) -> web.StreamResponse:
         info = RequestInfo(route=route)
         request[keys.REQUEST_INFO] = info
-        traffic = request.app[keys.METRICS].traffic
-        traffic.in_flight += 1
+        series = request.app[keys.METRICS].requests
+        series.in_flight += 1
         status = 500
         try:
             try:
@@ -70,11 +73,11 @@ def at_edge(handler: Handler, route: str, *, methods: Collection[str] | None = N
             request.app[keys.METRICS].client_disconnects.labels(route).inc()
             raise
         finally:
-            traffic.in_flight -= 1
-            traffic.count_request(route, request.method, status)
+            series.in_flight -= 1
+            series.count_request(route, request.method, status)
             log_request(request.method, request.path, status, info)
 
-    return edge
+    return handle
 
 
 async def unmatched(request: web.Request) -> web.StreamResponse:

@@ -9,8 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from yarl import URL
 
-from proxy.http.framing import WireError, WireResponse
-from proxy.http.wire import WirePool
+from proxy.http.wire import WireError, WirePool, WireResponse
 
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 """Answers the request just read (its index counted over all connections)."""

@@ -1,5 +1,5 @@
-"""How the wire client reads an answer (proxy.http.framing): framing, leniency, failures and flow
-control, against a loopback server that writes exactly the bytes each test gives it."""
+"""How the wire client reads an answer (proxy.http.wire.response): framing, leniency, failures
+and flow control, against a loopback server that writes exactly the bytes each test gives it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from proxy.http.wire import WirePool
-from tests.fakes.scripted import OK, Answer, Server, body_of, failure_of, send, writes
+from tests.fakes.wire_server import OK, Answer, Server, body_of, failure_of, send, writes
 
 
 async def test_a_chunked_body_is_decoded_whatever_its_pieces(

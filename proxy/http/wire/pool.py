@@ -1,35 +1,27 @@
-"""The HTTP/1.1 client for requests whose body is already in memory (the hooked routes').
-
-aiohttp's client executes some 360k instructions per small request (callgrind: its request and
-response objects, a task per body write, a timer per read, tracing hooks), more than half of
-what a whole pass-through costs; this one executes about a quarter of that. It does one thing:
-send a request with a known body to the one upstream and hand back its response as it arrives.
-Streamed request bodies and the proxy's own summary calls keep using aiohttp (upstream.py).
+"""The wire client's pool: keep-alive connections per origin, and a request sent over one.
 
 - Connections are kept alive and pooled per origin; an idle one is dropped after `keepalive_s`,
   or as soon as the upstream closes it. A request is never sent twice.
 - The head and a small body go out in one write. What the socket has not taken yet stays with
   the transport, and the response is read meanwhile: an upstream may answer (413) before it
   read the whole body.
-- The response is read by proxy.http.framing: head, body framing, flow control.
+- The response is read by proxy.http.wire.response: head, body framing, flow control.
 - Timeouts as aiohttp's `connect` and `sock_read`: connecting, and each wait for bytes.
-- Failures are `WireError`s, which upstream.py maps as it maps aiohttp's.
+- Failures are `WireError`s, which proxy.http.upstream maps as it maps aiohttp's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from socket import SOCK_STREAM
-from typing import cast
 
 from aiohappyeyeballs import start_connection
 from yarl import URL
 
-from proxy.http.framing import WireError, WireResponse
-
-_SMALL_BODY = 64 * 1024
+from proxy.http.wire.connection import Connection, WireError
+from proxy.http.wire.response import WireResponse
 
 
 class WirePool:
@@ -47,8 +39,8 @@ class WirePool:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.keepalive_s = keepalive_s
-        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
-        self._open: set[_Connection] = set()
+        self._idle: dict[tuple[str, str, int], list[Connection]] = {}
+        self._open: set[Connection] = set()
         self._closed = False
         self._tls = tls
         self._reaper: asyncio.TimerHandle | None = None
@@ -82,7 +74,7 @@ class WirePool:
             connection.close()
         self._idle.clear()
 
-    def _take_idle(self, key: tuple[str, str, int]) -> _Connection | None:
+    def _take_idle(self, key: tuple[str, str, int]) -> Connection | None:
         idle = self._idle.get(key)
         too_old = asyncio.get_running_loop().time() - self.keepalive_s
         while idle:
@@ -102,11 +94,11 @@ class WirePool:
         if any(self._idle.values()):
             self._reaper = asyncio.get_running_loop().call_later(self.keepalive_s, self._reap)
 
-    async def _connect(self, key: tuple[str, str, int]) -> _Connection:
+    async def _connect(self, key: tuple[str, str, int]) -> Connection:
         scheme, host, port = key
         loop = asyncio.get_running_loop()
         tls = self.load_tls() if scheme == "https" else None
-        connection = _Connection(key, self._forget)
+        connection = Connection(key, self._forget)
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 # Each address in turn, the next tried 0.25 s after the last (happy eyeballs,
@@ -134,7 +126,7 @@ class WirePool:
             self._tls = ssl.create_default_context()
         return self._tls
 
-    def release(self, connection: _Connection) -> None:
+    def release(self, connection: Connection) -> None:
         """A connection whose response was read whole, for the next request (unless part of
         the request is still unsent: the upstream answered before reading it all)."""
         if self._closed or not connection.usable() or connection.sending():
@@ -146,7 +138,7 @@ class WirePool:
         if self._reaper is None:
             self._reaper = loop.call_later(self.keepalive_s, self._reap)
 
-    def _forget(self, connection: _Connection) -> None:
+    def _forget(self, connection: Connection) -> None:
         self._open.discard(connection)
 
 
@@ -162,63 +154,3 @@ def _head(method: str, url: URL, headers: Mapping[str, str], length: int) -> byt
     if text.count("\n") != len(lines) + 2 or text.count("\r") != len(lines) + 2:
         raise ValueError("newline or carriage return in a header sent upstream")
     return text.encode("utf-8", "surrogateescape")
-
-
-class _Connection(asyncio.Protocol):
-    def __init__(self, key: tuple[str, str, int], forget: Callable[[_Connection], None]) -> None:
-        self.key = key
-        self.transport: asyncio.Transport | None = None
-        self.response: WireResponse | None = None
-        self.closed = False
-        self.idle_since = 0.0
-        self._forget = forget
-
-    def usable(self) -> bool:
-        return not self.closed and self.transport is not None and not self.transport.is_closing()
-
-    def sending(self) -> bool:
-        return self.transport is not None and self.transport.get_write_buffer_size() > 0
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
-        self.transport = cast(asyncio.Transport, transport)
-
-    def send(self, head: bytes, body: bytes) -> None:
-        transport = self.transport
-        if transport is None or not self.usable():
-            raise WireError("closed")
-        if len(body) <= _SMALL_BODY:  # one write; a large body is not copied to join it
-            transport.write(head + body)
-        else:
-            transport.write(head)
-            transport.write(body)
-
-    def data_received(self, data: bytes) -> None:
-        if self.response is None:
-            self.close()  # bytes nobody asked for: the connection cannot be trusted
-            return
-        self.response.feed(data)
-
-    def eof_received(self) -> bool:
-        if self.response is not None:
-            self.response.end()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._forget(self)
-        if self.response is not None:
-            self.response.end()
-
-    def reading(self, on: bool) -> None:
-        """Read from the socket or not (a slow client: the upstream waits, not our memory)."""
-        if self.transport is not None and not self.closed:
-            if on:
-                self.transport.resume_reading()
-            else:
-                self.transport.pause_reading()
-
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()

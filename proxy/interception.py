@@ -1,4 +1,5 @@
-"""The protocol between proxy.http (moving bytes) and what may change a request (proxy.compacting).
+"""How a request on a hooked route is intercepted: the protocol between proxy.http (moving
+bytes) and what may change a request (proxy.compacting).
 
 For a route that admits a hook ("chat", "responses", "messages": one per API shape), the handler
 reads the whole body, builds a `RequestContext`, and asks the app's `Hook` for an `Exchange`: the
@@ -22,9 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from multidict import CIMultiDictProxy
+
+Usage = dict[str, object]
+"""A response's `usage` object as the upstream sent it (its fields differ by API)."""
 
 
 class RequestContext(NamedTuple):
@@ -64,7 +68,7 @@ class Exchange(Protocol):
         """A new request body to retry once with after the upstream's error `body`, or None."""
         ...
 
-    def observe(self, status: int, usage: dict[str, Any] | None) -> None:
+    def observe(self, status: int, usage: Usage | None) -> None:
         """`usage` is the response's `usage` object when it was cheap to find, else None."""
         ...
 
@@ -87,5 +91,5 @@ class Passthrough:
     async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
         return None
 
-    def observe(self, status: int, usage: dict[str, Any] | None) -> None:
+    def observe(self, status: int, usage: Usage | None) -> None:
         return None

@@ -1,20 +1,25 @@
-"""What the dialects share: reading a JSON object, replacing one field, small field readers."""
+"""A request's payload as every dialect reads and writes it: the JSON object a body must be
+(`NotCompactable` otherwise), the list field the dialect compacts (`ItemsDialect`), its other
+fields read as ints or tool names, and the body with one field replaced."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import orjson
 
+from compaction import Message
 from proxy.compacting.splice import load_json, locate_field
+
+JsonObject = dict[str, object]
+"""A JSON object whose fields are unknown until read: each is narrowed where it is used."""
 
 
 class NotCompactable(ValueError):
     """The body is not a request this dialect compacts: forward it untouched."""
 
 
-def load_object(body: bytes) -> dict[str, Any]:
+def load_object(body: bytes) -> JsonObject:
     try:
         payload = load_json(body)
     except (ValueError, RecursionError) as exc:  # RecursionError: nested past the parsers' depth
@@ -30,25 +35,25 @@ class ItemsDialect:
 
     items_key: str
 
-    def parse(self, body: bytes) -> tuple[dict[str, Any], list[Any]]:
+    def parse(self, body: bytes) -> tuple[JsonObject, list[Message]]:
         payload = load_object(body)
         return payload, self.items(payload)
 
-    def items(self, payload: dict[str, Any]) -> list[Any]:
+    def items(self, payload: Mapping[str, object]) -> list[Message]:
         return list_field(payload, self.items_key)
 
-    def wire(self, messages: list[Any]) -> list[Any]:
+    def wire(self, messages: list[Message]) -> list[Message]:
         return messages
 
 
-def list_field(payload: dict[str, Any], name: str) -> list[Any]:
+def list_field(payload: Mapping[str, object], name: str) -> list[Message]:
     value = payload.get(name)
     if not isinstance(value, list):
         raise NotCompactable(f"body has no {name} list")
     return value
 
 
-def replace_field(body: bytes, payload: dict[str, Any], name: str, value: Any) -> bytes:
+def replace_field(body: bytes, payload: Mapping[str, object], name: str, value: object) -> bytes:
     """`body` (which `payload` was parsed from) with field `name` replaced by `value`: every
     other byte as sent (proxy.compacting.splice), or, for a body it cannot place the field in
     with certainty, the payload re-serialized."""
@@ -58,7 +63,7 @@ def replace_field(body: bytes, payload: dict[str, Any], name: str, value: Any) -
     return orjson.dumps({**payload, name: value})
 
 
-def positive_int(payload: Mapping[str, Any], *keys: str) -> int | None:
+def positive_int(payload: Mapping[str, object], *keys: str) -> int | None:
     """The first of `keys` holding a positive integer."""
     for key in keys:
         value = payload.get(key)
@@ -67,12 +72,12 @@ def positive_int(payload: Mapping[str, Any], *keys: str) -> int | None:
     return None
 
 
-def int_field(usage: Mapping[str, Any], key: str) -> int | None:
+def int_field(usage: Mapping[str, object], key: str) -> int | None:
     value = usage.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def tool_names(payload: Mapping[str, Any]) -> list[str]:
+def tool_names(payload: Mapping[str, object]) -> list[str]:
     """Sorted names of the request's tools: `name`, or `function.name` (chat completions)."""
     tools = payload.get("tools")
     names = []

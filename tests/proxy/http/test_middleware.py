@@ -1,5 +1,6 @@
-"""The edge (proxy.http.edge): every answer counted and logged with the status the client saw,
-404s, 405s and aiohttp's own errors in the API's shape, a client that went away as 499."""
+"""The middleware (proxy.http.middleware): every answer counted and logged with the status the
+client saw, 404s, 405s and aiohttp's own errors in the API's shape, a client that went away as
+499."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The wire client's pool and connections (proxy.http.wire) against real sockets: a loopback
-server answers each request with bytes written by the test (tests.fakes.scripted)."""
+server answers each request with bytes written by the test (tests.fakes.wire_server)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import pytest
 import trustme
 from yarl import URL
 
-from proxy.http.framing import WireError
-from proxy.http.wire import WirePool
-from tests.fakes.scripted import OK, Answer, Server, body_of, failure_of, send, writes
+from proxy.http.wire import WireError, WirePool
+from tests.fakes.wire_server import OK, Answer, Server, body_of, failure_of, send, writes
 
 
 async def test_the_request_goes_out_as_one_head_with_host_accept_and_length(

@@ -1,34 +1,36 @@
-"""One HTTP/1.1 response as the wire client (proxy.http.wire) reads it off its connection, parsed
-by httptools (llhttp): the head, then the body as it arrives, framed by Content-Length, the
-chunked coding (decoded, as aiohttp does) or the end of the connection, never decompressed, and
-handed out by `content.readany()` as aiohttp's ClientResponse does. Reading pauses while more
-than `_HIGH_WATER` bytes wait for a slow client.
+"""One HTTP/1.1 response as the wire client reads it off its connection, parsed by httptools
+(llhttp): the head, then the body as it arrives, framed by Content-Length, the chunked coding
+(decoded, as aiohttp does) or the end of the connection, never decompressed, and handed out by
+`content.readany()` as aiohttp's ClientResponse does. Reading pauses while more than
+`_HIGH_WATER` bytes wait for a slow client.
+
+It gives a connection whose response was read whole back to its pool (`Pool`: what it uses
+of proxy.http.wire.pool.WirePool, so that this module does not import that one).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-if TYPE_CHECKING:
-    from proxy.http.wire import WirePool, _Connection
+from proxy.http.wire.connection import Connection, WireError
 
 _MAX_HEAD = 64 * 1024
 _HIGH_WATER = 512 * 1024
 _HEAD, _BODY, _DONE = range(3)
 
 
-class WireError(Exception):
-    """What went wrong: "connect" (no connection), "connect_timeout", "timeout" (no bytes in
-    time), "closed" (the connection broke or closed early), "protocol" (not HTTP/1.1)."""
+class Pool(Protocol):
+    """Where a response gives its connection back, and how long it waits for bytes."""
 
-    def __init__(self, kind: str) -> None:
-        super().__init__(f"upstream connection: {kind}")
-        self.kind = kind
+    @property
+    def read_timeout_s(self) -> float: ...
+
+    def release(self, connection: Connection) -> None: ...
 
 
 class WireResponse:
@@ -39,7 +41,7 @@ class WireResponse:
     reason: str | None
     headers: CIMultiDictProxy[str]
 
-    def __init__(self, connection: _Connection, pool: WirePool) -> None:
+    def __init__(self, connection: Connection, pool: Pool) -> None:
         self._connection = connection
         self._pool = pool
         self._parser = httptools.HttpResponseParser(self)
