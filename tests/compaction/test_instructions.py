@@ -156,26 +156,54 @@ async def test_instructions_survive_compaction_after_compaction_with_a_generic_s
     assert text_of(messages).count(PINNED_HEADING) == 1
 
 
-async def test_thirty_two_user_decisions_survive_a_summarizer_that_drops_half() -> None:
-    decisions = [
-        f"We decided that component {chr(65 + i % 26)}{i} ships as K-{700 + i}." for i in range(32)
-    ]
+_PREAMBLE = " ".join(
+    ["The walkthrough covered the build graph, the cache keys and the flaky integration job."] * 4
+)
 
-    async def half(request: list[Message]) -> str:
-        return "Decisions:\n" + "\n".join(f"- {d}" for d in decisions[::2])
 
-    llm = ScriptedLLM(
-        summary=half,
-        memory=json.dumps([{"type": "decision", "content": d} for d in decisions[1::2][:8]]),
-    )
-    messages: list[Message] = []
+async def _chat_of_decisions(decisions: list[str], pinned_ratio: float) -> str:
+    """A long chat in which the user states `decisions` between work rounds, compacted at each
+    trigger by a summarizer that keeps every other decision it is shown (in its text and in
+    its memory items); what the model receives at the end."""
+
+    def kept_half(request: list[Message]) -> list[str]:
+        shown = str(request[-1]["content"])
+        return [d for d in decisions if d in shown][::2]
+
+    async def summary(request: list[Message]) -> str:
+        return "Decisions:\n" + "\n".join(f"- {d}" for d in kept_half(request))
+
+    async def memory(request: list[Message]) -> str:
+        return json.dumps([{"type": "decision", "content": d} for d in kept_half(request)])
+
+    llm = ScriptedLLM(summary=summary, memory=memory)
+    compactor = Compactor(settings=CompactionSettings(pinned_ratio=pinned_ratio))
+    messages: list[Message] = [{"role": "system", "content": "You are a release assistant."}]
     for number, decision in enumerate(decisions):
-        messages += [_user(decision), {"role": "assistant", "content": "ok " * 300}]
-        messages += _work(number, size=300)
-    compactor = Compactor(settings=CompactionSettings(pinned_ratio=0.10))
-    compacted = await _compact(compactor, messages, llm, window=32000)
-    forwarded = text_of(compacted)
+        # Said after a long preamble: a request is listed by its opening only.
+        said = f"Review notes for item {number}: {_PREAMBLE} {decision}"
+        messages += [_user(said), {"role": "assistant", "content": "Recorded."}]
+        messages += _work(number, size=500)
+        if compactor.needs_compaction(compactor.estimate(messages), 16000):
+            messages = await _compact(compactor, messages, llm, window=16000)
+    for number in range(40, 60):  # the chat goes on: every decision is folded by now
+        messages += _work(number, size=500)
+        if compactor.needs_compaction(compactor.estimate(messages), 16000):
+            messages = await _compact(compactor, messages, llm, window=16000)
+    return text_of(messages)
+
+
+async def test_thirty_two_user_decisions_survive_a_summarizer_that_drops_half() -> None:
+    # Words, not numbers: no identifier list can carry them by accident.
+    names = ["".join(chr(97 + (i * 7 + k * 3) % 26) for k in range(6)) for i in range(64)]
+    decisions = [
+        f"We decided that the release codename of the {names[i]} service is {names[32 + i].upper()}."
+        for i in range(32)
+    ]
+    forwarded = await _chat_of_decisions(decisions, pinned_ratio=0.10)
     assert [d for d in decisions if d not in forwarded] == []
+    # The section is what keeps them: without its room, that summarizer loses some.
+    assert [d for d in decisions if d not in await _chat_of_decisions(decisions, 0.0)] != []
 
 
 async def test_the_overflow_is_counted_in_the_result_and_written_to_memory() -> None:
