@@ -7,13 +7,15 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from compaction import CheckpointStore
-from proxy.compacting.hook import build_hook
+from proxy.compacting.calibration import Calibration
+from proxy.compacting.hook import Replacements, Shared, build_hook
 from proxy.compacting.llm_client import LLMFactory
+from proxy.compacting.overflow import LearnedWindows
+from proxy.compacting.records import SessionRecords
 from proxy.compacting.stores.backend import StateBackend, build_backend
 from proxy.compacting.workers import Workers
 from proxy.http import admin, handlers, keys
 from proxy.http.middleware import GET_ONLY, AnyTarget, unmatched, wrap_handler
-from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
 from proxy.interception import Hook
 from proxy.loop_lag import watch_loop_lag
@@ -42,11 +44,13 @@ def create_app(
     app = web.Application(client_max_size=settings.server.max_body_bytes)
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics if metrics is not None else Metrics()
-    app[keys.RECORDS] = SessionRecords(
+    # Built here, kept by the compacting hook, read by the handlers (proxy.http.sessions).
+    records = SessionRecords(
         max_sessions=settings.admin.max_sessions,
         records_per_session=settings.admin.records_per_session,
         preview_chars=settings.admin.preview_chars,
     )
+    app[keys.RECORDS] = records
     app[keys.TASKS] = BackgroundTasks()
     app[keys.UPSTREAM] = Upstream(settings.upstream, app[keys.METRICS])
     app[WORKERS] = Workers(
@@ -59,17 +63,17 @@ def create_app(
         state = build_backend(
             settings.state, settings.compaction, app[keys.METRICS].state, app[keys.TASKS]
         )
-        hook = build_hook(
-            settings,
+        shared = Shared(
             upstream=app[keys.UPSTREAM],
-            store=store or state,
-            state=state,
-            llm_for=llm_for,
-            records=app[keys.RECORDS],
+            records=records,
             metrics=app[keys.METRICS].compaction,
             tasks=app[keys.TASKS],
+            calibration=Calibration(),
+            learned=LearnedWindows(),
             offload=app[WORKERS],
         )
+        replacements = Replacements(store=store or state, state=state, llm_for=llm_for)
+        hook = build_hook(settings, shared, replacements)
     app[keys.HOOK] = hook
     app.cleanup_ctx.append(_upstream_ctx)
     app.cleanup_ctx.append(_workers_ctx)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.http.sessions import SessionRecords
+from proxy.http.sessions import AdminRecords
 from proxy.http.upstream import Upstream
 from proxy.interception import Hook
 from proxy.logs import RequestInfo
@@ -18,7 +18,7 @@ from proxy.tasks import BackgroundTasks
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
-RECORDS = web.AppKey("records", SessionRecords)
+RECORDS: web.AppKey[AdminRecords] = web.AppKey("records")
 HOOK: web.AppKey[Hook] = web.AppKey("hook")
 TASKS = web.AppKey("tasks", BackgroundTasks)
 # Its ClientSession opens while the app starts (it needs the running loop); see app.create_app.
