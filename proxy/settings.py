@@ -116,6 +116,7 @@ class CompactionSection(_Section):
     workers: int = Field(default=1, ge=0)
     worker_timeout_s: float = Field(default=60, gt=0)
     strict_alternation: bool = _LIBRARY.strict_alternation
+    pinned_ratio: float = Field(default=_LIBRARY.pinned_ratio, ge=0, lt=1)
 
     @field_validator("target_ratio")
     @classmethod
@@ -141,6 +142,7 @@ class CompactionSection(_Section):
             summary_max_tokens=self.summary_max_tokens,
             llm_timeout_s=llm_timeout_s,
             strict_alternation=self.strict_alternation,
+            pinned_ratio=self.pinned_ratio,
         )
 
 
