@@ -69,8 +69,8 @@ def create_app(
             records=records,
             metrics=app[keys.METRICS].compaction,
             tasks=app[keys.TASKS],
-            calibration=Calibration(),
-            learned=LearnedWindows(),
+            calibration=Calibration(settings.models.max_models),
+            learned=LearnedWindows(settings.models.max_models),
             offload=app[WORKERS],
         )
         replacements = Replacements(store=store or state, state=state, llm_for=llm_for)
