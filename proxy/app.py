@@ -15,7 +15,7 @@ from proxy.compacting.records import SessionRecords
 from proxy.compacting.stores.factory import build_backend
 from proxy.compacting.stores.roles import StateBackend
 from proxy.compacting.workers import Workers
-from proxy.http import admin, handlers, keys
+from proxy.http import admin, dashboard, handlers, keys
 from proxy.http.middleware import GET_ONLY, AnyTarget, unmatched, wrap_handler
 from proxy.http.upstream import Upstream
 from proxy.interception import Hook
@@ -166,6 +166,18 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     for path, handler, route in (
         ("/admin/sessions", admin.admin_sessions, "admin"),
         ("/admin/sessions/{session}", admin.admin_session, "admin_session"),
+    ):
+        router.add_route(
+            "*", path, wrap_handler(handler, route), expect_handler=handlers.expect_handler(route)
+        )
+    # The dashboard: its page and files (no token: they hold no data), and its JSON (token).
+    for path, handler, route in (
+        ("/admin/", dashboard.dashboard_page, "admin_dashboard"),
+        ("/admin/assets/{name}", dashboard.dashboard_asset, "admin_dashboard"),
+        ("/admin/api/sessions", dashboard.api_sessions, "admin_api"),
+        ("/admin/api/sessions/{session}", dashboard.api_session, "admin_api"),
+        ("/admin/api/sessions/{session}/memory", dashboard.api_memory, "admin_api"),
+        ("/admin/api/live", dashboard.api_live, "admin_api"),
     ):
         router.add_route(
             "*", path, wrap_handler(handler, route), expect_handler=handlers.expect_handler(route)

@@ -74,12 +74,35 @@ class UpstreamSettings(_Section):
         return value.rstrip("/")
 
 
+class Price(_Section):
+    """A model's list price in currency units per million tokens (the dashboard's savings)."""
+
+    input: float = Field(ge=0)
+    cached_input: float = Field(ge=0)
+    output: float = Field(ge=0)
+
+
 class ModelsSettings(_Section):
     default_context_window: int = Field(default=128000, gt=0)
     context_windows: dict[str, PositiveInt] = Field(default_factory=dict)
     discover: bool = False  # read unconfigured models' windows from the upstream
     max_models: int = Field(default=1024, gt=0)
     """Models whose calibration factor and learned window are kept (least recently used go)."""
+    prices: dict[str, Price] = Field(default_factory=dict)
+    # A mid-range hosted model's list price: savings are an estimate until `prices` says more.
+    default_price: Price = Price(input=2.5, cached_input=1.25, output=10.0)
+
+    def price_for(self, model: str | None) -> Price:
+        """The price of `model`: exact name first, then the first matching glob, then the
+        default."""
+        if model is None:
+            return self.default_price
+        if model in self.prices:
+            return self.prices[model]
+        for pattern, price in self.prices.items():
+            if fnmatch.fnmatchcase(model, pattern):
+                return price
+        return self.default_price
 
     def context_window_for(self, model: str) -> int:
         """The context window of `model`: configured (configured_window), else the default."""
