@@ -28,6 +28,7 @@ from proxy.compacting.exchange import (
     SESSION,
     STATUS,
     CompactedExchange,
+    ShadowExchange,
     UnparsedExchange,
     describe,
 )
@@ -149,7 +150,7 @@ class CompactingHook:
                 log.exception("recognizing a known request failed; taking the full path")
                 answered, index = None, None
             if answered is not None:
-                return answered
+                return self._shown(answered, dialect, body)
         try:
             request = await self._builder.parse(ctx, dialect, body)
         except NotCompactable:
@@ -159,7 +160,7 @@ class CompactingHook:
         if index is not None:
             request = request.located(index.array(), index.count)
         try:
-            return await self._prepare(request, index)
+            return self._shown(await self._prepare(request, index), dialect, body)
         except Exception:  # fail open: the agent's request always goes through
             log.exception("compaction failed; forwarding the original request")
             self._metrics.errors.inc()
@@ -168,6 +169,17 @@ class CompactingHook:
                 headers={STATUS: "failed", SESSION: request.session_id},
                 session_id=request.session_id,
             )
+
+    def _shown(self, exchange: CompactedExchange, dialect: Dialect, body: bytes) -> Exchange:
+        """The exchange a decision goes out as, counted under the status the client is told:
+        in shadow mode a compaction (applied or reused) is computed and recorded as in `on`,
+        and the client's own `body` goes upstream instead."""
+        status = exchange.headers[STATUS]
+        shown: Exchange = exchange
+        if self._options.mode == "shadow" and status in ("applied", "reused"):
+            shown, status = ShadowExchange(exchange, body), "shadow"
+        self._metrics.decided(status, dialect.name).inc()
+        return shown
 
     # -- deciding ----------------------------------------------------------------------------
 
@@ -199,12 +211,11 @@ class CompactingHook:
         exchange = self._exchange(request, unchanged)
         return exchange if await exchange.retry_after_error(status, error) else None
 
-    async def _prepare(self, request: ParsedRequest, index: BodyIndex | None) -> Exchange:
+    async def _prepare(self, request: ParsedRequest, index: BodyIndex | None) -> CompactedExchange:
         # A remembered body's index is its history counted and hashed off the loop already.
         history: History = index if index is not None else ListHistory.of(request)
         choice = await self._conversations.decide(request, history)
         decision = await self._conversations.carry_out(request, history, choice)
-        self._metrics.decided(decision.status, request.dialect.name).inc()
         self._precompute.after_forwarding(request, decision.tokens_after, choice.before)
         return self._exchange(request, decision, index)
 
