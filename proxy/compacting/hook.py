@@ -24,6 +24,7 @@ from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations
 from proxy.compacting.dialects import Dialect, NotCompactable, for_route
 from proxy.compacting.discovery import WindowDiscovery
+from proxy.compacting.dumps import Dump, RequestDumps
 from proxy.compacting.exchange import (
     SESSION,
     STATUS,
@@ -98,8 +99,10 @@ class CompactingHook:
         shared: Shared,
         indexes: BodyIndexes,
         discovery: WindowDiscovery | None = None,
+        dumps: RequestDumps | None = None,
     ) -> None:
         self._settings = settings
+        self._dumps = dumps
         self._discovery = discovery
         self._options = settings.compaction
         self._conversations = conversations
@@ -150,7 +153,7 @@ class CompactingHook:
                 log.exception("recognizing a known request failed; taking the full path")
                 answered, index = None, None
             if answered is not None:
-                return self._shown(answered, dialect, body)
+                return self._shown(answered, ctx, dialect, body)
         try:
             request = await self._builder.parse(ctx, dialect, body)
         except NotCompactable:
@@ -160,7 +163,7 @@ class CompactingHook:
         if index is not None:
             request = request.located(index.array(), index.count)
         try:
-            return self._shown(await self._prepare(request, index), dialect, body)
+            return self._shown(await self._prepare(request, index), ctx, dialect, body)
         except Exception:  # fail open: the agent's request always goes through
             log.exception("compaction failed; forwarding the original request")
             self._metrics.errors.inc()
@@ -170,14 +173,21 @@ class CompactingHook:
                 session_id=request.session_id,
             )
 
-    def _shown(self, exchange: CompactedExchange, dialect: Dialect, body: bytes) -> Exchange:
+    def _shown(
+        self, exchange: CompactedExchange, ctx: RequestContext, dialect: Dialect, body: bytes
+    ) -> Exchange:
         """The exchange a decision goes out as, counted under the status the client is told:
         in shadow mode a compaction (applied or reused) is computed and recorded as in `on`,
-        and the client's own `body` goes upstream instead."""
+        and the client's own `body` goes upstream instead. A compacted request is dumped
+        (logging.dump_dir) as received and as compacted."""
         status = exchange.headers[STATUS]
         shown: Exchange = exchange
-        if self._options.mode == "shadow" and status in ("applied", "reused"):
-            shown, status = ShadowExchange(exchange, body), "shadow"
+        if status in ("applied", "reused"):
+            if self._options.mode == "shadow":
+                shown, status = ShadowExchange(exchange, body), "shadow"
+            if self._dumps is not None:
+                meta = {"route": ctx.route, "path": ctx.path, **shown.headers}
+                self._dumps.dump(Dump(exchange.session_id, body, exchange.body, meta, ctx.headers))
         self._metrics.decided(status, dialect.name).inc()
         return shown
 
@@ -277,9 +287,18 @@ def build_hook(
             settings.upstream.base_url,
             timeout_s=settings.upstream.connect_timeout_s,
         )
+    dumps = None
+    if settings.logging.dump_dir is not None:
+        dumps = RequestDumps(
+            settings.logging.dump_dir,
+            max_files=settings.logging.dump_max_files,
+            max_bytes=int(settings.logging.dump_max_mb * 1024 * 1024),
+            tasks=shared.tasks,
+        )
     return CompactingHook(
         settings,
         discovery=discovery,
+        dumps=dumps,
         conversations=conversations,
         precompute=Precompute(options, conversations, shared.tasks),
         shared=shared,
