@@ -17,12 +17,12 @@ from proxy.http.sessions import check_session_id
 
 
 async def admin_sessions(request: web.Request) -> web.Response:
-    _require_admin(request)
+    require_admin(request)
     return json_response(request.app[keys.RECORDS].list())
 
 
 async def admin_session(request: web.Request) -> web.Response:
-    _require_admin(request)
+    require_admin(request)
     session_id = check_session_id(request.match_info["session"], "the path")
     found = request.app[keys.RECORDS].get(session_id)
     if found is None:
@@ -30,7 +30,7 @@ async def admin_session(request: web.Request) -> web.Response:
     return json_response(found)
 
 
-def _require_admin(request: web.Request) -> None:
+def require_admin(request: web.Request) -> None:
     """404 while admin is disabled (the endpoints do not exist, whatever the method: so they
     refuse other methods here, not in the middleware); 405 for a method other than GET or HEAD; 401
     without the right token."""
