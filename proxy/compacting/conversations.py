@@ -27,6 +27,7 @@ from compaction import (
     plan_key,
     prefix_digests,
 )
+from proxy.compacting.archiving import Archiving
 from proxy.compacting.fallback import fallback
 from proxy.compacting.flight import (
     SingleFlight,
@@ -37,7 +38,7 @@ from proxy.compacting.flight import (
 )
 from proxy.compacting.forwarded import Forwarded
 from proxy.compacting.llm_client import LLMFactory
-from proxy.compacting.records import record_compaction
+from proxy.compacting.records import folded_range, record_compaction
 from proxy.compacting.request import Decision, ParsedRequest
 from proxy.compacting.reserves import ReserveMemory
 from proxy.compacting.stores.backend import StateBackend, stored_under
@@ -59,6 +60,7 @@ class Conversations:
         records: SessionRecords,
         metrics: CompactionMetrics,
         tasks: BackgroundTasks,
+        archiving: Archiving | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._options = options
@@ -68,6 +70,7 @@ class Conversations:
         self._records = records
         self._metrics = metrics
         self._clock = clock
+        self._archiving = archiving
         self._state = state  # cooldowns and cross-process leases (proxy.compacting.stores)
         self._flight: SingleFlight[bytes, CompactionResult | Checkpoint] = SingleFlight(tasks)
         # Precomputes still planning, by their request's last digest (proxy.compacting.precompute).
@@ -285,6 +288,9 @@ class Conversations:
         checkpoint = checkpoint_after(view, result, digests, precomputed=reason == "precompute")
         if checkpoint is not None:
             await self._store.put(checkpoint)
+        folded = folded_range(view, checkpoint)
+        if folded is not None and self._archiving is not None:
+            self._archiving.keep(req, range(*folded), result.compaction_id)
         record_compaction(
             self._records, self._metrics, req, view, result, reason=reason, checkpoint=checkpoint
         )

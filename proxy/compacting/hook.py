@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from compaction import CheckpointStore, Compactor, MemoryWriter, Offload
+from proxy.compacting.archiving import Archiving
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations
 from proxy.compacting.dialects import Dialect, NotCompactable, for_route
@@ -208,12 +209,13 @@ def build_hook(
     state: StateBackend | None = None,
     offload: Offload | None = None,
     known: KnownRequests | None = None,
+    archiving: Archiving | None = None,
 ) -> CompactingHook:
     """The compacting hook, configured from `settings` (see app.create_app). `llm_for` defaults
     to summarizers over `upstream`, `compactor` to the library's, configured from `settings`
     with `offload` running compactions' CPU work (default: inline), `state` (cooldowns,
     single-flight leases) to the process's own, `known` (long requests remembered) to one of
-    `compaction.known_requests_mb`."""
+    `compaction.known_requests_mb`; `archiving` (folded turns archived) to none."""
     options = settings.compaction
     state = state or MemoryStore(
         options.checkpoint_max_entries,
@@ -238,6 +240,7 @@ def build_hook(
         records=records,
         metrics=metrics,
         tasks=tasks,
+        archiving=archiving,
     )
     return CompactingHook(
         settings,
