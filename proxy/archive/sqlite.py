@@ -2,22 +2,22 @@
 same file; where this SQLite lacks FTS5, a LIKE scan of the session's turns, said once in the log.
 
 Every statement runs on the archive's own thread (its own connection to the file, WAL mode), so
-the event loop never waits for the disk. Each turn is indexed under two tokens in the index's
-`scope` column, one for its session and one for its session and credential: a search names one of
-them, so it only ever reads its own scope's turns.
+the event loop never waits for the disk. A search walks the index's matches best first (FTS5
+ranks them in its own index) and keeps those of its session (and credential) until it has its
+`limit`: it never returns another scope's turns. (A scope token in the index, intersected with
+the words, cost ten times more: its list holds every turn of the session.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hashlib
 import logging
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from proxy.archive.entries import Entry, Found, Kind, Scope
 from proxy.archive.terms import query_terms, score_text
@@ -28,26 +28,19 @@ log = logging.getLogger(__name__)
 _TABLE = (
     "CREATE TABLE IF NOT EXISTS archive (id INTEGER PRIMARY KEY, session TEXT NOT NULL,"
     " tenant TEXT NOT NULL, idx INTEGER NOT NULL, dialect TEXT NOT NULL, kind TEXT NOT NULL,"
-    " compaction_id TEXT NOT NULL, at REAL NOT NULL, size INTEGER NOT NULL, scope TEXT NOT NULL,"
+    " compaction_id TEXT NOT NULL, at REAL NOT NULL, size INTEGER NOT NULL,"
     " body TEXT NOT NULL, text TEXT NOT NULL, UNIQUE (session, tenant, idx))",
     "CREATE INDEX IF NOT EXISTS archive_at ON archive (at)",
     "CREATE TABLE IF NOT EXISTS archive_sizes (session TEXT NOT NULL, tenant TEXT NOT NULL,"
     " bytes INTEGER NOT NULL, PRIMARY KEY (session, tenant))",
 )
 _INDEX = (
-    "CREATE VIRTUAL TABLE IF NOT EXISTS archive_fts USING fts5(scope, text,"
+    "CREATE VIRTUAL TABLE IF NOT EXISTS archive_fts USING fts5(text,"
     " content='archive', content_rowid='id', tokenize='unicode61 remove_diacritics 2')"
 )
 _COLUMNS = "a.idx, a.kind, a.text, a.body, a.compaction_id, a.at"
 # Dropping the oldest beyond the size bound reads them this many at a time.
 _DROP_BATCH = 256
-
-
-def scope_tokens(session: str, tenant: str) -> tuple[str, str]:
-    """The index tokens of a session, and of a session under one credential."""
-    by_session = hashlib.sha256(session.encode()).hexdigest()[:24]
-    by_tenant = hashlib.sha256(f"{tenant}\x00{session}".encode()).hexdigest()[:24]
-    return f"s{by_session}", f"t{by_tenant}"
 
 
 class SqliteArchive:
@@ -127,25 +120,24 @@ class SqliteArchive:
 
     def _add(self, scope: Scope, entries: Sequence[Entry]) -> dict[str, int]:
         db = self._db()
-        tokens = " ".join(scope_tokens(scope.session, scope.tenant))
         with db:  # one transaction
             db.execute("BEGIN IMMEDIATE")
             added = 0
             for entry in entries:
                 cursor = db.execute(
                     "INSERT OR IGNORE INTO archive (session, tenant, idx, dialect, kind,"
-                    " compaction_id, at, size, scope, body, text)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " compaction_id, at, size, body, text)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (scope.session, scope.tenant, entry.index, entry.dialect, entry.kind,
-                     entry.compaction_id, entry.at, entry.size, tokens, entry.body, entry.text),
+                     entry.compaction_id, entry.at, entry.size, entry.body, entry.text),
                 )  # fmt: skip
                 if cursor.rowcount != 1:
                     continue
                 added += entry.size
                 if self.full_text:
                     db.execute(
-                        "INSERT INTO archive_fts (rowid, scope, text) VALUES (?, ?, ?)",
-                        (cursor.lastrowid, tokens, entry.text),
+                        "INSERT INTO archive_fts (rowid, text) VALUES (?, ?)",
+                        (cursor.lastrowid, entry.text),
                     )
             db.execute(
                 "INSERT INTO archive_sizes (session, tenant, bytes) VALUES (?, ?, ?)"
@@ -158,10 +150,10 @@ class SqliteArchive:
         """Every scope's turns older than the age bound (indexed by time: cheap when none)."""
         horizon = self._clock() - self._max_age_s
         rows = db.execute(
-            "SELECT id, session, tenant, size, scope, text FROM archive WHERE at < ?", (horizon,)
+            "SELECT id, session, tenant, size, text FROM archive WHERE at < ?", (horizon,)
         ).fetchall()
-        for row_id, session, tenant, size, tokens, text in rows:
-            self._delete(db, row_id, tokens, text)
+        for row_id, session, tenant, size, text in rows:
+            self._delete(db, row_id, text)
             db.execute(
                 "UPDATE archive_sizes SET bytes = bytes - ? WHERE session = ? AND tenant = ?",
                 (size, session, tenant),
@@ -177,16 +169,16 @@ class SqliteArchive:
         dropped = 0
         while total > self._max_bytes:
             rows = db.execute(
-                "SELECT id, size, scope, text FROM archive WHERE session = ? AND tenant = ?"
+                "SELECT id, size, text FROM archive WHERE session = ? AND tenant = ?"
                 " ORDER BY id LIMIT ?",
                 (*key, _DROP_BATCH),
             ).fetchall()
             if not rows:
                 break
-            for row_id, size, tokens, text in rows:
+            for row_id, size, text in rows:
                 if total <= self._max_bytes:
                     break
-                self._delete(db, row_id, tokens, text)
+                self._delete(db, row_id, text)
                 total -= size
                 dropped += 1
         db.execute(
@@ -194,12 +186,11 @@ class SqliteArchive:
         )
         return dropped
 
-    def _delete(self, db: sqlite3.Connection, row_id: int, tokens: str, text: str) -> None:
+    def _delete(self, db: sqlite3.Connection, row_id: int, text: str) -> None:
         if self.full_text:
             db.execute(
-                "INSERT INTO archive_fts (archive_fts, rowid, scope, text)"
-                " VALUES ('delete', ?, ?, ?)",
-                (row_id, tokens, text),
+                "INSERT INTO archive_fts (archive_fts, rowid, text) VALUES ('delete', ?, ?)",
+                (row_id, text),
             )
         db.execute("DELETE FROM archive WHERE id = ?", (row_id,))
 
@@ -216,29 +207,29 @@ class SqliteArchive:
         return await self._run(lambda: self._scan(session, tenant, terms, limit))
 
     def _match(self, session: str, tenant: str | None, terms: list[str], limit: int) -> list[Found]:
-        """bm25 order: every term first; when that finds fewer than `limit`, any term."""
-        by_session, by_tenant = scope_tokens(session, tenant or "")
-        token = by_session if tenant is None else by_tenant
+        """bm25 order: the turns holding every term; when none does, those holding any (ranking
+        every turn that holds one common word costs ten times more: a last resort)."""
+        where = "a.session = ?" + ("" if tenant is None else " AND a.tenant = ?")
+        scope = (session,) if tenant is None else (session, tenant)
         phrases = ['"' + term.replace('"', '""') + '"' for term in terms]
-        found: dict[int, Found] = {}
+        rows: list[Any] = []
         for joiner in (" AND ", " OR "):
-            expression = f"scope : {token} AND ({joiner.join(phrases)})"
             rows = (
                 self._db()
                 .execute(
-                    f"SELECT a.id, {_COLUMNS}, bm25(archive_fts, 0.0, 1.0) AS rank FROM archive_fts"
-                    " JOIN archive a ON a.id = archive_fts.rowid"
-                    " WHERE archive_fts MATCH ? ORDER BY rank LIMIT ?",
-                    (expression, limit),
+                    f"SELECT {_COLUMNS}, f.rank FROM archive_fts f JOIN archive a"
+                    f" ON a.id = f.rowid WHERE archive_fts MATCH ? AND {where}"
+                    " ORDER BY f.rank LIMIT ?",
+                    (joiner.join(phrases), *scope, limit),
                 )
                 .fetchall()
             )
-            for row_id, index, kind, text, body, compaction_id, at, rank in rows:
-                if len(found) < limit and row_id not in found:
-                    found[row_id] = Found(_kind(kind), index, -rank, text, body, compaction_id, at)
-            if len(found) >= limit or len(terms) == 1:
+            if rows or len(terms) == 1:
                 break
-        return list(found.values())
+        return [
+            Found(_kind(kind), index, -rank, text, body, compaction_id, at)
+            for index, kind, text, body, compaction_id, at, rank in rows
+        ]
 
     def _scan(self, session: str, tenant: str | None, terms: list[str], limit: int) -> list[Found]:
         """Without FTS5: the session's turns holding any term, scored by the simple term score."""
