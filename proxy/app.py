@@ -10,13 +10,15 @@ from aiohttp import web
 from compaction import CheckpointStore
 from proxy.archive import Archive, build_archive
 from proxy.compacting.archiving import Archiving
-from proxy.compacting.hook import build_hook
+from proxy.compacting.calibration import Calibration
+from proxy.compacting.hook import Replacements, Shared, build_hook
 from proxy.compacting.llm_client import LLMFactory
+from proxy.compacting.overflow import LearnedWindows
+from proxy.compacting.records import SessionRecords
 from proxy.compacting.stores.backend import StateBackend, build_backend
 from proxy.compacting.workers import Workers
 from proxy.http import admin, handlers, keys
 from proxy.http.middleware import GET_ONLY, AnyTarget, unmatched, wrap_handler
-from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
 from proxy.interception import Hook
 from proxy.loop_lag import watch_loop_lag
@@ -49,34 +51,40 @@ def create_app(
     app = web.Application(client_max_size=settings.server.max_body_bytes)
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics if metrics is not None else Metrics()
-    app[keys.RECORDS] = SessionRecords(
+    # Built here, kept by the compacting hook, read by the handlers (proxy.http.sessions).
+    records = SessionRecords(
         max_sessions=settings.admin.max_sessions,
         records_per_session=settings.admin.records_per_session,
         preview_chars=settings.admin.preview_chars,
     )
+    app[keys.RECORDS] = records
     app[keys.TASKS] = BackgroundTasks()
     app[keys.UPSTREAM] = Upstream(settings.upstream, app[keys.METRICS])
-    app[WORKERS] = Workers(settings.compaction.workers)
+    app[WORKERS] = Workers(
+        settings.compaction.workers,
+        timeout_s=settings.compaction.worker_timeout_s,
+        replacements=app[keys.METRICS].compaction.worker_replacements,
+    )
     app[keys.ARCHIVE] = archive or build_archive(settings.state, settings.archive)
     state: StateBackend | None = None
     if hook is None:
         state = build_backend(
             settings.state, settings.compaction, app[keys.METRICS].state, app[keys.TASKS]
         )
-        hook = build_hook(
-            settings,
+        shared = Shared(
             upstream=app[keys.UPSTREAM],
-            store=store or state,
-            state=state,
-            llm_for=llm_for,
-            records=app[keys.RECORDS],
+            records=records,
             metrics=app[keys.METRICS].compaction,
             tasks=app[keys.TASKS],
+            calibration=Calibration(),
+            learned=LearnedWindows(),
             offload=app[WORKERS],
             archiving=Archiving(app[keys.ARCHIVE], app[keys.METRICS].archive, app[keys.TASKS])
             if settings.archive.enabled
             else None,
         )
+        replacements = Replacements(store=store or state, state=state, llm_for=llm_for)
+        hook = build_hook(settings, shared, replacements)
     app[keys.HOOK] = hook
     app.cleanup_ctx.append(_upstream_ctx)
     app.cleanup_ctx.append(_workers_ctx)

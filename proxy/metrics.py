@@ -265,6 +265,13 @@ class CompactionMetrics:
             "Estimated prompt tokens removed by compactions (each compaction counted once).",
             registry=r,
         )
+        self.worker_replacements = Counter(
+            "compaction_proxy_worker_replacements",
+            "Worker pools replaced (proxy.compacting.workers), by reason: deadline (a worker "
+            "missed a job's compaction.worker_timeout_s and was killed) or died.",
+            ("reason",),
+            registry=r,
+        )
         self.errors = Counter(
             "compaction_proxy_compaction_errors",
             "Internal errors in the compacting hook (the original request was forwarded).",

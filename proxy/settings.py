@@ -113,6 +113,7 @@ class CompactionSection(_Section):
     checkpoint_ttl_s: float = Field(default=21600, gt=0)
     known_requests_mb: float = Field(default=256, ge=0)
     workers: int = Field(default=1, ge=0)
+    worker_timeout_s: float = Field(default=60, gt=0)
     strict_alternation: bool = _LIBRARY.strict_alternation
 
     @field_validator("target_ratio")

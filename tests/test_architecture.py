@@ -5,6 +5,8 @@
   `compaction.__all__`): what the library does inside may change without the proxy knowing.
 - proxy/http/ moves bytes: it reaches what changes a request only through proxy/interception.py
   (the hook protocol), never proxy/compacting/.
+- The speed machinery (proxy/compacting/fast/) is entered through its package only, so the
+  plain design reads without it and each optimisation can go on its own.
 - proxy's shared modules (settings, logs, metrics, keys, ...) sit below both http/ and
   compacting/: only the app's assembly (app.py, cli.py, demo.py) imports those.
 - No import cycle between the modules of proxy/ and compaction/ (imports under TYPE_CHECKING,
@@ -291,3 +293,16 @@ def test_the_review_lists_long_modules_without_failing() -> None:
         timeout=30,
     )
     assert done.stdout.startswith("review: ")
+
+
+def test_the_speed_machinery_is_entered_through_its_package_only() -> None:
+    fast = REPO / "proxy/compacting/fast"
+    inner = tuple(f"proxy.compacting.fast.{path.stem}" for path in fast.glob("*.py"))
+    outside = [path for path in _modules("proxy") if fast not in path.parents]
+    found = [
+        f"{path.relative_to(REPO)}:{line} imports {name}"
+        for path in outside
+        for line, name in _imported(path)
+        if any(name == module or name.startswith(f"{module}.") for module in inner)
+    ]
+    assert found == []

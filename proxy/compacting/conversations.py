@@ -1,10 +1,14 @@
-"""The compactions of every conversation: remembered, and running.
+"""The compactions of every conversation: remembered, and running; and the one decision per
+request that reads them (`Conversations.decide`).
 
-Checkpoints are looked up by prefix digest in the store and substituted; a conversation still
-over the trigger is compacted further once, however many requests wait (single-flight). Each
-compaction is stored as a checkpoint and recorded (proxy.compacting.records). Preparing the next
-checkpoint ahead of the trigger is proxy.compacting.precompute; the per-request decisions
-(parsing, headers, retries) are proxy.compacting.hook and proxy.compacting.exchange.
+A request's history (proxy.compacting.history: a parsed list, or a remembered body's index) is
+estimated; at the trigger, checkpoints are looked up by prefix digest in the store and the view
+to forward is chosen (a reserve held back until the view it extends reaches the trigger). A
+conversation still over the trigger is compacted further once, however many requests wait
+(single-flight). Each compaction is stored as a checkpoint and recorded
+(proxy.compacting.records). Preparing the next checkpoint ahead of the trigger is
+proxy.compacting.precompute; parsing, headers and retries are proxy.compacting.hook and
+proxy.compacting.exchange.
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 from compaction import (
+    REPLY_PRIMING_TOKENS,
     ChatLLM,
     Checkpoint,
     CheckpointStore,
@@ -25,10 +30,10 @@ from compaction import (
     View,
     checkpoint_after,
     plan_key,
-    prefix_digests,
 )
+from proxy.compacting.applied import AppliedCompactions
 from proxy.compacting.archiving import Archiving
-from proxy.compacting.fallback import fallback
+from proxy.compacting.fallback import GRACE_S, fallback
 from proxy.compacting.flight import (
     SingleFlight,
     is_running,
@@ -36,16 +41,28 @@ from proxy.compacting.flight import (
     wait_for_running,
     wait_shielded,
 )
-from proxy.compacting.forwarded import Forwarded
+from proxy.compacting.history import History, ListHistory, raw_tokens
 from proxy.compacting.llm_client import LLMFactory
-from proxy.compacting.records import folded_range, record_compaction
+from proxy.compacting.records import SessionRecords, folded_range, record_compaction
 from proxy.compacting.request import Decision, ParsedRequest
-from proxy.compacting.reserves import ReserveMemory
+from proxy.compacting.reserve_writes import ReserveWrites
 from proxy.compacting.stores.backend import StateBackend, stored_under
-from proxy.http.sessions import SessionRecords
+from proxy.compacting.workers import WorkerLost
 from proxy.metrics import CompactionMetrics
 from proxy.settings import CompactionSection
 from proxy.tasks import BackgroundTasks
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a request's history calls for: its estimate (`before`), the checkpoint the view to
+    forward builds on (`base`, None: the history as sent) and that view's estimate (`after`),
+    and whether a compaction must run first (`compacts`: over the trigger, no view that fits)."""
+
+    before: int
+    base: Checkpoint | None
+    after: int
+    compacts: bool = False
 
 
 class Conversations:
@@ -75,79 +92,95 @@ class Conversations:
         self._flight: SingleFlight[bytes, CompactionResult | Checkpoint] = SingleFlight(tasks)
         # Precomputes still planning, by their request's last digest (proxy.compacting.precompute).
         self.planning: SingleFlight[bytes, None] = SingleFlight(tasks)
-        self._reserves = ReserveMemory(compactor, tasks, options.checkpoint_max_entries)
-        self._forwarded = Forwarded(state, options.checkpoint_max_entries)
+        self._reserves = ReserveWrites(compactor, tasks, options.checkpoint_max_entries)
+        self._applied = AppliedCompactions(state, options.checkpoint_max_entries)
 
-    def estimate(self, req: ParsedRequest, messages: list[Any]) -> int:
-        return self._compactor.estimate(messages, req.extras, estimator=req.estimator)
+    def estimate(self, req: ParsedRequest, history: History, base: Checkpoint | None = None) -> int:
+        """The estimate of the view `base` gives of `history` (None: the history as sent): its
+        items counted at calibration 1, scaled by the request's calibration, and what the
+        request costs besides them."""
+        raw = raw_tokens(history, base, req.dialect.shape)
+        fixed = req.estimator.count_tools(req.extras) + REPLY_PRIMING_TOKENS
+        return round(raw * req.factor) + fixed
 
     def needs(self, req: ParsedRequest, tokens: int) -> bool:
         return self._compactor.needs_compaction(tokens, req.window, req.max_output_tokens)
 
-    async def compact(
-        self, req: ParsedRequest, before: int, digests: Sequence[bytes] | None = None
+    async def decide(self, req: ParsedRequest, history: History) -> Choice:
+        """The one decision per request, whichever way its history was read (parsed, or
+        remembered: proxy.compacting.fast): below the trigger it goes as sent; at the trigger
+        the view to forward is chosen (`view`), and a compaction is called for when no view
+        fits."""
+        before = self.estimate(req, history)
+        if not self.needs(req, before):
+            return Choice(before, None, before)
+        base, after, _ = await self.view(req, history)
+        return Choice(before, base, after, base is None or self.needs(req, after))
+
+    async def carry_out(self, req: ParsedRequest, history: History, choice: Choice) -> Decision:
+        """What `choice` forwards for the parsed request `req`: the request as sent, a view
+        that fits (reused), else after waiting for a compaction of this conversation already
+        under way (a precompute still planning included), a view that fits then or a compaction
+        of the view once more."""
+        before = choice.before
+        if not choice.compacts:
+            if choice.base is None:
+                return Decision(req.messages, "none", before, before, None)
+            return await self._reused(View.of(req.messages, choice.base), before, choice.after)
+        timeout_s = self._options.summary_timeout_s
+        deadline = self._clock() + timeout_s
+        digests = history.prefix_digests()
+        flight, state = self._flight, self._state
+        if await wait_for_running(flight, state, digests, timeout_s, starting=self.planning):
+            base, tokens, _ = await self.view(req, history)
+            if base is not None and not self.needs(req, tokens):
+                return await self._reused(View.of(req.messages, base), before, tokens)
+            view = View.of(req.messages, base)
+        else:
+            view, tokens = View.of(req.messages, choice.base), choice.after
+        return await self._compact_view(req, history, view, tokens, before, deadline, "trigger")
+
+    async def compact_after_overflow(
+        self, req: ParsedRequest, history: ListHistory, before: int
     ) -> Decision:
-        """At the trigger: reuse a checkpoint whose view fits, else wait for a compaction of this
-        conversation already under way (a precompute still planning included), else compact the
-        view once more (`digests`: known)."""
-        deadline = self._clock() + self._options.summary_timeout_s
-        digests = digests or prefix_digests(req.messages, req.seed)
-        view, tokens, _ = await self.view(req, digests, before)
-        if view.base is not None and not self.needs(req, tokens):
-            return await self._reused(view, before, tokens)
-        remaining = max(0.0, deadline - self._clock())
-        running = self._flight, self._state, digests, remaining
-        if await wait_for_running(*running, starting=self.planning):
-            view, tokens, _ = await self.view(req, digests)
-            if view.base is not None and not self.needs(req, tokens):
-                return await self._reused(view, before, tokens)
-        return await self._compact_view(req, view, tokens, digests, before, deadline, "trigger")
-
-    async def compact_after_overflow(self, req: ParsedRequest, before: int) -> Decision:
         """The upstream refused the forwarded view as too long (`req` carries the corrected
-        budget): compact further now. A checkpoint held in reserve is the first step; nothing is
-        reused or waited for on the strength of the estimate that just proved wrong."""
+        budget, `history` is its list): compact further now. A checkpoint held in reserve is the
+        first step; nothing is reused or waited for on the strength of the estimate that just
+        proved wrong."""
         deadline = self._clock() + self._options.summary_timeout_s
-        digests = prefix_digests(req.messages, req.seed)
-        view, tokens, reserve = await self.view(req, digests)
+        base, tokens, reserve = await self.view(req, history)
         if reserve is not None:
-            view = View.of(req.messages, reserve)
-            tokens = self.estimate(req, view.messages)
+            base, tokens = reserve, self.estimate(req, history, reserve)
             await self.flush_reserve(req, reserve)
-        return await self._compact_view(req, view, tokens, digests, before, deadline, "overflow")
+        view = View.of(req.messages, base)
+        return await self._compact_view(req, history, view, tokens, before, deadline, "overflow")
 
-    # -- shared with proxy.compacting.precompute and recall -------------------------------------
-
-    async def latest(self, digests: Sequence[bytes], count: int) -> Checkpoint | None:
-        """The checkpoint of the longest remembered prefix of `count` messages but the last."""
-        return await self._store.longest(DigestPrefix(digests, count - 1))
+    # -- shared with proxy.compacting.precompute -----------------------------------------------
 
     async def view(
-        self, req: ParsedRequest, digests: Sequence[bytes], original_tokens: int | None = None
-    ) -> tuple[View, int, Checkpoint | None]:
-        """The view to forward, its tokens (`original_tokens`: the original's, when known), and
-        a precomputed checkpoint still held in reserve.
+        self, req: ParsedRequest, history: History
+    ) -> tuple[Checkpoint | None, int, Checkpoint | None]:
+        """The checkpoint the view to forward builds on (None: the history as sent), that
+        view's estimate, and a precomputed checkpoint still held in reserve.
 
         A checkpoint prepared ahead of the trigger is used only once the view it extends (its
         parent's, or the original) reaches the trigger: applied earlier, it would move every
         compaction after the first down to the precompute ratio. A reserve that goes out has its
-        memory items written, if they are not yet (an earlier write may have failed).
+        memory-file items written, if they are not yet (an earlier write may have failed).
         """
-        newest = await self.latest(digests, len(digests))
-        view = View.of(req.messages, newest)
-        if newest is None and original_tokens is not None:
-            return view, original_tokens, None
+        digests = history.prefix_digests()
+        # The checkpoint of the longest remembered prefix of the history but its last item.
+        newest = await self._store.longest(DigestPrefix(digests, len(history) - 1))
         if newest is None or not newest.precomputed:
-            return view, self.estimate(req, view.messages), None
+            return newest, self.estimate(req, history, newest), None
         parent = await self.stored(digests, newest.parent)
-        parent_view = View.of(req.messages, parent)
-        parent_tokens = self.estimate(req, parent_view.messages)
+        parent_tokens = self.estimate(req, history, parent)
         if self.needs(req, parent_tokens):
             await self.flush_reserve(req, newest)
-            return view, self.estimate(req, view.messages), None
+            return newest, self.estimate(req, history, newest), None
         if parent is not None and parent.precomputed:
             await self.flush_reserve(req, parent)
-        return parent_view, parent_tokens, newest
+        return parent, parent_tokens, newest
 
     async def plan(
         self, req: ParsedRequest, view: View, *, target_ratio: float | None = None
@@ -197,14 +230,19 @@ class Conversations:
     async def _compact_view(
         self,
         req: ParsedRequest,
+        history: History,
         view: View,
         tokens: int,
-        digests: Sequence[bytes],
         before: int,
         deadline: float,
         reason: str,
     ) -> Decision:
-        compaction = await self.plan(req, view)
+        digests = history.prefix_digests()
+        try:  # a stuck worker holds no request past its deadline (and a plan's fallback's grace)
+            waited = max(deadline - self._clock(), GRACE_S)
+            compaction = await asyncio.wait_for(self.plan(req, view), waited)
+        except (TimeoutError, WorkerLost):  # a worker lost is logged where it was found
+            return await self._as_is(view, before, tokens)
         key = plan_key(view, compaction.plan, digests)
         joined = key is not None and key in self._flight
         task = self.start(req, view, compaction, digests, reason)
@@ -228,7 +266,7 @@ class Conversations:
         if not isinstance(result, Checkpoint) and result.path == "unchanged":
             return await self._as_is(view, before, tokens)
         # "applied": computed for this request, or the first to go out with it (a checkpoint).
-        first = await self._forwarded.add(result.compaction_id)
+        first = await self._applied.add(result.compaction_id)
         status = "applied" if first or not isinstance(result, Checkpoint) else "reused"
         # What goes out may be a reserve: stored by another replica (met through the lease) or
         # by a precompute here that this request joined. Its memory items are due now.
@@ -237,7 +275,7 @@ class Conversations:
             await self.flush_reserve(req, reserve)
         if isinstance(result, Checkpoint):  # compacted for another request, or process
             done = View.of(req.messages, result)
-            tokens = self.estimate(req, done.messages)
+            tokens = self.estimate(req, history, result)
             return Decision(done.messages, status, before, tokens, result.compaction_id)
         return Decision(result.messages, status, before, result.tokens_after, result.compaction_id)
 
@@ -258,7 +296,7 @@ class Conversations:
     async def substituted(self, compaction_id: str) -> str:
         """Count a checkpoint going out: "reused", or "applied" the first time it does."""
         self._metrics.checkpoint_hits.inc()
-        return "applied" if await self._forwarded.is_new(compaction_id) else "reused"
+        return "applied" if await self._applied.is_new(compaction_id) else "reused"
 
     async def _summarize(
         self,
@@ -303,7 +341,7 @@ class Conversations:
 
     async def flush_reserve(self, req: ParsedRequest, reserve: Checkpoint) -> None:
         """A precomputed checkpoint goes out: its memory items are due now, if not yet written
-        (proxy.compacting.reserves)."""
+        (proxy.compacting.reserve_writes)."""
         await self._reserves.flush(req.session_id, reserve)
 
     async def stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:

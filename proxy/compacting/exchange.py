@@ -13,6 +13,7 @@ from typing import Any
 
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations
+from proxy.compacting.history import ListHistory
 from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.request import Decision, ParsedRequest
 from proxy.interception import Exchange, Passthrough
@@ -49,7 +50,7 @@ class CompactedExchange:
         full: Callable[[], Awaitable[ParsedRequest]] | None = None,
     ) -> None:
         """`full` parses the whole request when `request` was built without its messages (a
-        recognized continuation, proxy.compacting.recall): only a retry needs them."""
+        recognized continuation, proxy.compacting.fast.path): only a retry needs them."""
         self._request = request
         self._full = full
         self._body = body
@@ -101,8 +102,9 @@ class CompactedExchange:
         harder = request.with_budget(window=window, factor=factor)
         self._metrics.overflow_retries.inc()
         try:
-            before = self._conversations.estimate(harder, harder.messages)
-            decision = await self._conversations.compact_after_overflow(harder, before)
+            history = ListHistory.of(harder)
+            before = self._conversations.estimate(harder, history)
+            decision = await self._conversations.compact_after_overflow(harder, history, before)
         except Exception:
             log.exception("compaction after a context-length error failed")
             self._metrics.errors.inc()

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Awaitable
 
 from compaction import Compaction, CompactionResult
+from proxy.compacting.workers import WorkerLost
 
 GRACE_S = 5.0
 """How long a request that stopped waiting for a summary waits for the one built by code."""
@@ -24,5 +25,5 @@ async def fallback(
     else its folded part dropped."""
     try:
         return await asyncio.wait_for(built_by_code, GRACE_S)
-    except TimeoutError:
+    except (TimeoutError, WorkerLost):  # a worker lost is logged where it was found
         return compaction.dropped()

@@ -2,17 +2,21 @@
 
 Bodies that cannot reach the lowest ratio are not parsed; below the trigger the original bytes go
 upstream untouched. At the trigger the conversations (proxy.compacting.conversations) give the
-view to forward: a remembered checkpoint, or a new compaction. Each hooked route has its dialect
-(proxy.compacting.dialects); a long conversation's next request is recognized from its last one
-and mostly decided from what is remembered (proxy.compacting.recall); a parsed request becomes a
-CompactedExchange (proxy.compacting.exchange), which owns the retry and the calibration.
-Anything that fails here forwards the original request; it never fails the agent's request.
+view to forward: a remembered checkpoint, or a new compaction; one decision
+(Conversations.decide) reads the request's history. Each hooked route has its dialect
+(proxy.compacting.dialects). The speed machinery sits behind one door (proxy.compacting.fast):
+a long conversation's next request is recognized from its last one and mostly answered from
+what is remembered, a large body is parsed in pieces, forwarded lists are spliced from the
+client's bytes. A parsed request becomes a CompactedExchange (proxy.compacting.exchange), which
+owns the retry and the calibration. Anything that fails here forwards the original request; it
+never fails the agent's request.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from compaction import CheckpointStore, Compactor, MemoryWriter, Offload
@@ -27,16 +31,15 @@ from proxy.compacting.exchange import (
     UnparsedExchange,
     describe,
 )
-from proxy.compacting.known import Known, KnownRequests
+from proxy.compacting.fast import BodyIndex, BodyIndexes, FastPath, parse_in_pieces
+from proxy.compacting.history import History, ListHistory
 from proxy.compacting.llm_client import LLMFactory, UpstreamLLMFactory
 from proxy.compacting.overflow import LearnedWindows, parse_overflow
-from proxy.compacting.parts import splice_view, view_parts
 from proxy.compacting.precompute import Precompute
-from proxy.compacting.recall import Recall, estimate_known
+from proxy.compacting.records import SessionRecords
 from proxy.compacting.request import Decision, ParsedRequest, RequestBuilder, may_need_parsing
 from proxy.compacting.stores.backend import StateBackend
 from proxy.compacting.stores.memory import MemoryStore
-from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
 from proxy.interception import Exchange, Passthrough, RequestContext
 from proxy.metrics import CompactionMetrics
@@ -51,7 +54,39 @@ _UNCHANGED: Mapping[str, str] = MappingProxyType({STATUS: "none"})
 # How much longer than a waiting request the summarizer call itself may take.
 _BACKGROUND_TIMEOUT_FACTOR = 3
 # Below this a body is parsed whole in well under a millisecond: not worth remembering.
-_KNOWN_MIN_BODY_BYTES = 64 * 1024
+_INDEXED_MIN_BODY_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What the compacting hook shares with the rest of the app (built in app.create_app): the
+    upstream its summarizers call, the /admin records, the metrics, the background tasks, the
+    processes CPU work runs in, and what the upstream taught about token counts and windows."""
+
+    upstream: Upstream
+    records: SessionRecords
+    metrics: CompactionMetrics
+    tasks: BackgroundTasks
+    calibration: Calibration
+    learned: LearnedWindows
+    offload: Offload | None = None
+    archiving: Archiving | None = None
+    """Archives each compaction's folded turns (proxy.compacting.archiving); None: not kept."""
+
+
+@dataclass(frozen=True)
+class Replacements:
+    """Parts of the hook a caller may replace (None: built from the settings): the checkpoint
+    `store`, the `state` (cooldowns, single-flight leases; default the process's own), the
+    summarizer for a request (`llm_for`; default over the upstream), the `compactor` (default
+    the library's), the long bodies' `indexes` (default: `compaction.known_requests_mb` of
+    them)."""
+
+    store: CheckpointStore | None = None
+    state: StateBackend | None = None
+    llm_for: LLMFactory | None = None
+    compactor: Compactor | None = None
+    indexes: BodyIndexes | None = None
 
 
 class CompactingHook:
@@ -61,25 +96,27 @@ class CompactingHook:
         *,
         conversations: Conversations,
         precompute: Precompute,
-        metrics: CompactionMetrics,
-        known: KnownRequests | None = None,
+        shared: Shared,
+        indexes: BodyIndexes,
     ) -> None:
         self._settings = settings
         self._options = settings.compaction
         self._conversations = conversations
         self._precompute = precompute
-        self._metrics = metrics
-        self.calibration = Calibration()
-        self.learned = LearnedWindows()
-        self._builder = RequestBuilder(settings.models, self.calibration, self.learned)
-        self._recall = Recall(
-            known or KnownRequests(max_bytes=0, min_body_bytes=0),
+        self._metrics = shared.metrics
+        self._calibration = shared.calibration
+        self._learned = shared.learned
+        self._builder = RequestBuilder(
+            settings.models, shared.calibration, shared.learned, parse=parse_in_pieces
+        )
+        self._fast = FastPath(
+            indexes,
             builder=self._builder,
             conversations=conversations,
             precompute=precompute,
-            metrics=metrics,
-            calibration=self.calibration,
-            learned=self.learned,
+            metrics=shared.metrics,
+            calibration=shared.calibration,
+            learned=shared.learned,
         )
         models = settings.models
         self._smallest_window = min(
@@ -99,26 +136,26 @@ class CompactingHook:
                 untouched,
                 lambda status, error: self._retry_unparsed(ctx, dialect, body, status, error),
             )
-        key = self._recall.key(ctx, dialect, body)  # long conversations are remembered
-        known = None
+        key = self._fast.key(ctx, dialect, body)  # long conversations are remembered
+        index = None
         if key is not None:
             try:
-                recalled, known = await self._recall.recall(key, ctx, dialect, body)
+                answered, index = await self._fast.answer(key, ctx, dialect, body)
             except Exception:  # only this request's speed depends on it: the full path decides
                 log.exception("recognizing a known request failed; taking the full path")
-                recalled, known = None, None
-            if recalled is not None:
-                return recalled
+                answered, index = None, None
+            if answered is not None:
+                return answered
         try:
             request = await self._builder.parse(ctx, dialect, body)
         except NotCompactable:
             return untouched
-        if key is not None and known is None:
-            known = await self._recall.learn(key, body, request)
-        if known is not None:
-            request = request.located(known.array(), known.count)
+        if key is not None and index is None:
+            index = await self._fast.remember(key, body, request)
+        if index is not None:
+            request = request.located(index.array(), index.count)
         try:
-            return await self._prepare(body, request, known)
+            return await self._prepare(request, index)
         except Exception:  # fail open: the agent's request always goes through
             log.exception("compaction failed; forwarding the original request")
             self._metrics.errors.inc()
@@ -131,13 +168,13 @@ class CompactingHook:
     # -- deciding ----------------------------------------------------------------------------
 
     def _may_reach(self, body: bytes) -> bool:
-        learned = self.learned.smallest()
+        learned = self._learned.smallest()
         smallest = self._smallest_window if learned is None else min(learned, self._smallest_window)
         return may_need_parsing(
             body,
             smallest_window=smallest,
             lowest_ratio=self._lowest_ratio,
-            factor=self.calibration.max_factor,
+            factor=self._calibration.max_factor,
         )
 
     async def _retry_unparsed(
@@ -152,37 +189,27 @@ class CompactingHook:
             request = await self._builder.parse(ctx, dialect, body)
         except NotCompactable:
             return None
-        tokens = self._conversations.estimate(request, request.messages)
+        tokens = self._conversations.estimate(request, ListHistory.of(request))
         unchanged = Decision(request.messages, "none", tokens, tokens, None)
-        exchange = self._exchange(body, request, unchanged)
+        exchange = self._exchange(request, unchanged)
         return exchange if await exchange.retry_after_error(status, error) else None
 
-    async def _prepare(self, body: bytes, request: ParsedRequest, known: Known | None) -> Exchange:
-        if known is not None:  # counted off the loop already
-            tokens = estimate_known(request, known)
-        else:
-            tokens = self._conversations.estimate(request, request.messages)
-        if self._conversations.needs(request, tokens):
-            digests = known.request_digests() if known is not None else None
-            decision = await self._conversations.compact(request, tokens, digests)
-        else:
-            decision = Decision(request.messages, "none", tokens, tokens, None)
+    async def _prepare(self, request: ParsedRequest, index: BodyIndex | None) -> Exchange:
+        # A remembered body's index is its history counted and hashed off the loop already.
+        history: History = index if index is not None else ListHistory.of(request)
+        choice = await self._conversations.decide(request, history)
+        decision = await self._conversations.carry_out(request, history, choice)
         self._metrics.decided(decision.status, request.dialect.name).inc()
-        self._precompute.after_forwarding(request, decision.tokens_after, tokens)
-        return self._exchange(body, request, decision, known)
+        self._precompute.after_forwarding(request, decision.tokens_after, choice.before)
+        return self._exchange(request, decision, index)
 
     def _exchange(
-        self, body: bytes, request: ParsedRequest, decision: Decision, known: Known | None = None
+        self, request: ParsedRequest, decision: Decision, index: BodyIndex | None = None
     ) -> CompactedExchange:
-        dialect = request.dialect
         if decision.messages is request.messages:
-            forwarded = body
-        elif known is not None:
-            forwarded = known.splice(view_parts(request.messages, dialect.wire(decision.messages)))
+            forwarded = request.body
         else:
-            # Kept items go out as the client's bytes whether or not the body is remembered.
-            wire = dialect.wire(decision.messages)
-            spliced = splice_view(body, dialect.items_key, request.messages, wire)
+            spliced = self._fast.forwarded_body(request, decision.messages, index)
             forwarded = spliced or request.serialize(decision.messages)
         return CompactedExchange(
             request,
@@ -190,34 +217,21 @@ class CompactingHook:
             tokens=decision.tokens_after,
             headers=describe(request, decision),
             conversations=self._conversations,
-            calibration=self.calibration,
-            learned=self.learned,
+            calibration=self._calibration,
+            learned=self._learned,
             metrics=self._metrics,
         )
 
 
 def build_hook(
-    settings: Settings,
-    *,
-    upstream: Upstream,
-    store: CheckpointStore,
-    llm_for: LLMFactory | None,
-    records: SessionRecords,
-    metrics: CompactionMetrics,
-    tasks: BackgroundTasks,
-    compactor: Compactor | None = None,
-    state: StateBackend | None = None,
-    offload: Offload | None = None,
-    known: KnownRequests | None = None,
-    archiving: Archiving | None = None,
+    settings: Settings, shared: Shared, replacements: Replacements | None = None
 ) -> CompactingHook:
-    """The compacting hook, configured from `settings` (see app.create_app). `llm_for` defaults
-    to summarizers over `upstream`, `compactor` to the library's, configured from `settings`
-    with `offload` running compactions' CPU work (default: inline), `state` (cooldowns,
-    single-flight leases) to the process's own, `known` (long requests remembered) to one of
-    `compaction.known_requests_mb`; `archiving` (folded turns archived) to none."""
+    """The compacting hook, configured from `settings` (see app.create_app), over the parts it
+    shares with the app and the `replacements` a caller gives; `shared.offload` runs
+    compactions' and indexes' CPU work (default: inline)."""
     options = settings.compaction
-    state = state or MemoryStore(
+    given = replacements or Replacements()
+    state = given.state or MemoryStore(
         options.checkpoint_max_entries,
         options.checkpoint_ttl_s,
         failure_threshold=options.failure_threshold,
@@ -226,31 +240,31 @@ def build_hook(
     # A request stops waiting after summary_timeout_s; the summarization itself may go on a
     # while longer in the background and still record its checkpoint.
     llm_timeout_s = options.summary_timeout_s * _BACKGROUND_TIMEOUT_FACTOR
-    compactor = compactor or Compactor(
+    compactor = given.compactor or Compactor(
         settings=options.library_settings(llm_timeout_s=llm_timeout_s),
         memory=MemoryWriter(settings.memory.dir, claims=state),
-        offload=offload,
+        offload=shared.offload,
     )
     conversations = Conversations(
         options,
         compactor=compactor,
-        store=store,
+        store=given.store or state,
         state=state,
-        llm_for=llm_for or UpstreamLLMFactory(upstream, timeout_s=llm_timeout_s),
-        records=records,
-        metrics=metrics,
-        tasks=tasks,
-        archiving=archiving,
+        llm_for=given.llm_for or UpstreamLLMFactory(shared.upstream, timeout_s=llm_timeout_s),
+        records=shared.records,
+        metrics=shared.metrics,
+        tasks=shared.tasks,
+        archiving=shared.archiving,
     )
     return CompactingHook(
         settings,
         conversations=conversations,
-        precompute=Precompute(options, conversations, tasks),
-        metrics=metrics,
-        known=known
-        or KnownRequests(
+        precompute=Precompute(options, conversations, shared.tasks),
+        shared=shared,
+        indexes=given.indexes
+        or BodyIndexes(
             max_bytes=int(options.known_requests_mb * 1024 * 1024),
-            min_body_bytes=_KNOWN_MIN_BODY_BYTES,
-            offload=offload,
+            min_body_bytes=_INDEXED_MIN_BODY_BYTES,
+            offload=shared.offload,
         ),
     )

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from cachetools import LRUCache
 
-from compaction import plan_key, prefix_digests
+from compaction import View, plan_key
 from proxy.compacting.conversations import Conversations
+from proxy.compacting.history import ListHistory
 from proxy.compacting.request import ParsedRequest
 from proxy.settings import CompactionSection
 from proxy.tasks import BackgroundTasks
@@ -57,20 +58,22 @@ class Precompute:
         until planned, what it will fold (its checkpoint key) is unknown, and a plan can take a
         second (a worker pool starting on first use); a request at the trigger meanwhile finds
         it there and waits rather than summarize this growth step on its own."""
-        digests = prefix_digests(request.messages, request.seed)
+        history = ListHistory.of(request)
+        digests = history.prefix_digests()
         planning = self._conversations.planning
         if planning.find(reversed(digests)) is None:  # none for this or an earlier request
             planning.start(
                 digests[-1],
-                lambda: self._plan(request, raw_tokens, digests),
+                lambda: self._plan(request, raw_tokens, history),
                 name=f"precompute:{request.session_id}",
             )
 
-    async def _plan(self, request: ParsedRequest, raw_tokens: int, digests: list[bytes]) -> None:
+    async def _plan(self, request: ParsedRequest, raw_tokens: int, history: ListHistory) -> None:
         conversations = self._conversations
+        digests = history.prefix_digests()
         if await conversations.is_running(digests):
             return
-        view, tokens, reserve = await conversations.view(request, digests)
+        base, tokens, reserve = await conversations.view(request, history)
         if reserve is not None:
             # The next checkpoint is ready; nothing to do until the view reaches the trigger.
             self._quiet_for(
@@ -83,6 +86,7 @@ class Precompute:
             self._quiet_for(request, raw_tokens, threshold - tokens)
             return
         ratio = self._target_ratio(request, tokens)
+        view = View.of(request.messages, base)
         compaction = await conversations.plan(request, view, target_ratio=ratio)
         key = plan_key(view, compaction.plan, digests)
         if key is not None and await conversations.stored(digests, key) is not None:

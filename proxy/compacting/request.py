@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
-from compaction import HeuristicEstimator, JsonArray, conversation_seed
+from compaction import HeuristicEstimator, JsonArray, Message, conversation_seed
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.dialects import Dialect
 from proxy.compacting.llm_client import LLMRequest
 from proxy.compacting.overflow import LearnedWindows
-from proxy.compacting.pieces import PIECES_FROM_BYTES, by_pieces
 from proxy.interception import RequestContext
 from proxy.settings import ModelsSettings
 
@@ -54,15 +53,19 @@ def may_need_parsing(
     return False
 
 
+Payload = dict[str, Any]
+"""A request's JSON object as parsed: every member the client sent, unknown ones included."""
+
+
 @dataclass(frozen=True)
 class ParsedRequest:
     dialect: Dialect
     body: bytes
     """The bytes as received: what a serializer splices into."""
-    payload: dict[str, Any]
-    messages: list[Any]
+    payload: Payload
+    messages: list[Message]
     """The dialect's list: chat `messages`, Responses `input`, Anthropic `messages`."""
-    extras: Any
+    extras: object
     """What the request costs besides `messages` (tools, instructions, system)."""
     model: str
     window: int
@@ -95,7 +98,7 @@ class ParsedRequest:
         items (unchanged if that is not how many messages it has)."""
         return replace(self, array=array) if count == len(self.messages) else self
 
-    def messages_json(self, messages: list[Any]) -> JsonArray | None:
+    def messages_json(self, messages: list[Message]) -> JsonArray | None:
         """`messages` as a JSON array in the client's own bytes, when they are this request's
         whole list and it is located (None otherwise): a compaction's history then crosses to a
         worker process as the body it came in, not serialized again on the event loop (60-70
@@ -107,7 +110,7 @@ class ParsedRequest:
         dialect to ask in, the query string its upstream needs."""
         return LLMRequest(model, self.credential, self.auth_headers, self.dialect, self.query)
 
-    def serialize(self, messages: list[Any]) -> bytes:
+    def serialize(self, messages: list[Message]) -> bytes:
         """The request with its list replaced; every other field as sent, in its place."""
         return self.dialect.serialize(self.body, self.payload, messages)
 
@@ -116,14 +119,14 @@ class ParsedRequest:
 class Decision:
     """What to forward for one request, and what the response headers say about it."""
 
-    messages: list[Any]
+    messages: list[Message]
     status: str
     tokens_before: int
     tokens_after: int
     compaction_id: str | None
 
 
-def model_of(payload: dict[str, Any]) -> str:
+def model_of(payload: Payload) -> str:
     model = payload.get("model")
     return model if isinstance(model, str) else ""
 
@@ -144,7 +147,7 @@ def fingerprint(opening: Mapping[str, Any], tenant: bytes = b"") -> str:
     return f"fp-{hashlib.sha256(canonical).hexdigest()[:32]}"
 
 
-def opening_of(messages: list[Any]) -> list[Any]:
+def opening_of(messages: list[Message]) -> list[Message]:
     """The messages a fingerprint reads (Dialect.opening): up to and including the first user
     message (a Responses message item; any longer prefix would do too)."""
     for i, message in enumerate(messages):
@@ -157,29 +160,38 @@ def opening_of(messages: list[Any]) -> list[Any]:
     return messages
 
 
+BodyParser = Callable[[Dialect, bytes], Awaitable[tuple[Payload, list[Message]]]]
+"""How a body becomes its payload and its list (NotCompactable when the dialect does not
+compact it)."""
+
+
+async def parse_whole(dialect: Dialect, body: bytes) -> tuple[Payload, list[Message]]:
+    """The plain parser: the dialect's, in one call."""
+    return dialect.parse(body)
+
+
 class RequestBuilder:
     """ParsedRequests from a request's context and payload, under the budget known now (the
     model's window, learned limits, calibration)."""
 
     def __init__(
-        self, models: ModelsSettings, calibration: Calibration, learned: LearnedWindows
+        self,
+        models: ModelsSettings,
+        calibration: Calibration,
+        learned: LearnedWindows,
+        parse: BodyParser = parse_whole,
     ) -> None:
+        """`parse` reads a body (the hook gives proxy.compacting.fast's, which parses a large
+        body in pieces, the event loop serving other requests in between, where parsing it
+        whole would hold them all: about 170 ms at 50 MiB)."""
         self._models = models
         self._calibration = calibration
         self._learned = learned
+        self._parse = parse
 
     async def parse(self, ctx: RequestContext, dialect: Dialect, body: bytes) -> ParsedRequest:
-        """The whole request (NotCompactable when the dialect does not compact it). A large body
-        is parsed in pieces, the event loop serving other requests in between
-        (proxy.compacting.pieces), where parsing it whole would hold them all (about 170 ms at
-        50 MiB); the same request either way."""
-        pieces = None
-        if len(body) >= PIECES_FROM_BYTES:
-            pieces = await by_pieces(body, dialect.items_key)
-        if pieces is None:
-            payload, messages = dialect.parse(body)
-        else:
-            payload, messages = pieces, dialect.items(pieces)
+        """The whole request (NotCompactable when the dialect does not compact it)."""
+        payload, messages = await self._parse(dialect, body)
         return self.build(ctx, dialect, body, payload, messages, messages, None)
 
     def build(
@@ -187,9 +199,9 @@ class RequestBuilder:
         ctx: RequestContext,
         dialect: Dialect,
         body: bytes,
-        payload: dict[str, Any],
-        messages: list[Any],
-        opening_messages: list[Any],
+        payload: Payload,
+        messages: list[Message],
+        opening_messages: list[Message],
         opening: str | None,
     ) -> ParsedRequest:
         """The request from its payload; `opening_messages` holds at least its messages up to

@@ -137,7 +137,7 @@ def load_json(text: bytes) -> Any:
     of it sent): a lone surrogate as U+FFFD, an integer beyond 64 bits as a float, as orjson
     reads one. Raises ValueError for what is not JSON (or not Unicode). (What is read here
     never goes upstream in place of the original bytes, see locate_field and
-    proxy.compacting.parts.)"""
+    proxy.compacting.fast.parts.)"""
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:

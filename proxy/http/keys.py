@@ -9,7 +9,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.archive import Archive
-from proxy.http.sessions import SessionRecords
+from proxy.http.sessions import AdminRecords
 from proxy.http.upstream import Upstream
 from proxy.interception import Hook
 from proxy.logs import RequestInfo
@@ -19,7 +19,7 @@ from proxy.tasks import BackgroundTasks
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
-RECORDS = web.AppKey("records", SessionRecords)
+RECORDS: web.AppKey[AdminRecords] = web.AppKey("records")
 HOOK: web.AppKey[Hook] = web.AppKey("hook")
 TASKS = web.AppKey("tasks", BackgroundTasks)
 # The archive of folded turns (proxy.archive): the compacting hook writes it, admin searches it.

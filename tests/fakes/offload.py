@@ -1,6 +1,6 @@
 """Offloads that run each job at once in this process and keep it (`jobs`).
 
-Not `Inline`: each says `crossing = True`, so a Compactor or KnownRequests given one sends the
+Not `Inline`: each says `crossing = True`, so a Compactor or BodyIndexes given one sends the
 messages as to a worker process, and a test sees what a worker would be sent; `Pickling`
 also sends each job and its result through pickle, as a worker's pipe does, and keeps the
 pickled results (`results`); `SlowFirstPlan` plans slowly the first time."""

@@ -13,9 +13,11 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.compacting.hook import build_hook
+from proxy.compacting.calibration import Calibration
+from proxy.compacting.hook import Replacements, Shared, build_hook
+from proxy.compacting.overflow import LearnedWindows
+from proxy.compacting.records import SessionRecords
 from proxy.compacting.stores.memory import MemoryStore
-from proxy.http.sessions import SessionRecords
 from proxy.http.upstream import Upstream
 from proxy.metrics import Metrics
 from proxy.tasks import BackgroundTasks
@@ -108,19 +110,22 @@ async def wait_for(condition: Callable[[], bool], timeout_s: float = 5) -> None:
 async def with_hook(
     start_proxy: StartProxy, upstream: FakeUpstream, sections: dict[str, Any], **parts: Any
 ) -> AsyncIterator[RunningProxy]:
-    """A proxy whose compacting hook is built with `parts` (a compactor, known requests, the
-    records it keeps, its state)."""
+    """A proxy whose compacting hook is built with `parts`: the records it keeps and the
+    offload it shares, or what it may replace (a compactor, body indexes, its state)."""
     settings = build_settings(upstream, **sections)
     metrics = Metrics()
     parts.setdefault("store", MemoryStore(100, 600))
-    parts.setdefault("records", SessionRecords(max_sessions=10, records_per_session=10))
+    records = parts.pop("records", SessionRecords(max_sessions=10, records_per_session=10))
+    offload = parts.pop("offload", None)
     async with Upstream(settings.upstream, metrics) as own_upstream:
-        hook = build_hook(
-            settings,
+        shared = Shared(
             upstream=own_upstream,
-            llm_for=None,
+            records=records,
             metrics=metrics.compaction,
             tasks=BackgroundTasks(),
-            **parts,
+            calibration=Calibration(),
+            learned=LearnedWindows(),
+            offload=offload,
         )
+        hook = build_hook(settings, shared, Replacements(**parts))
         yield await start_proxy(hook=hook, **sections)

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from compaction import Compaction, Compactor, Message, is_summary_message
-from proxy.compacting.known import KnownRequests
+from proxy.compacting.fast import BodyIndexes
 from tests.fakes.script import Script, tokens
 from tests.fakes.upstream import FakeUpstream
 from tests.proxy.compacting.conftest import WINDOW, conversation_of, post, with_hook
@@ -233,7 +233,7 @@ async def test_a_body_nested_past_the_parsers_depth_goes_out_untouched_with_its_
     assert upstream.requests[-1].body == body
 
 
-class _RecognitionFails(KnownRequests):
+class _RecognitionFails(BodyIndexes):
     """Remembers long requests like the proxy's own, but recognizing one fails."""
 
     def recognize(self, *args: Any, **kwargs: Any) -> Any:
@@ -245,7 +245,7 @@ async def test_a_request_whose_recognition_fails_is_decided_by_the_full_path(
 ) -> None:
     sections: dict[str, Any] = {"models": {"default_context_window": WINDOW}}
     known = _RecognitionFails(max_bytes=64 * 1024 * 1024, min_body_bytes=1024)
-    async with with_hook(start_proxy, upstream, sections, known=known) as proxy:
+    async with with_hook(start_proxy, upstream, sections, indexes=known) as proxy:
         messages = conversation_of(int(WINDOW * 1.2))
         response = await post(client, proxy, messages)
         # Compacted as the full path does it (not passed through without a status).

@@ -9,8 +9,8 @@ import orjson
 import pytest
 from aiohttp import web
 
+from proxy.compacting.records import SessionRecords
 from proxy.http import keys
-from proxy.http.sessions import SessionRecords
 from tests import factories as f
 from tests.fakes.offload import SlowFirstPlan
 from tests.fakes.script import SUMMARY_TEXT, Script, tokens

@@ -2,33 +2,40 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from compaction import Compactor
 from compaction.stages import worker_mentions
-from proxy.compacting.workers import Workers
+from proxy.compacting.workers import WorkerLost, Workers
+from proxy.metrics import Metrics
 from tests.compaction.conftest import ScriptedLLM
 from tests.factories import simple_conversation
-
-
-def pid_of(_: None) -> int:
-    return os.getpid()
-
-
-def die(_: None) -> None:
-    os._exit(3)
+from tests.proxy.compacting.worker_jobs import die, nap, pid_of
 
 
 def scanned_here(_: None) -> int:
     return worker_mentions().scanned
+
+
+def replaced(registry: CollectorRegistry, reason: str) -> float | None:
+    return registry.get_sample_value(
+        "compaction_proxy_worker_replacements_total", {"reason": reason}
+    )
+
+
+def worker_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "proxy.compacting.workers"]
 
 
 async def test_jobs_run_in_another_process() -> None:
@@ -51,11 +58,78 @@ async def test_a_pool_broken_by_a_dying_worker_is_replaced() -> None:
     workers = Workers(1)
     workers.open()
     try:
-        with pytest.raises(BrokenProcessPool):
+        with pytest.raises(WorkerLost):
             await workers.run(die, None)
         assert await workers.run(pid_of, None) != os.getpid()
     finally:
         await workers.close()
+
+
+async def test_a_stopped_worker_is_killed_at_the_deadline_and_the_next_job_runs() -> None:
+    metrics = Metrics()
+    workers = Workers(1, timeout_s=3, replacements=metrics.compaction.worker_replacements)
+    workers.open()
+    try:
+        stopped = await workers.run(pid_of, None)
+        os.kill(stopped, signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(WorkerLost):
+            await asyncio.wait_for(workers.run(pid_of, None), 15)
+        assert 3 <= time.monotonic() - started < 3 + 5
+        await wait_until(lambda: not is_alive(stopped))
+        assert await asyncio.wait_for(workers.run(pid_of, None), 30) not in (stopped, os.getpid())
+        assert replaced(metrics.registry, "deadline") == 1
+    finally:
+        await workers.close()
+
+
+async def test_jobs_waiting_their_turn_behind_a_stuck_worker_run_in_the_new_pool() -> None:
+    # One job per worker is in the pool at a time: only the stuck one is lost, and the deadline
+    # of those behind it runs from their own start, not from when they were queued.
+    workers = Workers(1, timeout_s=3)
+    workers.open()
+    try:
+        stopped = await workers.run(pid_of, None)
+        os.kill(stopped, signal.SIGSTOP)
+        jobs = [asyncio.ensure_future(workers.run(pid_of, None)) for _ in range(3)]
+        done = await asyncio.wait_for(asyncio.gather(*jobs, return_exceptions=True), 60)
+        assert isinstance(done[0], WorkerLost)
+        assert all(isinstance(pid, int) and pid != stopped for pid in done[1:])
+    finally:
+        await workers.close()
+
+
+async def test_a_worker_killed_under_jobs_is_one_warning_and_one_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    metrics = Metrics()
+    workers = Workers(2, timeout_s=30, replacements=metrics.compaction.worker_replacements)
+    workers.open()
+    try:
+        jobs = [asyncio.ensure_future(workers.run(nap, 5)) for _ in range(4)]
+        await wait_until(lambda: len(workers.pids) == 2)
+        await asyncio.sleep(0.5)  # both workers have taken a job
+        os.kill(workers.pids[0], signal.SIGKILL)
+        done = await asyncio.wait_for(asyncio.gather(*jobs, return_exceptions=True), 60)
+        assert sum(isinstance(result, WorkerLost) for result in done) >= 2  # both running
+        assert await workers.run(pid_of, None) != os.getpid()  # compaction goes on
+    finally:
+        await workers.close()
+    assert replaced(metrics.registry, "died") == 1
+    assert replaced(metrics.registry, "deadline") is None
+    [line] = worker_lines(caplog)
+    assert line.levelno == logging.WARNING and line.exc_info is None
+    assert "died" in line.getMessage()
+
+
+async def test_closing_kills_a_stopped_worker() -> None:
+    workers = Workers(1, timeout_s=3)
+    workers.open()
+    stopped = await workers.run(pid_of, None)
+    os.kill(stopped, signal.SIGSTOP)
+    await asyncio.wait_for(workers.close(), 15)
+    assert not is_alive(stopped)
 
 
 async def test_a_worker_scans_only_the_new_texts_of_a_fold_redone_over_a_longer_history() -> None:
@@ -102,8 +176,9 @@ async def test_without_workers_a_compactor_keeps_its_jobs_in_process() -> None:
 
 _KILLED_WITH_A_WORKER = """
 import asyncio, os, signal
-from proxy.compacting.workers import Workers
-from tests.proxy.compacting.test_workers import pid_of
+from proxy.compacting.workers import WorkerLost, Workers
+from proxy.metrics import Metrics
+from tests.proxy.compacting.worker_jobs import pid_of
 
 async def main():
     workers = Workers(1)
@@ -122,6 +197,13 @@ def is_alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+async def wait_until(condition: Callable[[], bool], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
 
 
 def test_workers_end_with_a_proxy_killed_outright() -> None:

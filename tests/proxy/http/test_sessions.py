@@ -9,7 +9,7 @@ import pytest
 from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
 from proxy.compacting.request import fingerprint as fingerprint_of
 from proxy.errors import SessionIdRefused
-from proxy.http.sessions import SessionRecords, is_valid_session_id, resolve_session_id
+from proxy.http.sessions import is_valid_session_id, resolve_session_id
 
 
 def fingerprint(payload: dict[str, Any]) -> str:
@@ -75,17 +75,3 @@ def test_fingerprint_survives_odd_payloads() -> None:
         {"tools": [None, {"function": 3}]},
     ):
         assert fingerprint(payload).startswith("fp-")
-
-
-def test_session_records_are_bounded() -> None:
-    records = SessionRecords(max_sessions=2, records_per_session=3)
-    for sid in ("a", "b", "a", "c"):
-        records.touch(sid)
-    assert [s["session_id"] for s in records.list()["sessions"]] == ["c", "a"]
-    for i in range(5):
-        records.add_record("a", {"n": i})
-    got = records.get("a")
-    assert got is not None
-    assert [r["n"] for r in got["records"]] == [2, 3, 4]
-    assert got["records_total"] == 5 and got["requests"] == 2
-    assert records.get("b") is None

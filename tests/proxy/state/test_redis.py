@@ -14,7 +14,7 @@ from aiohttp import web
 from tests import factories as f
 from tests.fakes.script import SUMMARY_TEXT, Script
 from tests.proxy.compacting.conftest import WINDOW, conversation_of, forwarded, post, wait_for
-from tests.proxy.compacting.test_reserve_memory import just_under_the_trigger
+from tests.proxy.compacting.test_reserve_writes import just_under_the_trigger
 from tests.proxy.state.conftest import RedisServer, SpawnProxy, free_port, redis_binary
 
 

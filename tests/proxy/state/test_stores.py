@@ -18,8 +18,8 @@ import redis.asyncio as aioredis
 
 from compaction.checkpoints import Checkpoint, conversation_seed, prefix_digests
 from compaction.marker import SUMMARY_MARKER
+from proxy.compacting.applied import AppliedCompactions
 from proxy.compacting.flight import run_once_everywhere
-from proxy.compacting.forwarded import Forwarded
 from proxy.compacting.stores.backend import stored_under
 from proxy.compacting.stores.memory import MemoryStore
 from proxy.compacting.stores.redis import RedisStore
@@ -341,12 +341,12 @@ async def test_a_compaction_is_new_to_exactly_one_request_across_replicas(
     stores: tuple[RedisStore, RedisStore],
 ) -> None:
     a, b = stores
-    here, there = Forwarded(a, 100), Forwarded(b, 100)
+    here, there = AppliedCompactions(a, 100), AppliedCompactions(b, 100)
     firsts = await asyncio.gather(
         *(forwarded.is_new("c7") for forwarded in (here, there, here, there, here, there))
     )
     assert sum(firsts) == 1
-    assert not await Forwarded(a, 100).is_new("c7")  # a restarted process knows it too
+    assert not await AppliedCompactions(a, 100).is_new("c7")  # a restarted process knows it too
 
 
 async def test_a_redis_checkpoint_left_by_an_older_version_does_not_block_this_ones(

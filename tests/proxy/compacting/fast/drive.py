@@ -1,6 +1,6 @@
-"""Growing conversations of each API driven through the real proxy, with the recognised-request
-path on or off (tests/proxy/compacting/test_known_dialects.py): what the upstream received, what
-the agent was told, and which path decided."""
+"""Growing conversations of each API driven through the real proxy
+(tests/proxy/compacting/fast/test_path.py): what the upstream received, what the agent was told,
+and how many requests were answered from what is remembered."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from bench.dialects import WIRES
-from proxy.compacting.spans import locate_value, scan_items
+from proxy.compacting.fast.spans import locate_value, scan_items
 from proxy.http import keys
 from tests import factories as f
 from tests.fakes.script import Script
@@ -128,7 +128,7 @@ async def drive(
     dialect: str,
     requests: list[list[dict[str, Any]]],
     *,
-    known_mb: float,
+    known_mb: float = 64,
     session: str | None = None,
     precompute_ratio: float = 0,
     system_change_at: int | None = None,
@@ -181,45 +181,6 @@ async def drive(
     ]
     assert script.problems == []
     return run
-
-
-async def drive_both(
-    start: Any,
-    script: Script,
-    client: Any,
-    upstream: FakeUpstream,
-    tmp_path: Path,
-    dialect: str,
-    **options: Any,
-) -> tuple[Run, Run]:
-    """The same requests through a proxy that recognizes long requests and one that does not
-    (`compaction.known_requests_mb: 0`): what the recognised path did, and what the full path
-    did."""
-    known = await drive(
-        start, script, client, upstream, tmp_path / "on", dialect, known_mb=64, **options
-    )
-    full = await drive(
-        start, script, client, upstream, tmp_path / "off", dialect, known_mb=0, **options
-    )
-    return known, full
-
-
-def assert_same_as_full(known: Run, full: Run) -> None:
-    """The recognised path gave every request what the full path gave it: outcomes, forwarded
-    bytes, summaries and memory items."""
-    assert_same_outcomes(known, full)
-    assert known.forwarded == full.forwarded
-    assert (known.summaries, known.memory) == (full.summaries, full.memory)
-
-
-def assert_same_outcomes(known: Run, full: Run) -> None:
-    """Statuses, sessions and checkpoints alike; token figures alike up to rounding (counts are
-    remembered per item at calibration 1 and scaled as a sum: the upstream's usage moves the
-    calibration here)."""
-    assert [(o[0], *o[3:]) for o in known.outcomes] == [(o[0], *o[3:]) for o in full.outcomes]
-    for ours, theirs in zip(known.outcomes, full.outcomes, strict=True):
-        for mine, other in zip(ours[1:3], theirs[1:3], strict=True):
-            assert abs(int(mine) - int(other)) <= 0.01 * int(other), (ours, theirs)
 
 
 async def metric(client: Any, url: str, name: str, **labels: str) -> float:

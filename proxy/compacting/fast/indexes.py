@@ -1,11 +1,11 @@
-"""What the proxy remembers of each long conversation's last request, so that the next request
-of it costs what is new in it, not its whole history.
+"""What the proxy remembers of each long conversation's last request (its body's index), so
+that the next request of it costs what is new in it, not its whole history.
 
 Agents resend their whole history each time. For a body at least `min_body_bytes` long, the
 proxy keeps its bytes with, per item of its items array (chat's and Anthropic's `messages`,
 Responses' `input`): where it sits in the body, the chained prefix digest
 (compaction.checkpoints.prefix_digests) and the cumulative token estimate (proxy.compacting.
-learning reads them, off the loop). The next body of the conversation is recognized when it
+fast.indexing reads them, off the loop). The next body of the conversation is recognized when it
 starts with the same bytes up to the end of the last item (one memcmp): only the items after it
 are scanned, parsed, hashed and counted, and the other top-level fields are parsed without the
 array. A client that edited or took back some of the last few items (Anthropic's cache_control
@@ -14,7 +14,7 @@ new. Anything else that does not match exactly is simply not recognized, and the
 the full path. Conversations are keyed by their first bytes; the few that open alike (one
 agent's parallel sessions) are remembered side by side under one key.
 
-Forwarded bodies are spliced (proxy.compacting.parts: kept items as the client's bytes, new
+Forwarded bodies are spliced (proxy.compacting.fast.parts: kept items as the client's bytes, new
 ones serialized), so a prefix stays byte-identical from request to request. Dialect-neutral: it
 works on a JSON array of items under one top-level key, counted in the dialect's shape.
 """
@@ -24,15 +24,24 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import orjson
 from cachetools import LRUCache
 
-from compaction import HeuristicEstimator, Inline, JsonArray, Offload, Shape, prefix_digests
-from proxy.compacting.learning import LearnJob, learn_body
-from proxy.compacting.parts import Part, other_fields, splice
-from proxy.compacting.spans import Items, scan_items
+from compaction import (
+    DigestPrefix,
+    HeuristicEstimator,
+    Inline,
+    JsonArray,
+    Message,
+    Offload,
+    Shape,
+    prefix_digests,
+)
+from proxy.compacting.fast.indexing import IndexJob, index_body
+from proxy.compacting.fast.parts import Part, other_fields, splice
+from proxy.compacting.fast.spans import Items, scan_items
+from proxy.compacting.request import Payload
 
 # Conversations remembered under one key: an agent's parallel sessions open with the same
 # system prompt, often longer than the 4 KiB the key reads.
@@ -43,11 +52,11 @@ _EDITABLE = 8
 
 
 @dataclass(frozen=True)
-class Known:
+class BodyIndex:
     """One request of a conversation as seen, with `count` items: `tokens[i]` is the estimate
     (calibration 1, in `shape`) of items[:i]; `digests[i]` identifies items[:i + 1] under `seed`;
     `opening` holds the items up to the first user message (what a fingerprint session id is
-    made of).
+    made of). It is the request's proxy.compacting.history.History, read without parsing it.
 
     The lists may run past `count`: a continuation appends to them in place (so a request costs
     what it adds, not a copy of the history), and only indices below `count` are this request's.
@@ -60,9 +69,9 @@ class Known:
     tokens: list[int]
     seed: bytes
     shape: Shape
-    opening: list[Any]
+    opening: list[Message]
     count: int
-    fingerprint: tuple[Any, str] | None = None
+    fingerprint: tuple[Payload, str] | None = None
     """The opening as its dialect reads it (Dialect.opening: head, tool names, first user
     message) and its fingerprint: unchanged opening, same fingerprint, no hashing."""
 
@@ -70,9 +79,15 @@ class Known:
     def size(self) -> int:
         return len(self.body)
 
-    def request_digests(self) -> list[bytes]:
-        """The prefix digests of this request's items (a copy)."""
-        return self.digests[: self.count]
+    def __len__(self) -> int:
+        return self.count
+
+    def tokens_to(self, end: int) -> int:
+        return self.tokens[end]
+
+    def prefix_digests(self) -> Sequence[bytes]:
+        """The prefix digests of this request's items (in place, without a copy)."""
+        return DigestPrefix(self.digests, self.count)
 
     def array(self) -> JsonArray:
         """Its items array, `[` to `]`, in its body."""
@@ -83,24 +98,25 @@ class Known:
         are copied as one slice (separators included)."""
         return splice(self.body, self.open_at, self.items, parts)
 
-    def item(self, index: int) -> Any:
+    def item(self, index: int) -> Message:
         """Item `index`, parsed from its bytes (for the few a decision must read)."""
-        return orjson.loads(self.body[self.items.starts[index] : self.items.ends[index]])
+        item: Message = orjson.loads(self.body[self.items.starts[index] : self.items.ends[index]])
+        return item
 
 
 @dataclass(frozen=True)
-class Recognized:
-    """A body recognized as the continuation of `known`: `fields` is its payload without the
+class Continuation:
+    """A body recognized as the continuation of `index`: `fields` is its payload without the
     items array, `added` its items after the known ones, at `tail` in the body."""
 
-    known: Known
+    index: BodyIndex
     body: bytes
-    fields: dict[str, Any]
-    added: list[Any]
+    fields: Payload
+    added: list[Message]
     tail: Items
 
 
-class KnownRequests:
+class BodyIndexes:
     def __init__(
         self,
         *,
@@ -109,7 +125,7 @@ class KnownRequests:
         offload: Offload | None = None,
     ) -> None:
         self._offload: Offload = offload or Inline()
-        self._cache: LRUCache[int, tuple[Known, ...]] = LRUCache(
+        self._cache: LRUCache[int, tuple[BodyIndex, ...]] = LRUCache(
             max(1, max_bytes), getsizeof=lambda known: sum(map(_size_of, known))
         )
         self._max_bytes = max_bytes
@@ -128,7 +144,7 @@ class KnownRequests:
             return None
         return hash((scope, body[:4096]))
 
-    def recognize(self, key: int, body: bytes, items_key: str) -> Recognized | None:
+    def recognize(self, key: int, body: bytes, items_key: str) -> Continuation | None:
         """`body` as the continuation of the last known request of one of the conversations
         under `key`, or None (its items array under `items_key`)."""
         for known in self._cache.get(key, ()):
@@ -140,14 +156,14 @@ class KnownRequests:
     def extend(
         self,
         key: int,
-        seen: Recognized,
-        fingerprint: tuple[Any, str] | None = None,
-        opening: list[Any] | None = None,
-    ) -> Known:
+        seen: Continuation,
+        fingerprint: tuple[Payload, str] | None = None,
+        opening: list[Message] | None = None,
+    ) -> BodyIndex:
         """Remember the recognized body: only its added items are hashed and counted;
         `fingerprint` replaces the known one (the opening changed), `opening` the known opening
         (its first user message came with the added items)."""
-        known, tail, count = seen.known, seen.tail, seen.known.count
+        known, tail, count = seen.index, seen.tail, seen.index.count
         last = known.digests[count - 1] if count else known.seed
         count_message = HeuristicEstimator(shape=known.shape).count_message
         counts = itertools.accumulate(
@@ -170,7 +186,7 @@ class KnownRequests:
         ends += tail.ends
         digests += prefix_digests(seen.added, last)
         tokens += list(counts)[1:]
-        extended = Known(
+        extended = BodyIndex(
             body=seen.body,
             open_at=known.open_at,
             items=Items(starts, ends, tail.close),
@@ -194,17 +210,17 @@ class KnownRequests:
         items_key: str,
         shape: Shape,
         seed: bytes,
-        opening: list[Any],
-        fingerprint: tuple[Any, str] | None = None,
-    ) -> Known | None:
+        opening: list[Message],
+        fingerprint: tuple[Payload, str] | None = None,
+    ) -> BodyIndex | None:
         """Remember a body the caller parsed (`count` items under `items_key`, counted in
         `shape`); None if its bytes cannot be followed (then it is not remembered). The scan,
         the digests and the counts run through the offload: their cost grows with the body."""
-        job = LearnJob(body, orjson.dumps(items_key), seed, shape)
-        found = await self._offload.run(learn_body, job)
+        job = IndexJob(body, orjson.dumps(items_key), seed, shape)
+        found = await self._offload.run(index_body, job)
         if found is None or len(found.digests) != count:
             return None
-        known = Known(
+        known = BodyIndex(
             body=body,
             open_at=found.open_at,
             items=found.items,
@@ -219,7 +235,7 @@ class KnownRequests:
         self._put(key, known)
         return known
 
-    def _put(self, key: int, known: Known) -> None:
+    def _put(self, key: int, known: BodyIndex) -> None:
         """`known` first under `key`, in place of its conversation's (same seed) last request;
         the others stay while they fit (LRUCache refuses an entry beyond its size)."""
         kept, size = [known], _size_of(known)
@@ -235,10 +251,10 @@ class KnownRequests:
             self._cache.pop(key, None)
 
 
-def _continuation(remembered: Known, body: bytes, items_key: str) -> Recognized | None:
+def _continuation(remembered: BodyIndex, body: bytes, items_key: str) -> Continuation | None:
     """`body` as the continuation of `remembered`, or None."""
     close = remembered.items.close
-    known: Known | None = remembered
+    known: BodyIndex | None = remembered
     if len(body) <= close or not body.startswith(memoryview(remembered.body)[:close]):
         known = _edited_near_the_end(remembered, body)
     if known is None:
@@ -255,10 +271,10 @@ def _continuation(remembered: Known, body: bytes, items_key: str) -> Recognized 
         added = [orjson.loads(body[s:e]) for s, e in zip(tail.starts, tail.ends, strict=True)]
     except orjson.JSONDecodeError:
         return None
-    return Recognized(known, body, fields, added, tail)
+    return Continuation(known, body, fields, added, tail)
 
 
-def _edited_near_the_end(known: Known, body: bytes) -> Known | None:
+def _edited_near_the_end(known: BodyIndex, body: bytes) -> BodyIndex | None:
     """`known` cut to the items `body` starts with, when the first that differs (or is missing)
     is one of the last `_EDITABLE` (after the opening); None otherwise. Clients edit their last
     turns (an Anthropic client moves its cache_control marks to the newest user turns every
@@ -281,6 +297,6 @@ def _edited_near_the_end(known: Known, body: bytes) -> Known | None:
     return replace(known, count=same)
 
 
-def _size_of(known: Known) -> int:
+def _size_of(known: BodyIndex) -> int:
     # The body dominates; the per-item lists cost about 100 bytes an item.
     return known.size + 100 * known.count

@@ -23,12 +23,14 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Generator
-from typing import Any
 
 import orjson
 
-from proxy.compacting.parts import other_fields
-from proxy.compacting.spans import locate_value, scan_items
+from compaction import Message
+from proxy.compacting.dialects import Dialect
+from proxy.compacting.fast.parts import other_fields
+from proxy.compacting.fast.spans import locate_value, scan_items
+from proxy.compacting.request import Payload
 
 PIECES_FROM_BYTES = 1 << 20
 """Bodies from this size on are parsed in pieces (a whole parse of a megabyte holds the loop
@@ -52,9 +54,20 @@ _BETWEEN_ITEMS = re.compile(
 )
 
 
+async def parse_in_pieces(dialect: Dialect, body: bytes) -> tuple[Payload, list[Message]]:
+    """`body` parsed by `dialect` (its payload and its list; NotCompactable as the dialect
+    raises it), in pieces when it is large: the same request either way."""
+    pieces = None
+    if len(body) >= PIECES_FROM_BYTES:
+        pieces = await by_pieces(body, dialect.items_key)
+    if pieces is None:
+        return dialect.parse(body)
+    return pieces, dialect.items(pieces)
+
+
 async def by_pieces(
     body: bytes, items_key: str, *, piece_bytes: int = _PIECE_BYTES
-) -> dict[str, Any] | None:
+) -> Payload | None:
     """The JSON object `body` parsed, as orjson parses it whole, with the list under `items_key`
     parsed in pieces, other tasks running between two; None when the body is not an object
     holding such a list, a piece does not parse (a number beyond a double, say) or the cuts
@@ -64,20 +77,20 @@ async def by_pieces(
         try:
             next(steps)
         except StopIteration as done:
-            parsed: dict[str, Any] | None = done.value
+            parsed: Payload | None = done.value
             return parsed
         await asyncio.sleep(0)
 
 
 def parse_steps(
     body: bytes, items_key: str, *, piece_bytes: int = _PIECE_BYTES
-) -> Generator[None, None, dict[str, Any] | None]:
+) -> Generator[None, None, Payload | None]:
     """`by_pieces` as a generator: it yields after each piece and returns the parsed object."""
     open_at = locate_value(body, orjson.dumps(items_key))
     if open_at is None or body[open_at : open_at + 1] != b"[":
         return None
     view = memoryview(body)
-    items: list[Any] = []
+    items: list[Message] = []
     start = open_at + 1
     reach = start + piece_bytes
     last_tried = False
@@ -119,7 +132,7 @@ def _last_cut(body: bytes, start: int, reach: int) -> re.Match[bytes] | None:
     return last
 
 
-def _array(piece: memoryview) -> list[Any] | None:
+def _array(piece: memoryview) -> list[Message] | None:
     """The items `piece` holds, parsed as the array "[" + piece + "]"; None if it is not one.
     Parsed as deep as the body holds them (in an array in an object): orjson refuses what is
     nested past 1024 levels, and one level less deep a piece would read what the body does not."""

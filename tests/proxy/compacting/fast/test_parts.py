@@ -1,4 +1,4 @@
-"""Splicing a forwarded list from the client's bytes (proxy.compacting.parts): single indices,
+"""Splicing a forwarded list from the client's bytes (proxy.compacting.fast.parts): single indices,
 runs given as ranges and new items in any mix give the bytes of the list serialized whole."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.compacting.parts import Part, splice
-from proxy.compacting.spans import locate_value, scan_items
+from proxy.compacting.fast.parts import Part, splice
+from proxy.compacting.fast.spans import locate_value, scan_items
 
 ITEMS: list[Any] = [{"role": "user", "content": f"m{i}", "n": [i, {"k": i}]} for i in range(8)]
 NEW = {"role": "user", "content": "summary"}

@@ -1,4 +1,4 @@
-"""Reading a long request's items for proxy.compacting.known: where each item sits in the
+"""Reading a long request's items for proxy.compacting.fast.indexes: where each item sits in the
 body, its chained prefix digest and the cumulative token estimate. Its cost grows with the body,
 so it is a job for an Offload (another process may run it): plain data in, plain data out."""
 
@@ -10,12 +10,12 @@ from dataclasses import dataclass
 import orjson
 
 from compaction import HeuristicEstimator, Shape, prefix_digests
-from proxy.compacting.parts import is_same, other_fields
-from proxy.compacting.spans import Items, locate_value, scan_items
+from proxy.compacting.fast.parts import is_same, other_fields
+from proxy.compacting.fast.spans import Items, locate_value, scan_items
 
 
 @dataclass(frozen=True)
-class LearnJob:
+class IndexJob:
     body: bytes
     key: bytes
     seed: bytes
@@ -23,14 +23,14 @@ class LearnJob:
 
 
 @dataclass(frozen=True)
-class Learned:
+class Indexed:
     open_at: int
     items: Items
     digests: list[bytes]
     tokens: list[int]
 
 
-def learn_body(job: LearnJob) -> Learned | None:
+def index_body(job: IndexJob) -> Indexed | None:
     """Where the items of `job.body` are, their prefix digests and cumulative counts; None when
     the bytes cannot be followed. A job for an Offload (another process may run it)."""
     body = job.body
@@ -49,7 +49,7 @@ def learn_body(job: LearnJob) -> Learned | None:
     if other_fields(body, open_at, items.close, key) is None:  # a second list: the parser's
         return None
     count = HeuristicEstimator(shape=job.shape).count_message
-    return Learned(
+    return Indexed(
         open_at=open_at,
         items=items,
         digests=prefix_digests(messages, job.seed),

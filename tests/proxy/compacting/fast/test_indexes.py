@@ -1,5 +1,6 @@
-"""Long conversations recognized from their last request (proxy.compacting.known, recall):
-the same forwarded bytes as the full path, a byte-stable prefix, and no recognition of an edit."""
+"""Long conversations recognized from their last request (proxy.compacting.fast.indexes): the
+digests and counts of a full computation, the history a decision reads, a byte-stable prefix,
+and no recognition of an edit."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import orjson
 from compaction.checkpoints import conversation_seed, prefix_digests
 from compaction.messages import CHAT
 from compaction.stages import PlanJob
-from proxy.compacting.known import KnownRequests
-from proxy.compacting.learning import LearnJob
+from proxy.compacting.fast.indexes import BodyIndexes
+from proxy.compacting.fast.indexing import IndexJob
+from proxy.compacting.history import ListHistory
 from tests import factories as f
 from tests.fakes.offload import RecordingOffload
 from tests.fakes.script import Script
@@ -41,9 +43,9 @@ def chat(messages: list[dict[str, Any]], **fields: Any) -> bytes:
     return orjson.dumps({"model": "m", "messages": messages, **fields})
 
 
-async def learned(first: list[dict[str, Any]], **fields: Any) -> tuple[KnownRequests, int]:
-    """Known requests that learned the body `chat(first, **fields)`, and its key."""
-    known = KnownRequests(max_bytes=1 << 30, min_body_bytes=0)
+async def learned(first: list[dict[str, Any]], **fields: Any) -> tuple[BodyIndexes, int]:
+    """BodyIndex requests that learned the body `chat(first, **fields)`, and its key."""
+    known = BodyIndexes(max_bytes=1 << 30, min_body_bytes=0)
     body = chat(first, **fields)
     key = known.conversation_key("scope", body)
     assert key is not None
@@ -62,15 +64,6 @@ async def replay(start: Any, script: Script, client: Any, **compaction: Any) -> 
         messages = grown(messages, step)
     assert statuses == ["applied", "reused", "reused", "reused"]
     return [r.body for r in script.calls(None)]
-
-
-async def test_recognized_requests_forward_the_same_bytes_as_the_full_path(
-    start: Any, script: Script, client: Any
-) -> None:
-    remembered = await replay(start, script, client)
-    script.upstream.requests.clear()
-    full = await replay(start, script, client, known_requests_mb=0)
-    assert remembered == full
 
 
 async def test_the_forwarded_prefix_stays_byte_identical_across_requests(
@@ -105,7 +98,7 @@ async def test_a_recognized_body_gets_the_digests_and_counts_of_a_full_computati
     assert seen.added == second[-2:]
     extended = known.extend(key, seen)
     assert extended.digests == prefix_digests(second, SEED)
-    full = await KnownRequests(max_bytes=1 << 30, min_body_bytes=0).learn(
+    full = await BodyIndexes(max_bytes=1 << 30, min_body_bytes=0).learn(
         key, body2, len(second), seed=SEED, opening=second[:2], **CHAT_ITEMS
     )
     assert full is not None
@@ -129,7 +122,7 @@ async def test_a_body_that_took_back_its_last_items_is_recognized_up_to_them() -
     shorter = [*first[:-2], f.user("other")]
     seen = known.recognize(key, chat(shorter), "messages")
     assert seen is not None and seen.added == shorter[-1:]
-    assert known.extend(key, seen).request_digests() == prefix_digests(shorter, SEED)
+    assert list(known.extend(key, seen).prefix_digests()) == prefix_digests(shorter, SEED)
 
 
 async def test_two_continuations_of_one_request_each_get_their_own_digests() -> None:
@@ -141,8 +134,8 @@ async def test_two_continuations_of_one_request_each_get_their_own_digests() -> 
     assert seen_one is not None and seen_other is not None
     extended_one = known.extend(key, seen_one)
     extended_other = known.extend(key, seen_other)  # branches off the same request
-    assert extended_one.request_digests() == prefix_digests(one, SEED)
-    assert extended_other.request_digests() == prefix_digests(other, SEED)
+    assert list(extended_one.prefix_digests()) == prefix_digests(one, SEED)
+    assert list(extended_other.prefix_digests()) == prefix_digests(other, SEED)
     assert extended_one.tokens[: extended_one.count + 1] == extended_other.tokens[: len(one) + 1]
 
 
@@ -209,7 +202,7 @@ async def test_a_remembered_history_crosses_to_the_worker_as_the_clients_bytes(
 async def test_an_edited_and_grown_history_crosses_to_the_worker_as_its_own_array(
     start_proxy: Any, upstream: Any, script: Script, client: Any
 ) -> None:
-    # Recognized from the last body with its last turn edited: the array the worker gets is
+    # Continuation from the last body with its last turn edited: the array the worker gets is
     # the one in this body, of exactly its messages, never the remembered body's.
     offload = RecordingOffload()
     sections = _COMPACTING_AT_ONCE
@@ -226,7 +219,23 @@ async def test_an_edited_and_grown_history_crosses_to_the_worker_as_its_own_arra
                 statuses.append(response.headers["x-compaction-status"])
     assert statuses == ["none", "applied"]
     # The second was recognized (remembered from the first, not learned anew).
-    assert len([job for job in offload.jobs if isinstance(job, LearnJob)]) == 1
+    assert len([job for job in offload.jobs if isinstance(job, IndexJob)]) == 1
     (planned,) = [job for job in offload.jobs if isinstance(job, PlanJob)]
     sent = planned.messages.json
     assert sent is not None and sent.data == body and sent.load() == second
+
+
+async def test_a_remembered_index_reads_as_the_history_of_the_parsed_list() -> None:
+    # The one decision reads either: the same length, counts, digests and items.
+    first = long_history(3)
+    known, key = await learned(first)
+    seen = known.recognize(key, chat(grown(first, 1)), "messages")
+    assert seen is not None
+    index = known.extend(key, seen)
+    parsed = ListHistory(grown(first, 1), SEED, CHAT)
+    assert len(index) == len(parsed)
+    assert [index.tokens_to(i) for i in range(len(index) + 1)] == [
+        parsed.tokens_to(i) for i in range(len(parsed) + 1)
+    ]
+    assert list(index.prefix_digests()) == list(parsed.prefix_digests())
+    assert [index.item(i) for i in range(len(index))] == grown(first, 1)

@@ -1,4 +1,4 @@
-"""Large bodies parsed in pieces (proxy.compacting.pieces): the value the whole parse gives, or
+"""Large bodies parsed in pieces (proxy.compacting.fast.pieces): the value the whole parse gives, or
 None (then the whole parse decides), whatever the body holds; through the proxy, a request like
 any other."""
 
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from bench.corpus import read_corpus
 from bench.dialects import to_anthropic, to_responses
-from proxy.compacting.pieces import _BETWEEN_ITEMS, PIECES_FROM_BYTES, by_pieces, parse_steps
+from proxy.compacting.fast.pieces import _BETWEEN_ITEMS, PIECES_FROM_BYTES, by_pieces, parse_steps
 from tests.fakes.script import Script
 from tests.proxy.compacting.conftest import conversation_of
 

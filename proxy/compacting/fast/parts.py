@@ -1,7 +1,7 @@
 """Forwarded lists spliced from the client's own bytes: kept items go out as the bytes the client
 sent them as, only new items (a summary, Anthropic's joined turn) are serialized.
 
-A remembered body (proxy.compacting.known) knows where its items are; `splice_view` finds them
+A remembered body (proxy.compacting.fast.indexes) knows where its items are; `splice_view` finds them
 for a body that is not remembered, so a conversation's forwarded prefix keeps its bytes whether
 or not it is remembered (a client writing JSON unlike orjson keeps its prompt cache).
 """
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from typing import Any
 
 import orjson
 
-from proxy.compacting.spans import Items, locate_value, scan_items
+from compaction import Message
+from proxy.compacting.fast.spans import Items, locate_value, scan_items
+from proxy.compacting.request import Payload
 from proxy.compacting.splice import load_json
 
 Part = int | range | bytes
@@ -48,7 +49,9 @@ def splice(body: bytes, open_at: int, items: Items, parts: Sequence[Part]) -> by
     return b"".join((body[: open_at + 1], b",".join(pieces), body[items.close :]))
 
 
-def splice_view(body: bytes, key: str, original: list[Any], view: Sequence[Any]) -> bytes | None:
+def splice_view(
+    body: bytes, key: str, original: list[Message], view: Sequence[Message]
+) -> bytes | None:
     """`body` with its `key` array replaced by `view`, as a remembered body's splice does it (a
     prefix keeps its bytes once a conversation is remembered); None when it cannot be followed."""
     open_at = locate_value(body, orjson.dumps(key))
@@ -68,7 +71,7 @@ _PLACEHOLDER = orjson.dumps(f"\x00compaction-proxy: the list {secrets.token_hex(
 _PLACEHOLDER_VALUE = orjson.loads(_PLACEHOLDER)
 
 
-def other_fields(body: bytes, open_at: int, close: int, key: str) -> dict[str, Any] | None:
+def other_fields(body: bytes, open_at: int, close: int, key: str) -> Payload | None:
     """The members of the object `body` besides its `key` array (at `open_at`, its `]` at
     `close`), parsed, `key` holding an empty list; None when that array is not the `key` a
     parser keeps, or the rest is not a JSON object."""
@@ -82,7 +85,7 @@ def other_fields(body: bytes, open_at: int, close: int, key: str) -> dict[str, A
     return fields
 
 
-def view_parts(original: Sequence[Any], view: Sequence[Any]) -> list[Part]:
+def view_parts(original: Sequence[Message], view: Sequence[Message]) -> list[Part]:
     """The parts of a view of `original` (kept items are the same objects; others serialized)."""
     # Built in C: a long history holds hundreds of thousands of items.
     index = dict(zip(map(id, original), range(len(original)), strict=True))
@@ -93,7 +96,7 @@ def view_parts(original: Sequence[Any], view: Sequence[Any]) -> list[Part]:
     return parts
 
 
-def is_same(body: bytes, items: Items, messages: list[Any]) -> bool:
+def is_same(body: bytes, items: Items, messages: list[Message]) -> bool:
     """Spot check that the scanned items are the parsed ones (first and last)."""
     for i in {0, len(messages) - 1}:
         try:

@@ -17,9 +17,9 @@ import orjson
 
 from compaction import Compactor, MemoryWriter
 from compaction.checkpoints import Checkpoint
+from proxy.compacting.records import SessionRecords
 from proxy.compacting.stores.memory import MemoryStore
 from proxy.http import keys
-from proxy.http.sessions import SessionRecords
 from tests import factories as f
 from tests.fakes.script import Script, tokens
 from tests.fakes.upstream import FakeUpstream

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.compacting.spans import locate_value, scan_items
+from proxy.compacting.fast.spans import locate_value, scan_items
 
 _scalars = (
     st.none()

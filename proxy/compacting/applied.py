@@ -2,7 +2,7 @@
 
 A checkpoint substituted for the first time (one prepared in the background, or finished after
 its request left on the fallback) is new to the conversation: that request is reported "applied";
-later ones "reused". Known in the process (a bounded table) and in the state backend, so a
+later ones "reused". BodyIndex in the process (a bounded table) and in the state backend, so a
 restarted proxy or another replica reports a compaction already sent as "reused".
 """
 
@@ -13,7 +13,7 @@ from cachetools import LRUCache
 from proxy.compacting.stores.backend import StateBackend
 
 
-class Forwarded:
+class AppliedCompactions:
     def __init__(self, state: StateBackend, max_entries: int) -> None:
         self._state = state
         self._known: LRUCache[str, None] = LRUCache(max_entries)
@@ -23,7 +23,7 @@ class Forwarded:
         (in this process, an earlier one, or a replica); from then on it is known."""
         if compaction_id in self._known:
             return False
-        # Known before the await, so concurrent requests of this process see it; across
+        # BodyIndex before the await, so concurrent requests of this process see it; across
         # processes the backend's mark is atomic and only one of them gets True.
         self._known[compaction_id] = None
         return await self._state.mark_forwarded(compaction_id)

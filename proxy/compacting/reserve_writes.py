@@ -1,4 +1,4 @@
-"""The memory items of reserves (checkpoints precomputed ahead of the trigger, which may never
+"""The memory-file items of reserves (checkpoints precomputed ahead of the trigger, which may never
 be applied and so keep their items), written when a reserve goes out.
 
 Each write is a background task: concurrent requests applying the same reserve join one write,
@@ -19,7 +19,7 @@ from proxy.compacting.flight import SingleFlight
 from proxy.tasks import BackgroundTasks
 
 
-class ReserveMemory:
+class ReserveWrites:
     def __init__(self, compactor: Compactor, tasks: BackgroundTasks, max_entries: int) -> None:
         self._compactor = compactor
         self._written: LRUCache[str, None] = LRUCache(max_entries)
@@ -32,7 +32,7 @@ class ReserveMemory:
         write = self._writing.start(
             reserve.compaction_id,
             lambda: self._write(session_id, reserve),
-            name=f"reserve-memory:{session_id}",
+            name=f"reserve-items:{session_id}",
         )
         await asyncio.shield(write)
 

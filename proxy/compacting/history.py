@@ -1,0 +1,88 @@
+"""A request's history as its decision reads it, and what a view of it is estimated at.
+
+The one decision per request (proxy.compacting.conversations, `Conversations.decide`) reads a
+`History`: how many items it has, the estimate of its first items, the digest of each prefix,
+an item. A parsed list is one (`ListHistory`, counted and hashed when first asked); a long body
+remembered from the conversation's last request is another (proxy.compacting.fast, counted off
+the loop and extended by what is new). Both count at calibration 1, item by item, and the
+request's calibration scales the sum: the two give one estimate by construction.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from compaction import Checkpoint, HeuristicEstimator, Message, Shape, prefix_digests
+
+if TYPE_CHECKING:
+    from proxy.compacting.request import ParsedRequest
+
+
+class History(Protocol):
+    def __len__(self) -> int: ...
+
+    def tokens_to(self, end: int) -> int:
+        """The estimate (calibration 1) of items[:end]."""
+        ...
+
+    def prefix_digests(self) -> Sequence[bytes]:
+        """One per item: digest i identifies items[:i + 1] under the conversation's seed."""
+        ...
+
+    def item(self, index: int) -> Message:
+        """Item `index` as parsed (for the few a decision or a splice must read)."""
+        ...
+
+
+class ListHistory:
+    """A parsed list as a History: counted on first use (its total first: a request below the
+    trigger needs no more), hashed when a decision looks a checkpoint up."""
+
+    def __init__(self, items: list[Message], seed: bytes, shape: Shape) -> None:
+        self._items = items
+        self._seed = seed
+        self._shape = shape
+        self._counts: list[int] | None = None
+        self._total = 0
+        self._sums: list[int] | None = None
+        self._digests: list[bytes] | None = None
+
+    @classmethod
+    def of(cls, request: ParsedRequest) -> ListHistory:
+        """The history of a parsed request: its list, under its seed, in its dialect's shape."""
+        return cls(request.messages, request.seed, request.dialect.shape)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def tokens_to(self, end: int) -> int:
+        if self._counts is None:
+            self._counts = HeuristicEstimator(shape=self._shape).count_messages(self._items)
+            self._total = sum(self._counts)
+        if end == len(self._items):
+            return self._total
+        if self._sums is None:
+            self._sums = list(itertools.accumulate(self._counts, initial=0))
+        return self._sums[end]
+
+    def prefix_digests(self) -> Sequence[bytes]:
+        if self._digests is None:
+            self._digests = prefix_digests(self._items, self._seed)
+        return self._digests
+
+    def item(self, index: int) -> Message:
+        return self._items[index]
+
+
+def raw_tokens(history: History, base: Checkpoint | None, shape: Shape) -> int:
+    """The estimate (calibration 1) of the view `base` gives of `history` (None: the history
+    itself): the head, the summary, the pinned items and the items kept after the cut."""
+    total = history.tokens_to(len(history))
+    if base is None:
+        return total
+    pinned = sum(history.tokens_to(i + 1) - history.tokens_to(i) for i in base.pinned)
+    summary = HeuristicEstimator(shape=shape).count_message(base.summary_message)
+    kept = total - history.tokens_to(base.cut)
+    return history.tokens_to(base.head_end) + summary + pinned + kept
