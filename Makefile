@@ -77,6 +77,7 @@ bench: $(STAMP_BENCH) redis-server
 	$(BIN)/python -m bench.scan_speed
 	$(BIN)/python -m bench.state
 	$(BIN)/python -m bench.sqlite_writes
+	$(BIN)/python -m bench.archive
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache
