@@ -6,7 +6,7 @@ STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 STAMP_BENCH := $(VENV)/.installed-bench
 
-.PHONY: run test lint format typecheck review bench demo clean redis-server
+.PHONY: run test e2e lint format typecheck review bench demo clean redis-server
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,13 @@ test: $(STAMP_TEST) redis-server
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest
 
+# The real clients (pinned Codex CLI and Claude Code, installed by npm under .e2e/) and the openai
+# and anthropic SDKs through the proxy against scripted fakes of their APIs. When npm cannot
+# install the clients, their runs are reported as skipped, with why; everything else still runs.
+e2e: $(STAMP_TEST)
+	tests/e2e/install.sh
+	$(BIN)/python -m pytest -o addopts="-q -rs" tests/e2e
+
 lint: $(STAMP_TEST)
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m ruff format --check .
@@ -80,4 +87,4 @@ bench: $(STAMP_BENCH) redis-server
 	$(BIN)/python -m bench.archive
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .e2e

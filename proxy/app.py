@@ -15,7 +15,8 @@ from proxy.compacting.hook import Replacements, Shared, build_hook
 from proxy.compacting.llm_client import LLMFactory
 from proxy.compacting.overflow import LearnedWindows
 from proxy.compacting.records import SessionRecords
-from proxy.compacting.stores.backend import StateBackend, build_backend
+from proxy.compacting.stores.factory import build_backend
+from proxy.compacting.stores.roles import StateBackend
 from proxy.compacting.workers import Workers
 from proxy.http import admin, handlers, keys
 from proxy.http.middleware import GET_ONLY, AnyTarget, unmatched, wrap_handler

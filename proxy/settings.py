@@ -1,9 +1,9 @@
 """Settings: the pydantic model of config.yaml and the one way to load it.
 
 Precedence, lowest first: built-in defaults, the YAML file, `COMPACTION_PROXY__SECTION__KEY`
-environment variables, CLI overrides. Every problem becomes one `SettingsError` whose message is
-a single line naming the dotted key and the reason; the CLI prints it and exits 2.
-`create_app()` takes a `Settings` and never reads a file or the environment itself.
+environment variables, CLI overrides. Every problem becomes one `SettingsError`: one line naming
+the dotted key and the reason; the CLI prints it and exits 2. `create_app()` takes a `Settings`
+and never reads a file or the environment itself (but for `upstream.trust_env`'s proxies).
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ import fnmatch
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, Self
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PositiveInt,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -60,6 +61,7 @@ class UpstreamSettings(_Section):
     timeout_s: float = Field(default=600, gt=0)
     connect_timeout_s: float = Field(default=10, gt=0)
     api_key: str | None = None
+    trust_env: bool = False  # HTTPS_PROXY / HTTP_PROXY / NO_PROXY, read at start (http.egress)
 
     @field_validator("base_url", "anthropic_base_url")
     @classmethod
@@ -74,30 +76,27 @@ class UpstreamSettings(_Section):
 
 class ModelsSettings(_Section):
     default_context_window: int = Field(default=128000, gt=0)
-    context_windows: dict[str, int] = Field(default_factory=dict)
-
-    @field_validator("context_windows")
-    @classmethod
-    def _check_windows(cls, value: dict[str, int]) -> dict[str, int]:
-        for name, window in value.items():
-            if window <= 0:
-                raise ValueError(f"window of {name!r} must be a positive integer")
-        return value
+    context_windows: dict[str, PositiveInt] = Field(default_factory=dict)
+    discover: bool = False  # read unconfigured models' windows from the upstream
 
     def context_window_for(self, model: str) -> int:
-        """The context window of `model`: exact name first, then the first matching glob."""
+        """The context window of `model`: configured (configured_window), else the default."""
+        configured = self.configured_window(model)
+        return self.default_context_window if configured is None else configured
+
+    def configured_window(self, model: str) -> int | None:
+        """The window configured for `model`: exact name first, then the first matching glob."""
         if model in self.context_windows:
             return self.context_windows[model]
         for pattern, window in self.context_windows.items():
             if fnmatch.fnmatchcase(model, pattern):
                 return window
-        return self.default_context_window
+        return None
 
 
 class CompactionSection(_Section):
-    """The `compaction:` section: the library's settings (compaction.CompactionSettings, whose
-    module holds each default) plus what only the proxy decides (precompute, timeouts,
-    cooldown, checkpoints). Not named CompactionSettings: that is the library's class."""
+    """The `compaction:` section: the library's settings (compaction.CompactionSettings, the
+    library's class, holds each default) plus the proxy's own (precompute, timeouts, cooldown)."""
 
     enabled: bool = True
     trigger_ratio: float = Field(default=_LIBRARY.trigger_ratio, gt=0, le=1)
@@ -167,14 +166,29 @@ class StateSettings(_Section):
     backend: Literal["memory", "sqlite", "redis"] = "sqlite"
     path: Path = Path("./workspace/state.sqlite3")
     redis_url: str | None = None
+    redis_max_connections: int = Field(default=32, ge=1)
     timeout_s: float = Field(default=0.5, gt=0)
     retry_s: float = Field(default=5, gt=0)
 
     @field_validator("redis_url")
     @classmethod
     def _check_redis_url(cls, value: str | None) -> str | None:
-        if value is not None and urlsplit(value).scheme not in ("redis", "rediss", "unix"):
+        if value is None:
+            return value
+        url = urlsplit(value)
+        if url.scheme not in ("redis", "rediss", "unix"):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        try:
+            url.port  # noqa: B018 (raises on a port that is not a number)
+        except ValueError:
+            raise ValueError("the port must be a number") from None
+        # The database: the path of a redis:// URL, or its `db` query parameter (redis-py would
+        # silently use database 0 for anything else).
+        databases = [value for key, value in parse_qsl(url.query) if key == "db"]
+        if url.scheme != "unix" and url.path.strip("/"):
+            databases.append(url.path.strip("/"))
+        if any(not database.isdigit() for database in databases):
+            raise ValueError("the database must be a number, as in redis://host:6379/0")
         return value
 
     @model_validator(mode="after")

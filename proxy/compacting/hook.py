@@ -24,6 +24,7 @@ from proxy.compacting.archiving import Archiving
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations
 from proxy.compacting.dialects import Dialect, NotCompactable, for_route
+from proxy.compacting.discovery import WindowDiscovery
 from proxy.compacting.exchange import (
     SESSION,
     STATUS,
@@ -38,8 +39,8 @@ from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.precompute import Precompute
 from proxy.compacting.records import SessionRecords
 from proxy.compacting.request import Decision, ParsedRequest, RequestBuilder, may_need_parsing
-from proxy.compacting.stores.backend import StateBackend
-from proxy.compacting.stores.memory import MemoryStore
+from proxy.compacting.stores.factory import build_local
+from proxy.compacting.stores.roles import StateBackend
 from proxy.http.upstream import Upstream
 from proxy.interception import Exchange, Passthrough, RequestContext
 from proxy.metrics import CompactionMetrics
@@ -98,8 +99,10 @@ class CompactingHook:
         precompute: Precompute,
         shared: Shared,
         indexes: BodyIndexes,
+        discovery: WindowDiscovery | None = None,
     ) -> None:
         self._settings = settings
+        self._discovery = discovery
         self._options = settings.compaction
         self._conversations = conversations
         self._precompute = precompute
@@ -107,7 +110,11 @@ class CompactingHook:
         self._calibration = shared.calibration
         self._learned = shared.learned
         self._builder = RequestBuilder(
-            settings.models, shared.calibration, shared.learned, parse=parse_in_pieces
+            settings.models,
+            shared.calibration,
+            shared.learned,
+            parse=parse_in_pieces,
+            discovery=discovery,
         )
         self._fast = FastPath(
             indexes,
@@ -168,8 +175,9 @@ class CompactingHook:
     # -- deciding ----------------------------------------------------------------------------
 
     def _may_reach(self, body: bytes) -> bool:
-        learned = self._learned.smallest()
-        smallest = self._smallest_window if learned is None else min(learned, self._smallest_window)
+        discovered = self._discovery.smallest() if self._discovery is not None else None
+        known = [w for w in (self._learned.smallest(), discovered) if w is not None]
+        smallest = min([self._smallest_window, *known])
         return may_need_parsing(
             body,
             smallest_window=smallest,
@@ -231,12 +239,7 @@ def build_hook(
     compactions' and indexes' CPU work (default: inline)."""
     options = settings.compaction
     given = replacements or Replacements()
-    state = given.state or MemoryStore(
-        options.checkpoint_max_entries,
-        options.checkpoint_ttl_s,
-        failure_threshold=options.failure_threshold,
-        failure_cooldown_s=options.failure_cooldown_s,
-    )
+    state = given.state or build_local(options)
     # A request stops waiting after summary_timeout_s; the summarization itself may go on a
     # while longer in the background and still record its checkpoint.
     llm_timeout_s = options.summary_timeout_s * _BACKGROUND_TIMEOUT_FACTOR
@@ -249,15 +252,25 @@ def build_hook(
         options,
         compactor=compactor,
         store=given.store or state,
-        state=state,
+        leases=state,
+        cooldowns=state,
+        marks=state,
         llm_for=given.llm_for or UpstreamLLMFactory(shared.upstream, timeout_s=llm_timeout_s),
         records=shared.records,
         metrics=shared.metrics,
         tasks=shared.tasks,
         archiving=shared.archiving,
     )
+    discovery = None
+    if settings.models.discover:
+        discovery = WindowDiscovery(
+            lambda: shared.upstream.session,
+            settings.upstream.base_url,
+            timeout_s=settings.upstream.connect_timeout_s,
+        )
     return CompactingHook(
         settings,
+        discovery=discovery,
         conversations=conversations,
         precompute=Precompute(options, conversations, shared.tasks),
         shared=shared,

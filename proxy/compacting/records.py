@@ -130,6 +130,7 @@ def record_compaction(
             "dialect": request.dialect.name,
             "model": request.model,
             "window": request.window,
+            "window_source": request.window_source,
             "messages_before": len(view.messages),
             "messages_after": len(result.messages),
             "tokens_before": result.tokens_before,

@@ -20,6 +20,8 @@ import orjson
 from compaction import HeuristicEstimator, JsonArray, Message, conversation_seed
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.dialects import Dialect
+from proxy.compacting.discovery import WindowDiscovery
+from proxy.compacting.identity import is_injected, named_session
 from proxy.compacting.llm_client import LLMRequest
 from proxy.compacting.overflow import LearnedWindows
 from proxy.interception import RequestContext
@@ -88,6 +90,8 @@ class ParsedRequest:
     estimator: HeuristicEstimator
     array: JsonArray | None = None
     """Its `messages` as the JSON array in `body`, once that is located (a remembered body)."""
+    window_source: str = "configured"
+    """Where `window` came from: configured, default, discovered (proxy.compacting.discovery)."""
 
     def with_budget(self, *, window: int, factor: float) -> ParsedRequest:
         estimator = HeuristicEstimator(factor, shape=self.dialect.shape)
@@ -149,12 +153,14 @@ def fingerprint(opening: Mapping[str, Any], tenant: bytes = b"") -> str:
 
 def opening_of(messages: list[Message]) -> list[Message]:
     """The messages a fingerprint reads (Dialect.opening): up to and including the first user
-    message (a Responses message item; any longer prefix would do too)."""
+    message with words of the person's (a Responses message item; any longer prefix would do
+    too), past the turns a client injects its context in."""
     for i, message in enumerate(messages):
         if (
             isinstance(message, dict)
             and message.get("role") == "user"
             and message.get("type", "message") == "message"
+            and not is_injected(message.get("content"))
         ):
             return messages[: i + 1]
     return messages
@@ -180,6 +186,7 @@ class RequestBuilder:
         calibration: Calibration,
         learned: LearnedWindows,
         parse: BodyParser = parse_whole,
+        discovery: WindowDiscovery | None = None,
     ) -> None:
         """`parse` reads a body (the hook gives proxy.compacting.fast's, which parses a large
         body in pieces, the event loop serving other requests in between, where parsing it
@@ -188,11 +195,36 @@ class RequestBuilder:
         self._calibration = calibration
         self._learned = learned
         self._parse = parse
+        self._discovery = discovery
 
     async def parse(self, ctx: RequestContext, dialect: Dialect, body: bytes) -> ParsedRequest:
         """The whole request (NotCompactable when the dialect does not compact it)."""
         payload, messages = await self._parse(dialect, body)
+        await self._discover(ctx, dialect, payload)
         return self.build(ctx, dialect, body, payload, messages, messages, None)
+
+    def _window_of(self, model: str) -> tuple[int, str]:
+        configured = self._models.configured_window(model)
+        if configured is not None:
+            return configured, "configured"
+        found = self._discovery.known(model) if self._discovery is not None else None
+        if found is not None:
+            return found.tokens, found.source
+        return self._models.default_context_window, "default"
+
+    async def _discover(
+        self, ctx: RequestContext, dialect: Dialect, payload: dict[str, Any]
+    ) -> None:
+        """Look up the window of a model the configuration does not name, once per model (the
+        OpenAI-shaped upstream publishes it; Anthropic's models are not listed there)."""
+        model = model_of(payload)
+        if self._discovery is None or dialect.name == "anthropic" or not model:
+            return
+        if self._models.configured_window(model) is None:
+            names = ("Authorization", *SCOPE_HEADERS)
+            await self._discovery.discover(
+                model, {name: ctx.headers[name] for name in names if name in ctx.headers}
+            )
 
     def build(
         self,
@@ -215,7 +247,9 @@ class RequestBuilder:
         )
         if opening is None:  # hashing the opening costs as much as the first user message is long
             opening = fingerprint(dialect.opening(payload, opening_messages), tenant)
-        session_id = ctx.explicit_session or opening
+        session_id = ctx.explicit_session or named_session(payload, tenant) or opening
+        window, source = self._window_of(model)
+        budget = self._learned.window(model, window)  # an upstream's refusal may lower it
         factor = self._calibration.factor(model)
         return ParsedRequest(
             dialect=dialect,
@@ -224,7 +258,8 @@ class RequestBuilder:
             messages=messages,
             extras=dialect.extras(payload),
             model=model,
-            window=self._learned.window(model, self._models.context_window_for(model)),
+            window=budget,
+            window_source=source if budget == window else "learned",
             max_output_tokens=dialect.max_output(payload),
             session_id=session_id,
             opening=opening,

@@ -1,7 +1,8 @@
 """Sessions: who a request belongs to (DESIGN §5).
 
 Identity: `X-Session-Id`, then the `/s/{session}/` path, then (decided by the hook, which parses
-the body) a fingerprint of the conversation's opening.
+the body; proxy.compacting.identity) the session the client names in its body, then a
+fingerprint of the conversation's opening.
 
 Ids become directory names under `memory.dir`, so they are validated strictly here: the
 pattern leaves no room for separators, and a leading dot is refused (no `.`, `..`, hidden dirs).

@@ -12,6 +12,7 @@ API) go to `upstream.anthropic_base_url`, every other path to `upstream.base_url
 from __future__ import annotations
 
 import contextlib
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from typing import NoReturn, Protocol
@@ -28,6 +29,7 @@ from proxy.errors import (
     UpstreamUnreachable,
 )
 from proxy.http.bodies import RequestBody
+from proxy.http.egress import open_clients
 from proxy.http.encodings import decode_body
 from proxy.http.targets import build_url, is_anthropic_tail
 from proxy.http.wire import WireError, WirePool
@@ -54,44 +56,26 @@ class Response(Protocol):
     def close(self) -> None: ...
 
 
-def open_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
-    """The app's one ClientSession: pooled, no total timeout (streams may run long), a connect
-    timeout and a per-read timeout, bodies left compressed, no cookies kept across clients, no
-    redirects followed (a redirect is the upstream's answer and goes back to the client)."""
-    return aiohttp.ClientSession(
-        # limit=0: no cap of our own on concurrent upstream connections; a cap here would queue
-        # long-running streams of unrelated clients behind each other.
-        connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=False),
-        timeout=aiohttp.ClientTimeout(
-            total=None, connect=settings.connect_timeout_s, sock_read=settings.timeout_s
-        ),
-        auto_decompress=False,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        # Transparency: send exactly the client's headers (no added User-Agent/Accept-Encoding).
-        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-    )
-
-
 class Upstream:
     """The one configured upstream: its URLs, its pooled ClientSession (opened by `open()` once
     the loop runs, see app.create_app), and every call made to it, the proxy's own included."""
 
-    def __init__(self, settings: UpstreamSettings, metrics: Metrics) -> None:
+    def __init__(
+        self, settings: UpstreamSettings, metrics: Metrics, *, tls: ssl.SSLContext | None = None
+    ) -> None:
+        """`tls`: how https origins are verified (default: the system's CAs)."""
         self._settings = settings
         self._base_text = str(URL(settings.base_url.rstrip("/")))
         self._anthropic_text = str(URL(settings.anthropic_base_url.rstrip("/")))
         self._metrics = metrics
+        self._tls = tls
         self._session: aiohttp.ClientSession | None = None
         self._wire: WirePool | None = None
+        self._proxied: frozenset[str] = frozenset()
 
     async def open(self) -> None:
-        settings = self._settings
-        self._session = open_session(settings)
-        self._wire = WirePool(
-            connect_timeout_s=settings.connect_timeout_s, read_timeout_s=settings.timeout_s
-        )
-        if self._base_text.startswith("https") or self._anthropic_text.startswith("https"):
-            self._wire.load_tls()  # ~20 ms (the system's CAs): not on the first request
+        bases = (self._base_text, self._anthropic_text)
+        self._session, self._wire, self._proxied = open_clients(self._settings, bases, self._tls)
 
     async def close(self) -> None:
         if self._wire is not None:
@@ -140,7 +124,9 @@ class Upstream:
         started = time.perf_counter()
         try:
             response: Response
-            if isinstance(data, bytes):
+            # The wire client tunnels to https origins (CONNECT); a plain http origin behind
+            # the environment's proxy (upstream.trust_env) goes by aiohttp, which forwards it.
+            if isinstance(data, bytes) and url.host not in self._proxied:
                 if self._wire is None:
                     raise RuntimeError("the upstream is used before the app started")
                 response = await self._wire.request(method, url, headers, data)

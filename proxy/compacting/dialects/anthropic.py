@@ -15,11 +15,13 @@ from compaction import ANTHROPIC, Message, Shape, blocks_text, join_summary
 from proxy.compacting.dialects.payload import (
     ItemsDialect,
     JsonObject,
+    first_user_words,
     int_field,
     positive_int,
     replace_field,
     tool_names,
 )
+from proxy.compacting.identity import without_markers
 
 _CACHE_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens")
 
@@ -43,11 +45,11 @@ class AnthropicMessages(ItemsDialect):
         return positive_int(payload, "max_tokens")
 
     def opening(self, payload: Mapping[str, object], messages: list[Message]) -> JsonObject:
-        first_user = next(
-            (m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"),
-            None,
-        )
-        return {"head": payload.get("system"), "tools": tool_names(payload), "user": first_user}
+        return {
+            "head": without_markers(payload.get("system")),
+            "tools": tool_names(payload),
+            "user": first_user_words(messages),
+        }
 
     def serialize(
         self, body: bytes, payload: Mapping[str, object], messages: list[Message]

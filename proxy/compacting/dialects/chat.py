@@ -11,11 +11,13 @@ from compaction import CHAT, Message, Shape, message_text
 from proxy.compacting.dialects.payload import (
     ItemsDialect,
     JsonObject,
+    first_user_words,
     int_field,
     positive_int,
     replace_field,
     tool_names,
 )
+from proxy.compacting.identity import without_markers
 
 _HEAD_ROLES = ("system", "developer")
 
@@ -35,15 +37,11 @@ class ChatCompletions(ItemsDialect):
         return positive_int(payload, "max_completion_tokens", "max_tokens")
 
     def opening(self, payload: Mapping[str, object], messages: list[Message]) -> JsonObject:
-        first_user = next(
-            (
-                m.get("content")
-                for m in messages
-                if isinstance(m, Mapping) and m.get("role") == "user"
-            ),
-            None,
-        )
-        return {"head": _head_contents(messages), "tools": tool_names(payload), "user": first_user}
+        return {
+            "head": _head_contents(messages),
+            "tools": tool_names(payload),
+            "user": first_user_words(messages),
+        }
 
     def serialize(
         self, body: bytes, payload: Mapping[str, object], messages: list[Message]
@@ -78,7 +76,7 @@ def _head_contents(messages: list[Message]) -> list[object]:
     head = []
     for message in messages:
         if isinstance(message, Mapping) and message.get("role") in _HEAD_ROLES:
-            head.append(message.get("content"))
+            head.append(without_markers(message.get("content")))
         else:
             break
     return head

@@ -4,11 +4,12 @@ fields read as ints or tool names, and the body with one field replaced."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import orjson
 
 from compaction import Message
+from proxy.compacting.identity import user_words
 from proxy.compacting.splice import load_json, locate_field
 
 JsonObject = dict[str, object]
@@ -89,3 +90,14 @@ def tool_names(payload: Mapping[str, object]) -> list[str]:
         if isinstance(name, str):
             names.append(name)
     return sorted(names)
+
+
+def first_user_words(messages: Iterable[object]) -> object:
+    """The first user turn's words of the person (proxy.compacting.identity.user_words): turns
+    holding only what the client injected are passed over; None when there is none yet."""
+    for message in messages:
+        if isinstance(message, Mapping) and message.get("role") == "user":
+            words = user_words(message.get("content"))
+            if words is not None:
+                return words
+    return None

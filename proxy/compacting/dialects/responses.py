@@ -16,12 +16,14 @@ from proxy.compacting.dialects.payload import (
     ItemsDialect,
     JsonObject,
     NotCompactable,
+    first_user_words,
     int_field,
     list_field,
     positive_int,
     replace_field,
     tool_names,
 )
+from proxy.compacting.identity import without_markers
 
 _HEAD_ROLES = ("system", "developer")
 _KEPT_UPSTREAM = ("previous_response_id", "conversation")
@@ -56,12 +58,9 @@ class ResponsesAPI(ItemsDialect):
         for item in messages:
             if not is_message_item(item) or item.get("role") not in _HEAD_ROLES:
                 break
-            head.append(item.get("content"))
-        first_user = next(
-            (m.get("content") for m in messages if is_message_item(m) and m["role"] == "user"),
-            None,
-        )
-        return {"head": head, "tools": tool_names(payload), "user": first_user}
+            head.append(without_markers(item.get("content")))
+        user = first_user_words(m for m in messages if is_message_item(m))
+        return {"head": head, "tools": tool_names(payload), "user": user}
 
     def serialize(
         self, body: bytes, payload: Mapping[str, object], messages: list[Message]

@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import socket
 import ssl
 from collections.abc import Mapping
 from socket import SOCK_STREAM
@@ -22,6 +24,8 @@ from yarl import URL
 
 from proxy.http.wire.connection import Connection, WireError
 from proxy.http.wire.response import WireResponse
+
+_MAX_TUNNEL_HEAD = 16 * 1024  # a proxy's answer to CONNECT, headers included
 
 
 class WirePool:
@@ -34,8 +38,10 @@ class WirePool:
         read_timeout_s: float,
         keepalive_s: float = 15.0,
         tls: ssl.SSLContext | None = None,
+        tunnels: Mapping[str, URL] | None = None,
     ) -> None:
-        """`tls`: how https origins are verified (default: the system's CAs, as aiohttp)."""
+        """`tls`: how https origins are verified (default: the system's CAs, as aiohttp);
+        `tunnels`: the HTTP proxy each https host is reached through (CONNECT), by host."""
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.keepalive_s = keepalive_s
@@ -43,6 +49,7 @@ class WirePool:
         self._open: set[Connection] = set()
         self._closed = False
         self._tls = tls
+        self._tunnels = dict(tunnels or {})
         self._reaper: asyncio.TimerHandle | None = None
 
     async def request(
@@ -104,8 +111,12 @@ class WirePool:
                 # Each address in turn, the next tried 0.25 s after the last (happy eyeballs,
                 # as aiohttp does): one address that swallows connects costs 0.25 s, not the
                 # connect timeout.
-                addresses = await loop.getaddrinfo(host.strip("[]"), port, type=SOCK_STREAM)
+                tunnel = self._tunnels.get(host) if tls else None
+                to_host, to_port = (tunnel.raw_host or "", tunnel.port or 0) if tunnel else key[1:]
+                addresses = await loop.getaddrinfo(to_host.strip("[]"), to_port, type=SOCK_STREAM)
                 sock = await start_connection(addresses, happy_eyeballs_delay=0.25, interleave=1)
+                if tunnel is not None:
+                    await _open_tunnel(sock, tunnel, host, port)
                 await loop.create_connection(
                     lambda: connection,
                     sock=sock,
@@ -140,6 +151,29 @@ class WirePool:
 
     def _forget(self, connection: Connection) -> None:
         self._open.discard(connection)
+
+
+async def _open_tunnel(sock: socket.socket, proxy: URL, host: str, port: int) -> None:
+    """Ask the HTTP proxy on `sock` for a tunnel to host:port (CONNECT); WireError("connect")
+    when it refuses. TLS to the origin then runs inside the tunnel."""
+    loop = asyncio.get_running_loop()
+    target = f"{host}:{port}"
+    head = f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n"
+    if proxy.user is not None:
+        secret = base64.b64encode(f"{proxy.user}:{proxy.password or ''}".encode()).decode()
+        head += f"Proxy-Authorization: Basic {secret}\r\n"
+    await loop.sock_sendall(sock, (head + "\r\n").encode("latin-1"))
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = await loop.sock_recv(sock, 4096)
+        if not chunk or len(answer) > _MAX_TUNNEL_HEAD:
+            sock.close()
+            raise WireError("connect")
+        answer += chunk
+    status = answer.split(b"\r\n", 1)[0].split(b" ")
+    if len(status) < 2 or status[1] != b"200":
+        sock.close()
+        raise WireError("connect")
 
 
 def _head(method: str, url: URL, headers: Mapping[str, str], length: int) -> bytes:
