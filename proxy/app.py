@@ -18,7 +18,7 @@ from proxy.compacting.records import SessionRecords
 from proxy.compacting.stores.factory import build_backend
 from proxy.compacting.stores.roles import StateBackend
 from proxy.compacting.workers import Workers
-from proxy.http import admin, handlers, keys
+from proxy.http import admin, dashboard, handlers, keys
 from proxy.http.middleware import GET_ONLY, AnyTarget, unmatched, wrap_handler
 from proxy.http.upstream import Upstream
 from proxy.interception import Hook
@@ -77,8 +77,8 @@ def create_app(
             records=records,
             metrics=app[keys.METRICS].compaction,
             tasks=app[keys.TASKS],
-            calibration=Calibration(),
-            learned=LearnedWindows(),
+            calibration=Calibration(settings.models.max_models),
+            learned=LearnedWindows(settings.models.max_models),
             offload=app[WORKERS],
             archiving=Archiving(app[keys.ARCHIVE], app[keys.METRICS].archive, app[keys.TASKS])
             if settings.archive.enabled
@@ -194,6 +194,18 @@ def _add_routes(router: web.UrlDispatcher) -> None:
         ("/admin/sessions", admin.admin_sessions, "admin"),
         ("/admin/sessions/{session}", admin.admin_session, "admin_session"),
         ("/admin/sessions/{session}/archive", admin.admin_archive, "admin_archive"),
+    ):
+        router.add_route(
+            "*", path, wrap_handler(handler, route), expect_handler=handlers.expect_handler(route)
+        )
+    # The dashboard: its page and files (no token: they hold no data), and its JSON (token).
+    for path, handler, route in (
+        ("/admin/", dashboard.dashboard_page, "admin_dashboard"),
+        ("/admin/assets/{name}", dashboard.dashboard_asset, "admin_dashboard"),
+        ("/admin/api/sessions", dashboard.api_sessions, "admin_api"),
+        ("/admin/api/sessions/{session}", dashboard.api_session, "admin_api"),
+        ("/admin/api/sessions/{session}/memory", dashboard.api_memory, "admin_api"),
+        ("/admin/api/live", dashboard.api_live, "admin_api"),
     ):
         router.add_route(
             "*", path, wrap_handler(handler, route), expect_handler=handlers.expect_handler(route)

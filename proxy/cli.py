@@ -19,6 +19,7 @@ from pathlib import Path
 from aiohttp import web
 
 from compaction import is_valid_session_id
+from proxy import inspector
 from proxy.app import create_app
 from proxy.archive import build_archive, search_session
 from proxy.http import keys
@@ -34,6 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "demo":
         return _run_demo()
+    if args.command == "inspect":
+        return inspector.main(args, os.environ)
     try:
         settings = load_settings(_config_path(args.config), os.environ, _overrides(args))
     except SettingsError as exc:
@@ -54,8 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", help="listen address (server.host)")
     parser.add_argument("--port", type=int, help="listen port (server.port)")
     parser.add_argument("--upstream", help="upstream base URL (upstream.base_url)")
-    commands = parser.add_subparsers(dest="command", metavar="{demo,recall}")
+    commands = parser.add_subparsers(dest="command", metavar="{demo,inspect,recall}")
     commands.add_parser("demo", help="offline demo: fake upstream, scripted conversation")
+    inspector.add_parser(commands)
     recall = commands.add_parser(
         "recall", help="search a session's archived turns and memory items (state per config)"
     )

@@ -74,10 +74,35 @@ class UpstreamSettings(_Section):
         return value.rstrip("/")
 
 
+class Price(_Section):
+    """A model's list price in currency units per million tokens (the dashboard's savings)."""
+
+    input: float = Field(ge=0)
+    cached_input: float = Field(ge=0)
+    output: float = Field(ge=0)
+
+
 class ModelsSettings(_Section):
     default_context_window: int = Field(default=128000, gt=0)
     context_windows: dict[str, PositiveInt] = Field(default_factory=dict)
     discover: bool = False  # read unconfigured models' windows from the upstream
+    max_models: int = Field(default=1024, gt=0)
+    """Models whose calibration factor and learned window are kept (least recently used go)."""
+    prices: dict[str, Price] = Field(default_factory=dict)
+    # A mid-range hosted model's list price: savings are an estimate until `prices` says more.
+    default_price: Price = Price(input=2.5, cached_input=1.25, output=10.0)
+
+    def price_for(self, model: str | None) -> Price:
+        """The price of `model`: exact name first, then the first matching glob, then the
+        default."""
+        if model is None:
+            return self.default_price
+        if model in self.prices:
+            return self.prices[model]
+        for pattern, price in self.prices.items():
+            if fnmatch.fnmatchcase(model, pattern):
+                return price
+        return self.default_price
 
     def context_window_for(self, model: str) -> int:
         """The context window of `model`: configured (configured_window), else the default."""
@@ -114,6 +139,7 @@ class CompactionSection(_Section):
     workers: int = Field(default=1, ge=0)
     worker_timeout_s: float = Field(default=60, gt=0)
     strict_alternation: bool = _LIBRARY.strict_alternation
+    pinned_ratio: float = Field(default=_LIBRARY.pinned_ratio, ge=0, lt=1)
 
     @field_validator("target_ratio")
     @classmethod
@@ -139,11 +165,15 @@ class CompactionSection(_Section):
             summary_max_tokens=self.summary_max_tokens,
             llm_timeout_s=llm_timeout_s,
             strict_alternation=self.strict_alternation,
+            pinned_ratio=self.pinned_ratio,
         )
 
 
 class MemorySettings(_Section):
     dir: Path = Path("./workspace/memory")
+    max_sessions: int = Field(default=4096, gt=0)
+    """Sessions whose memory-writer state (a lock, the items already written) is kept in
+    process; a session forgotten is read back from its file when it writes again."""
 
 
 class AdminSettings(_Section):

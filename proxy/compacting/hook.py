@@ -245,7 +245,9 @@ def build_hook(
     llm_timeout_s = options.summary_timeout_s * _BACKGROUND_TIMEOUT_FACTOR
     compactor = given.compactor or Compactor(
         settings=options.library_settings(llm_timeout_s=llm_timeout_s),
-        memory=MemoryWriter(settings.memory.dir, claims=state),
+        memory=MemoryWriter(
+            settings.memory.dir, claims=state, max_sessions=settings.memory.max_sessions
+        ),
         offload=shared.offload,
     )
     conversations = Conversations(

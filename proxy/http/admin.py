@@ -19,12 +19,12 @@ from proxy.http.sessions import check_session_id
 
 
 async def admin_sessions(request: web.Request) -> web.Response:
-    _require_admin(request)
+    require_admin(request)
     return json_response(request.app[keys.RECORDS].list())
 
 
 async def admin_session(request: web.Request) -> web.Response:
-    _require_admin(request)
+    require_admin(request)
     session_id = check_session_id(request.match_info["session"], "the path")
     found = request.app[keys.RECORDS].get(session_id)
     if found is None:
@@ -38,7 +38,7 @@ _MAX_LIMIT = 1000
 async def admin_archive(request: web.Request) -> web.Response:
     """`?q=` searched in the session's archived turns (every credential's) and memory items,
     best first, at most `limit` (default `archive.search_limit`)."""
-    _require_admin(request)
+    require_admin(request)
     session_id = check_session_id(request.match_info["session"], "the path")
     settings = request.app[keys.SETTINGS]
     query = request.query.get("q", "")
@@ -75,7 +75,7 @@ def _limit(raw: str | None, default: int) -> int:
     return limit
 
 
-def _require_admin(request: web.Request) -> None:
+def require_admin(request: web.Request) -> None:
     """404 while admin is disabled (the endpoints do not exist, whatever the method: so they
     refuse other methods here, not in the middleware); 405 for a method other than GET or HEAD; 401
     without the right token."""
