@@ -265,7 +265,7 @@ def record_compaction(
             "tokens_before": result.tokens_before,
             "tokens_after": result.tokens_after,
             "folded_messages": result.folded_count,
-            "folded_range": _folded_range(view, checkpoint),
+            "folded_range": folded_range(view, checkpoint),
             "extends": view.base.compaction_id if view.base else None,
             "summary_chars": len(result.summary_text),
             "summary_preview": result.summary_text[: records.preview_chars],
@@ -317,7 +317,7 @@ def record_compaction(
     )
 
 
-def _folded_range(view: View, checkpoint: Checkpoint | None) -> list[int] | None:
+def folded_range(view: View, checkpoint: Checkpoint | None) -> list[int] | None:
     """Original message indices [start, end) this compaction folded for the first time."""
     if checkpoint is None:
         return None
