@@ -96,6 +96,8 @@ bench: $(STAMP_BENCH) redis-server
 	$(BIN)/python -m bench.scan_speed
 	$(BIN)/python -m bench.state
 	$(BIN)/python -m bench.sqlite_writes
+	$(BIN)/python -m bench.adoption
+	$(BIN)/python -m bench.archive
 	$(BIN)/python -m bench.dashboard
 
 clean:

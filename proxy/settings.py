@@ -237,6 +237,23 @@ class StateSettings(_Section):
         return self
 
 
+class ArchiveSettings(_Section):
+    """Folded turns kept verbatim per session and credential, for recall (proxy.archive)."""
+
+    enabled: bool = True
+    max_mb_per_session: float = Field(default=64, gt=0)
+    max_age_days: float = Field(default=30, gt=0)
+    search_limit: int = Field(default=10, gt=0, le=1000)
+
+    @property
+    def max_bytes_per_session(self) -> int:
+        return int(self.max_mb_per_session * 1024 * 1024)
+
+    @property
+    def max_age_s(self) -> float:
+        return self.max_age_days * 86400
+
+
 class LoggingSettings(_Section):
     level: str = "INFO"
     dump_dir: Path | None = None
@@ -262,6 +279,7 @@ class Settings(_Section):
     memory: MemorySettings = Field(default_factory=MemorySettings)
     admin: AdminSettings = Field(default_factory=AdminSettings)
     state: StateSettings = Field(default_factory=StateSettings)
+    archive: ArchiveSettings = Field(default_factory=ArchiveSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @classmethod

@@ -236,8 +236,13 @@ def record_compaction(
     *,
     reason: str,
     checkpoint: Checkpoint | None,
+    fits: bool,
+    waited: str | None = None,
 ) -> None:
-    """Count one compaction, add its record to the session's /admin records, log one line."""
+    """Count one compaction, add its record to the session's /admin records, log one line.
+    `fits`: whether the compacted view goes out as it is (below the request's trigger);
+    `waited`: why a request waited for this compaction (None: none did, it was prepared
+    ahead)."""
     metrics.compactions.labels(reason=reason, path=result.path, dialect=request.dialect.name).inc()
     if result.path != "unchanged":
         metrics.tokens_saved.inc(max(0, result.tokens_before - result.tokens_after))
@@ -260,7 +265,7 @@ def record_compaction(
             "tokens_before": result.tokens_before,
             "tokens_after": result.tokens_after,
             "folded_messages": result.folded_count,
-            "folded_range": _folded_range(view, checkpoint),
+            "folded_range": folded_range(view, checkpoint),
             "extends": view.base.compaction_id if view.base else None,
             "summary_chars": len(result.summary_text),
             "summary_preview": result.summary_text[: records.preview_chars],
@@ -271,7 +276,8 @@ def record_compaction(
             else None,
             "key_decisions_total": verification.key_decisions_total if verification else None,
             "moved_to_memory": verification.moved_to_memory if verification else None,
-            "fits": result.fits,
+            "fits": fits,
+            "waited": waited,
             "duration_ms": round(result.duration_s * 1000, 1),
             "errors": list(result.errors),
             "summary": result.summary_text[:RECEIPT_SUMMARY_CHARS] if texts else "",
@@ -296,6 +302,7 @@ def record_compaction(
             "tokens_before": result.tokens_before,
             "tokens_after": result.tokens_after,
             "compaction_id": result.compaction_id,
+            "waited": waited,
             "errors": list(result.errors),
             "summary": result.summary_text[:RECEIPT_SUMMARY_CHARS] if texts else "",
             "memory_written": [
@@ -310,7 +317,7 @@ def record_compaction(
     )
 
 
-def _folded_range(view: View, checkpoint: Checkpoint | None) -> list[int] | None:
+def folded_range(view: View, checkpoint: Checkpoint | None) -> list[int] | None:
     """Original message indices [start, end) this compaction folded for the first time."""
     if checkpoint is None:
         return None
