@@ -77,7 +77,8 @@ class UpstreamSettings(_Section):
 class ModelsSettings(_Section):
     default_context_window: int = Field(default=128000, gt=0)
     context_windows: dict[str, PositiveInt] = Field(default_factory=dict)
-    discover: bool = False  # read unconfigured models' windows from the upstream
+    discover: bool = True  # read unconfigured models' windows from the upstream
+    discover_timeout_s: float = Field(default=1.0, gt=0)  # the longest a request waits for it
 
     def context_window_for(self, model: str) -> int:
         """The context window of `model`: configured (configured_window), else the default."""
