@@ -40,7 +40,7 @@ from compaction.engine import CompactionEngine
 from compaction.extract import extract_items_heuristically, parse_memory_reply
 from compaction.ledger import Ledger, build_ledger
 from compaction.marker import SUMMARY_MARKER
-from compaction.memory import InvalidSessionId, MemoryWriter, is_valid_session_id
+from compaction.memory import InvalidSessionId, ItemClaims, MemoryWriter, is_valid_session_id
 from compaction.messages import (
     ANTHROPIC,
     CHAT,
@@ -100,6 +100,7 @@ __all__ = [
     "Inline",
     "InvalidSessionId",
     "Item",
+    "ItemClaims",
     "JsonArray",
     "Kind",
     "Ledger",

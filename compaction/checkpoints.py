@@ -205,7 +205,7 @@ class CheckpointStore(Protocol):
 class CheckpointCache:
     """A bounded in-process table, looked up one key at a time: least recently used entries go
     first, each lives `ttl_s`. Synchronous, for in-process users of the library; the proxy's
-    async `CheckpointStore` over it is proxy.compacting.stores.memory."""
+    async `CheckpointStore` over it is proxy.compacting.stores.local."""
 
     def __init__(
         self,

@@ -12,7 +12,8 @@ from proxy.compacting.hook import Replacements, Shared, build_hook
 from proxy.compacting.llm_client import LLMFactory
 from proxy.compacting.overflow import LearnedWindows
 from proxy.compacting.records import SessionRecords
-from proxy.compacting.stores.backend import StateBackend, build_backend
+from proxy.compacting.stores.factory import build_backend
+from proxy.compacting.stores.roles import StateBackend
 from proxy.compacting.workers import Workers
 from proxy.http import admin, handlers, keys
 from proxy.http.middleware import GET_ONLY, AnyTarget, unmatched, wrap_handler
@@ -68,8 +69,8 @@ def create_app(
             records=records,
             metrics=app[keys.METRICS].compaction,
             tasks=app[keys.TASKS],
-            calibration=Calibration(),
-            learned=LearnedWindows(),
+            calibration=Calibration(settings.models.max_models),
+            learned=LearnedWindows(settings.models.max_models),
             offload=app[WORKERS],
         )
         replacements = Replacements(store=store or state, state=state, llm_for=llm_for)

@@ -296,6 +296,13 @@ class StateMetrics:
             ("backend",),
             registry=r,
         )
+        self.files_replaced = Counter(
+            "compaction_proxy_state_files_replaced",
+            "State files started afresh: `vanished` (deleted or moved while in use; its rows"
+            " copied into the new one) or `corrupt` (moved aside under a timestamped name).",
+            ("reason",),
+            registry=r,
+        )
         self.degraded = Gauge(
             "compaction_proxy_state_degraded",
             "1 while the state backend is down and the in-process cache stands in for it.",

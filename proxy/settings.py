@@ -12,7 +12,7 @@ import fnmatch
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, Self
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 from pydantic import (
@@ -79,6 +79,8 @@ class ModelsSettings(_Section):
     context_windows: dict[str, PositiveInt] = Field(default_factory=dict)
     discover: bool = True  # read unconfigured models' windows from the upstream
     discover_timeout_s: float = Field(default=1.0, gt=0)  # the longest a request waits for it
+    max_models: int = Field(default=1024, gt=0)
+    """Models whose calibration factor and learned window are kept (least recently used go)."""
 
     def context_window_for(self, model: str) -> int:
         """The context window of `model`: configured (configured_window), else the default."""
@@ -115,6 +117,7 @@ class CompactionSection(_Section):
     workers: int = Field(default=1, ge=0)
     worker_timeout_s: float = Field(default=60, gt=0)
     strict_alternation: bool = _LIBRARY.strict_alternation
+    pinned_ratio: float = Field(default=_LIBRARY.pinned_ratio, ge=0, lt=1)
 
     @field_validator("target_ratio")
     @classmethod
@@ -140,11 +143,15 @@ class CompactionSection(_Section):
             summary_max_tokens=self.summary_max_tokens,
             llm_timeout_s=llm_timeout_s,
             strict_alternation=self.strict_alternation,
+            pinned_ratio=self.pinned_ratio,
         )
 
 
 class MemorySettings(_Section):
     dir: Path = Path("./workspace/memory")
+    max_sessions: int = Field(default=4096, gt=0)
+    """Sessions whose memory-writer state (a lock, the items already written) is kept in
+    process; a session forgotten is read back from its file when it writes again."""
 
 
 class AdminSettings(_Section):
@@ -167,14 +174,29 @@ class StateSettings(_Section):
     backend: Literal["memory", "sqlite", "redis"] = "sqlite"
     path: Path = Path("./workspace/state.sqlite3")
     redis_url: str | None = None
+    redis_max_connections: int = Field(default=32, ge=1)
     timeout_s: float = Field(default=0.5, gt=0)
     retry_s: float = Field(default=5, gt=0)
 
     @field_validator("redis_url")
     @classmethod
     def _check_redis_url(cls, value: str | None) -> str | None:
-        if value is not None and urlsplit(value).scheme not in ("redis", "rediss", "unix"):
+        if value is None:
+            return value
+        url = urlsplit(value)
+        if url.scheme not in ("redis", "rediss", "unix"):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        try:
+            url.port  # noqa: B018 (raises on a port that is not a number)
+        except ValueError:
+            raise ValueError("the port must be a number") from None
+        # The database: the path of a redis:// URL, or its `db` query parameter (redis-py would
+        # silently use database 0 for anything else).
+        databases = [value for key, value in parse_qsl(url.query) if key == "db"]
+        if url.scheme != "unix" and url.path.strip("/"):
+            databases.append(url.path.strip("/"))
+        if any(not database.isdigit() for database in databases):
+            raise ValueError("the database must be a number, as in redis://host:6379/0")
         return value
 
     @model_validator(mode="after")

@@ -29,13 +29,7 @@ import compaction
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("proxy", "compaction")
 
-KNOWN_CYCLES: dict[str, str] = {
-    "proxy.compacting.stores": (
-        "backend.py builds each store and each store imports backend.py's shared pieces; the "
-        "helper splitting state into roles (branch `state`) removes it: empty this entry after "
-        "merging that branch."
-    ),
-}
+KNOWN_CYCLES: dict[str, str] = {}
 """Packages holding an import cycle that is known and being removed, each with why. A cycle
 whose every module lies in one of them is tolerated; any other fails. Keep this short."""
 

@@ -19,13 +19,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from compaction.messages.item import (
-    ENCRYPTED_SHARE,
     FILE_PART_TOKENS,
     MESSAGE_OVERHEAD_TOKENS,
     TOOL_CALL_OVERHEAD_TOKENS,
     Item,
     Shape,
     ToolCall,
+    encrypted_tokens,
     file_data_tokens,
     is_observation_text,
     is_user_summary,
@@ -184,10 +184,10 @@ def _measure_block(block: Any, text_cost: Callable[[str], float]) -> float:
     kind = block.get("type") if isinstance(block, dict) else None
     if kind == "text":
         return measure_value(block.get("text"), text_cost)
-    if kind == "thinking":
+    if kind == "thinking":  # its `signature` only proves the text: not charged
         return measure_value(block.get("thinking"), text_cost)
     if kind == "redacted_thinking":
-        return ENCRYPTED_SHARE * measure_value(block.get("data"), text_cost)
+        return encrypted_tokens(block.get("data"))
     if kind == "tool_use":
         return (
             TOOL_CALL_OVERHEAD_TOKENS

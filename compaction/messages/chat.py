@@ -10,7 +10,6 @@ from typing import Any
 from compaction.marker import is_summary_text
 from compaction.messages.item import (
     AUDIO_PART_TOKENS,
-    FILE_PART_TOKENS,
     IMAGE_HIGH_TOKENS,
     IMAGE_LOW_TOKENS,
     MESSAGE_OVERHEAD_TOKENS,
@@ -18,6 +17,7 @@ from compaction.messages.item import (
     Item,
     Shape,
     ToolCall,
+    file_data_tokens,
     is_observation_text,
     is_user_summary,
     json_text,
@@ -176,7 +176,8 @@ def _measure_part(part: Any, text_cost: Callable[[str], float]) -> float:
     if kind == "input_audio":
         return AUDIO_PART_TOKENS
     if kind == "file":
-        return FILE_PART_TOKENS
+        file = part.get("file")
+        return file_data_tokens(file.get("file_data") if isinstance(file, dict) else None)
     return text_cost(json_text(part))
 
 

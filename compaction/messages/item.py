@@ -34,8 +34,16 @@ AUDIO_PART_TOKENS = 200
 FILE_PART_TOKENS = 500
 MESSAGE_OVERHEAD_TOKENS = 4
 TOOL_CALL_OVERHEAD_TOKENS = 8
-ENCRYPTED_SHARE = 0.75
-"""Encrypted reasoning travels as base64, 4 characters for 3 bytes: counted at 3/4 of its text."""
+ENCRYPTED_CHARS_PER_TOKEN = 16
+ENCRYPTED_MAX_TOKENS = 32_768
+"""Sealed reasoning (Responses `encrypted_content`, Anthropic `redacted_thinking.data`) is
+counted by a bounded factor, not as text and not by its decoded size: one token per 16 base64
+characters (12 sealed bytes), at most 32,768 tokens a payload. Why: the upstream charges the
+reasoning it sealed, not the ciphertext, and drops the reasoning of turns before the latest user
+message altogether (OpenAI and Anthropic both document this); ciphertext is never shorter than
+its plaintext (4 bytes a token as text), so a quarter of the text rate still errs high, and no
+payload carries more reasoning than one turn's output budget. Counting it as text made a 3 MB
+payload 563k tokens."""
 BASE64_CHARS_PER_TOKEN = 8
 """Inline file data (a base64 PDF) at one token per 8 characters (6 bytes): a rough middle
 between a text PDF (a few bytes a token) and a scanned one (many more); erring high is safer."""
@@ -162,6 +170,14 @@ def file_data_tokens(data: object) -> float:
     if not isinstance(data, str):
         return FILE_PART_TOKENS
     return max(FILE_PART_TOKENS, len(data) / BASE64_CHARS_PER_TOKEN)
+
+
+def encrypted_tokens(data: object) -> float:
+    """What one sealed reasoning payload costs (see ENCRYPTED_CHARS_PER_TOKEN); anything that is
+    not a string costs nothing."""
+    if not isinstance(data, str):
+        return 0.0
+    return min(float(ENCRYPTED_MAX_TOKENS), len(data) / ENCRYPTED_CHARS_PER_TOKEN)
 
 
 def measure_value(value: object, text_cost: Callable[[str], float]) -> float:

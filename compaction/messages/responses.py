@@ -18,7 +18,6 @@ from typing import Any
 from compaction.marker import is_summary_text
 from compaction.messages.item import (
     AUDIO_PART_TOKENS,
-    ENCRYPTED_SHARE,
     IMAGE_HIGH_TOKENS,
     IMAGE_LOW_TOKENS,
     MESSAGE_OVERHEAD_TOKENS,
@@ -26,6 +25,7 @@ from compaction.messages.item import (
     Item,
     Shape,
     ToolCall,
+    encrypted_tokens,
     file_data_tokens,
     is_observation_text,
     json_text,
@@ -110,12 +110,11 @@ class ResponsesShape:
         kind = raw.get("type")
         if kind == "reasoning":
             total += _measure_content(raw.get("summary"), text_cost)
-            encrypted = raw.get("encrypted_content")
-            if isinstance(encrypted, str):
-                total += ENCRYPTED_SHARE * text_cost(encrypted)
-            return total
+            return total + encrypted_tokens(raw.get("encrypted_content"))
         if isinstance(kind, str) and kind.endswith("_call_output"):
             return total + _measure_content(raw.get("output"), text_cost)
+        if kind == "image_generation_call":  # its `result` is the image, in base64
+            return total + IMAGE_HIGH_TOKENS
         if isinstance(kind, str) and kind.endswith("_call"):
             name = raw.get("name")
             return (
@@ -165,6 +164,8 @@ def _arguments(raw: Message) -> str:
 
 
 def _measure_content(content: object, text_cost: Callable[[str], float]) -> float:
+    if isinstance(content, dict):  # one part on its own (a computer call's screenshot)
+        return _measure_part(content, text_cost)
     if not isinstance(content, list):
         return measure_value(content, text_cost)
     return sum(_measure_part(part, text_cost) for part in content)
@@ -175,7 +176,7 @@ def _measure_part(part: Any, text_cost: Callable[[str], float]) -> float:
     text = part.get("text") if isinstance(part, dict) else None
     if isinstance(kind, str) and kind in _TEXT_PARTS and isinstance(text, str):
         return text_cost(text)
-    if kind == "input_image":
+    if kind in ("input_image", "computer_screenshot"):
         return IMAGE_LOW_TOKENS if part.get("detail") == "low" else IMAGE_HIGH_TOKENS
     if kind == "input_audio":
         return AUDIO_PART_TOKENS

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from cachetools import LRUCache
 
-from proxy.compacting.stores.backend import StateBackend
+from proxy.compacting.stores.roles import ForwardedMarks
 
 
 class AppliedCompactions:
-    def __init__(self, state: StateBackend, max_entries: int) -> None:
-        self._state = state
+    def __init__(self, marks: ForwardedMarks, max_entries: int) -> None:
+        self._marks = marks
         self._known: LRUCache[str, None] = LRUCache(max_entries)
 
     async def add(self, compaction_id: str) -> bool:
@@ -23,10 +23,10 @@ class AppliedCompactions:
         (in this process, an earlier one, or a replica); from then on it is known."""
         if compaction_id in self._known:
             return False
-        # BodyIndex before the await, so concurrent requests of this process see it; across
+        # Known before the await, so concurrent requests of this process see it; across
         # processes the backend's mark is atomic and only one of them gets True.
         self._known[compaction_id] = None
-        return await self._state.mark_forwarded(compaction_id)
+        return await self._marks.mark_forwarded(compaction_id)
 
     async def is_new(self, compaction_id: str) -> bool:
         """True for the one request that goes out first with this compaction."""

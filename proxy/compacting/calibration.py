@@ -17,7 +17,8 @@ _MAX_MODELS = 1024
 
 
 class Calibration:
-    def __init__(self) -> None:
+    def __init__(self, max_models: int = _MAX_MODELS) -> None:
+        self._max_models = max_models
         self._factors: OrderedDict[str, float] = OrderedDict()
         self.max_factor = 1.0
         """The largest factor of any model (at least 1): the byte bound uses it per request."""
@@ -42,7 +43,7 @@ class Calibration:
         factor = min(_MAX_FACTOR, max(_MIN_FACTOR, factor))
         self._factors[model] = factor
         self._factors.move_to_end(model)
-        while len(self._factors) > _MAX_MODELS:
+        while len(self._factors) > self._max_models:
             self._factors.popitem(last=False)
         self.max_factor = max(1.0, *self._factors.values())
         return factor

@@ -45,7 +45,7 @@ from proxy.compacting.llm_client import LLMFactory
 from proxy.compacting.records import SessionRecords, record_compaction
 from proxy.compacting.request import Decision, ParsedRequest
 from proxy.compacting.reserve_writes import ReserveWrites
-from proxy.compacting.stores.backend import StateBackend, stored_under
+from proxy.compacting.stores.roles import Cooldowns, ForwardedMarks, Leases
 from proxy.compacting.workers import WorkerLost
 from proxy.metrics import CompactionMetrics
 from proxy.settings import CompactionSection
@@ -71,7 +71,9 @@ class Conversations:
         *,
         compactor: Compactor,
         store: CheckpointStore,
-        state: StateBackend,
+        leases: Leases,
+        cooldowns: Cooldowns,
+        marks: ForwardedMarks,
         llm_for: LLMFactory,
         records: SessionRecords,
         metrics: CompactionMetrics,
@@ -85,12 +87,13 @@ class Conversations:
         self._records = records
         self._metrics = metrics
         self._clock = clock
-        self._state = state  # cooldowns and cross-process leases (proxy.compacting.stores)
+        self._leases = leases  # single-flight across processes (proxy.compacting.stores)
+        self._cooldowns = cooldowns
         self._flight: SingleFlight[bytes, CompactionResult | Checkpoint] = SingleFlight(tasks)
         # Precomputes still planning, by their request's last digest (proxy.compacting.precompute).
         self.planning: SingleFlight[bytes, None] = SingleFlight(tasks)
         self._reserves = ReserveWrites(compactor, tasks, options.checkpoint_max_entries)
-        self._applied = AppliedCompactions(state, options.checkpoint_max_entries)
+        self._applied = AppliedCompactions(marks, options.checkpoint_max_entries)
 
     def estimate(self, req: ParsedRequest, history: History, base: Checkpoint | None = None) -> int:
         """The estimate of the view `base` gives of `history` (None: the history as sent): its
@@ -127,8 +130,8 @@ class Conversations:
         timeout_s = self._options.summary_timeout_s
         deadline = self._clock() + timeout_s
         digests = history.prefix_digests()
-        flight, state = self._flight, self._state
-        if await wait_for_running(flight, state, digests, timeout_s, starting=self.planning):
+        flight, leases = self._flight, self._leases
+        if await wait_for_running(flight, leases, digests, timeout_s, starting=self.planning):
             base, tokens, _ = await self.view(req, history)
             if base is not None and not self.needs(req, tokens):
                 return await self._reused(View.of(req.messages, base), before, tokens)
@@ -194,7 +197,7 @@ class Conversations:
 
     async def is_running(self, digests: Sequence[bytes]) -> bool:
         """True while a compaction of this conversation runs, here or in another process."""
-        return await is_running(self._flight, self._state, digests)
+        return await is_running(self._flight, self._leases, digests)
 
     def start(
         self,
@@ -212,7 +215,7 @@ class Conversations:
         return self._flight.start(
             key,
             lambda: run_once_everywhere(
-                self._state,
+                self._leases,
                 key,
                 lambda: self._summarize(req, view, compaction, digests, reason),
                 lambda: self.stored(digests, key),
@@ -307,7 +310,7 @@ class Conversations:
         # One tenant's failing key must not cool the summarizer down for everyone.
         cooldown_key = f"{summary_model}\x00{req.tenant.hex()}"
         llm: ChatLLM | None = None
-        if await self._state.is_cooling(cooldown_key):
+        if await self._cooldowns.is_cooling(cooldown_key):
             self._metrics.cooldown_skips.inc()
         else:
             llm = self._llm_for(req.summarizer(summary_model))
@@ -316,7 +319,7 @@ class Conversations:
         if llm is not None and result.path != "unchanged":
             # "unchanged" says nothing about the summarizer (nothing to fold, or no gain).
             ok = result.path == "llm"
-            await self._state.record_outcome(cooldown_key, ok=ok)
+            await self._cooldowns.record_outcome(cooldown_key, ok=ok)
             self._metrics.summarizer_seconds.observe(result.duration_s)
             if not ok:
                 self._metrics.summarizer_failures.inc()
@@ -340,3 +343,18 @@ class Conversations:
 
     async def stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:
         return await stored_under(self._store, digests, key)
+
+
+async def stored_under(
+    store: CheckpointStore, digests: Sequence[bytes], key: bytes | None
+) -> Checkpoint | None:
+    """The checkpoint stored under `key`, one of `digests` (a conversation's parent or reserve);
+    None if there is none (any more)."""
+    if key is None:
+        return None
+    try:
+        cut = digests.index(key) + 1
+    except ValueError:
+        return None
+    found = await store.longest(digests[:cut])
+    return found if found is not None and found.key == key else None

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
-from proxy.compacting.stores.backend import StateBackend
+from proxy.compacting.stores.roles import Leases
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
@@ -69,23 +69,21 @@ async def wait_shielded(task: asyncio.Task[V], timeout_s: float) -> V:
     return await asyncio.wait_for(asyncio.shield(task), timeout_s)
 
 
-async def is_running(
-    flight: SingleFlight[bytes, V], state: StateBackend, keys: Sequence[bytes]
-) -> bool:
+async def is_running(flight: SingleFlight[bytes, V], leases: Leases, keys: Sequence[bytes]) -> bool:
     """True while a computation of any of `keys` runs, here or in another process."""
-    return flight.find(keys) is not None or await state.holder(keys) is not None
+    return flight.find(keys) is not None or await leases.holder(keys) is not None
 
 
 async def wait_for_running(
     flight: SingleFlight[bytes, V],
-    state: StateBackend,
+    leases: Leases,
     keys: Sequence[bytes],
     timeout_s: float,
     *,
     starting: SingleFlight[bytes, S] | None = None,
 ) -> bool:
     """Wait (at most `timeout_s`) for a computation of any of `keys` under way, in this process
-    or, through `state`, in another; False when none is. One that failed or timed out is left
+    or, through `leases`, in another; False when none is. One that failed or timed out is left
     to the caller (it was logged where it ran). Work still `starting` under any of `keys` (it
     learns its own key as it starts, then runs in `flight`) is waited for first."""
     deadline = time.monotonic() + timeout_s
@@ -99,28 +97,28 @@ async def wait_for_running(
         with contextlib.suppress(Exception):
             await wait_shielded(pending, timeout_s)
         return True
-    held = await state.holder(keys)
+    held = await leases.holder(keys)
     if held is None:
         return before is not None
-    await state.wait(held, timeout_s)
+    await leases.wait(held, timeout_s)
     return True
 
 
 async def run_once_everywhere(
-    state: StateBackend,
+    leases: Leases,
     key: bytes,
     work: Callable[[], Awaitable[V]],
     stored: Callable[[], Awaitable[S | None]],
     budget_s: float,
 ) -> V | S:
-    """`work()` under `state`'s lease for `key`, unless a result is stored meanwhile; while
+    """`work()` under the lease for `key`, unless a result is stored meanwhile; while
     another process holds the lease, wait for it (at most `budget_s` in all) and return what it
     stored. A holder that let go without storing anything (it failed, or died and its lease
     expired) leaves the work to this process. Raises TimeoutError past the budget; the work's
     own exceptions reach the caller as raised."""
     deadline = time.monotonic() + budget_s
     while True:
-        lease = await state.acquire(key)
+        lease = await leases.acquire(key)
         if lease is not None:
             try:
                 found = await stored()  # finished elsewhere just before we got the lease
@@ -133,7 +131,7 @@ async def run_once_everywhere(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError(f"lease of {key.hex()} still held elsewhere")
-        await state.wait(key, remaining)
+        await leases.wait(key, remaining)
         found = await stored()
         if found is not None:
             return found

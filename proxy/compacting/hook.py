@@ -38,8 +38,8 @@ from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.precompute import Precompute
 from proxy.compacting.records import SessionRecords
 from proxy.compacting.request import Decision, ParsedRequest, RequestBuilder, may_need_parsing
-from proxy.compacting.stores.backend import StateBackend
-from proxy.compacting.stores.memory import MemoryStore
+from proxy.compacting.stores.factory import build_local
+from proxy.compacting.stores.roles import StateBackend
 from proxy.http.upstream import Upstream
 from proxy.interception import Exchange, Passthrough, RequestContext
 from proxy.metrics import CompactionMetrics
@@ -236,25 +236,24 @@ def build_hook(
     compactions' and indexes' CPU work (default: inline)."""
     options = settings.compaction
     given = replacements or Replacements()
-    state = given.state or MemoryStore(
-        options.checkpoint_max_entries,
-        options.checkpoint_ttl_s,
-        failure_threshold=options.failure_threshold,
-        failure_cooldown_s=options.failure_cooldown_s,
-    )
+    state = given.state or build_local(options)
     # A request stops waiting after summary_timeout_s; the summarization itself may go on a
     # while longer in the background and still record its checkpoint.
     llm_timeout_s = options.summary_timeout_s * _BACKGROUND_TIMEOUT_FACTOR
     compactor = given.compactor or Compactor(
         settings=options.library_settings(llm_timeout_s=llm_timeout_s),
-        memory=MemoryWriter(settings.memory.dir, claims=state),
+        memory=MemoryWriter(
+            settings.memory.dir, claims=state, max_sessions=settings.memory.max_sessions
+        ),
         offload=shared.offload,
     )
     conversations = Conversations(
         options,
         compactor=compactor,
         store=given.store or state,
-        state=state,
+        leases=state,
+        cooldowns=state,
+        marks=state,
         llm_for=given.llm_for or UpstreamLLMFactory(shared.upstream, timeout_s=llm_timeout_s),
         records=shared.records,
         metrics=shared.metrics,

@@ -1,11 +1,12 @@
 """A persistent or shared backend that never fails a request.
 
 Every call to the backend is bounded by `state.timeout_s`. A call that fails or times out is
-answered from the in-process cache (a MemoryStore holding every checkpoint this process wrote or
+answered from the in-process cache (a LocalStore holding every checkpoint this process wrote or
 read), counted in /metrics, and the backend is left alone for `state.retry_s`; the first failure
 of an outage is logged, and so is the recovery. Checkpoints written while the backend was down
 are written to it once it answers again, in the background (never inside the request that
-happened to find the backend back), a batch at a time.
+happened to find the backend back), a batch at a time, and so are the forwarded marks made
+meanwhile.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from compaction import Checkpoint
-from proxy.compacting.stores.backend import Lease, LocalLease, StateBackend
-from proxy.compacting.stores.memory import MemoryStore
+from proxy.compacting.stores.local import LocalStore
+from proxy.compacting.stores.roles import Lease, LocalLease, StateBackend
 from proxy.metrics import StateMetrics
 from proxy.tasks import BackgroundTasks
 
@@ -36,7 +37,7 @@ class Guarded:
     def __init__(
         self,
         backend: StateBackend,
-        local: MemoryStore,
+        local: LocalStore,
         metrics: StateMetrics,
         tasks: BackgroundTasks,
         *,
@@ -55,6 +56,7 @@ class Guarded:
         self._clock = clock
         self._down_until: float | None = None
         self._unsynced: dict[bytes, Checkpoint] = {}
+        self._unsynced_marks: dict[str, None] = {}  # compaction ids, oldest first
         metrics.degraded.labels(backend=self.name).set(0)
 
     @property
@@ -103,10 +105,17 @@ class Guarded:
         return await self._call("lease", lambda: self.backend.holder(digests), lambda: None)
 
     async def mark_forwarded(self, compaction_id: str) -> bool:
-        # Down: new here; the process's own table (proxy.compacting.forwarded) still holds.
-        return await self._call(
-            "write", lambda: self.backend.mark_forwarded(compaction_id), lambda: True
+        # Down: new here; the process's own table (proxy.compacting.forwarded) still holds, and
+        # the mark is written back with the checkpoints.
+        marked = await self._call(
+            "write", lambda: self.backend.mark_forwarded(compaction_id), _none
         )
+        if marked is None:
+            self._unsynced_marks[compaction_id] = None
+            while len(self._unsynced_marks) > _MAX_UNSYNCED:
+                del self._unsynced_marks[next(iter(self._unsynced_marks))]
+            return True
+        return marked
 
     async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
         # Down: every key is new here; the writer's own de-duplication still holds.
@@ -161,7 +170,8 @@ class Guarded:
         self._metrics.degraded.labels(backend=self.name).set(0)
         log.warning("state backend is back", extra={"backend": self.name})
         writing = self._writing_back is not None and not self._writing_back.done()
-        if self._unsynced and not writing and not self._tasks.closed:
+        unsynced = self._unsynced or self._unsynced_marks
+        if unsynced and not writing and not self._tasks.closed:
             self._writing_back = self._tasks.spawn(self._write_back(), name="state-write-back")
 
     async def _write_back(self) -> None:
@@ -171,15 +181,34 @@ class Guarded:
             for checkpoint, ok in zip(batch, written, strict=True):
                 if ok:
                     self._unsynced.pop(checkpoint.key, None)
+        # Then the marks of the compactions that went out meanwhile, so that a restarted process
+        # (or another replica) reports those as "reused", not "applied".
+        while self._unsynced_marks and not self._unsynced and not self._is_down():
+            ids = list(itertools.islice(self._unsynced_marks, _WRITE_BACK_BATCH))
+            marked = await asyncio.gather(
+                *(self._mark_back(compaction_id) for compaction_id in ids)
+            )
+            for compaction_id, ok in zip(ids, marked, strict=True):
+                if ok:
+                    self._unsynced_marks.pop(compaction_id, None)
 
     async def _put_back(self, checkpoint: Checkpoint) -> bool:
         return await self._call("write", lambda: _true(self.backend.put(checkpoint)), _false)
 
+    async def _mark_back(self, compaction_id: str) -> bool:
+        # Written whatever it answers (False: another replica marked it meanwhile).
+        mark = self.backend.mark_forwarded
+        return await self._call("write", lambda: _true(mark(compaction_id)), _false)
 
-async def _true(call: Awaitable[None]) -> bool:
+
+async def _true(call: Awaitable[object]) -> bool:
     await call
     return True
 
 
 def _false() -> bool:
     return False
+
+
+def _none() -> None:
+    return None

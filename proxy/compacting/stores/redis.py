@@ -19,26 +19,37 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import orjson
 import redis.asyncio as aioredis
 from cachetools import LRUCache
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import (
+    AuthenticationError,
+    NoPermissionError,
+    ResponseError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from compaction import CHECKPOINT_VERSION, Checkpoint
 from proxy.compacting.cooldown import FORGET_FAILURES_AFTER_S
 from proxy.compacting.stores import redis_scripts as scripts
-from proxy.compacting.stores.backend import Lease
 from proxy.compacting.stores.redis_notices import RECHECK_S, Notices
+from proxy.compacting.stores.roles import Lease
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
 PREFIX = "compaction-proxy:"
 _CACHED_CHECKPOINTS = 1024
+
+
+class Unreachable(ConnectionError):
+    """What keeps this process from using Redis, in words (no credentials)."""
 
 
 class RedisLease:
@@ -87,6 +98,7 @@ class RedisStore:
         failure_cooldown_s: float,
         lease_ttl_s: float,
         timeout_s: float,
+        max_connections: int,
         tasks: BackgroundTasks,
         prefix: str = PREFIX,
         recheck_s: float = RECHECK_S,
@@ -97,10 +109,11 @@ class RedisStore:
         self._cooldown_ms = int(failure_cooldown_s * 1000)
         self._lease_ttl_s = lease_ttl_s
         self._timeout_s = timeout_s
+        self._max_connections = max_connections
         self._prefix = prefix.encode()
         self.channel = f"{prefix}done"
         self._client: aioredis.Redis | None = None
-        self._scripts: dict[str, Any] = {}
+        self._scripts: dict[str, AsyncScript] = {}
         self._cache: LRUCache[bytes, Checkpoint] = LRUCache(_CACHED_CHECKPOINTS)
         self._notices: Notices | None = None
         self._tasks = tasks
@@ -109,17 +122,38 @@ class RedisStore:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def open(self) -> None:
-        # Connections are made on first use, so an unreachable Redis does not stop the start.
-        self._client = aioredis.from_url(
+        """Connect, and say what keeps this process from using Redis (raising Unreachable: the
+        guard logs it once and serves in-process); the client stays, to be retried later."""
+        pool = aioredis.BlockingConnectionPool.from_url(
             self._url,
+            # Bounded: past it, a call waits for a free connection (at most the state timeout).
+            max_connections=self._max_connections,
+            timeout=self._timeout_s,
             socket_timeout=self._timeout_s,
             socket_connect_timeout=self._timeout_s,
             # One immediate retry (a pooled connection the server closed is reopened at once);
             # anything longer is the guard's business, which leaves a failing Redis alone.
             retry=Retry(NoBackoff(), 1),
         )
+        self._client = aioredis.Redis.from_pool(pool)
         self._notices = Notices(self._client, self.channel, self._tasks, recheck_s=self._recheck_s)
         await self._notices.start()
+        await self._check(pool)
+
+    async def _check(self, pool: aioredis.ConnectionPool) -> None:
+        where = _where(pool.connection_kwargs)
+        try:
+            await self._require().ping()
+        except AuthenticationError as exc:
+            raise Unreachable(f"Redis at {where} refused the login (state.redis_url)") from exc
+        except NoPermissionError as exc:
+            raise Unreachable(f"Redis at {where} does not let this user in") from exc
+        except ResponseError as exc:
+            # The connection's only other command is SELECT of the URL's database.
+            database = pool.connection_kwargs.get("db", 0)
+            raise Unreachable(f"Redis at {where} has no database {database}") from exc
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise Unreachable(f"Redis at {where} cannot be reached: {exc}") from exc
 
     async def close(self) -> None:
         if self._notices is not None:
@@ -136,7 +170,7 @@ class RedisStore:
             return None
         packed = b"".join(digests)
         prefix = self._checkpoint_key(b"")
-        cut = int(await self.script(scripts.LONGEST, [], [prefix, packed]))
+        cut = await self.script(scripts.LONGEST, [], [prefix, packed]) or 0
         while cut > 0:
             key = digests[cut - 1]
             found = self._cache.get(key)
@@ -145,7 +179,7 @@ class RedisStore:
             if found is not None:
                 return found
             # Expired or unreadable since the script ran: look below it.
-            cut = int(await self.script(scripts.LONGEST, [], [prefix, packed[: (cut - 1) * 16]]))
+            cut = await self.script(scripts.LONGEST, [], [prefix, packed[: (cut - 1) * 16]]) or 0
         return None
 
     async def _read(self, key: bytes, cut: int) -> Checkpoint | None:
@@ -219,14 +253,13 @@ class RedisStore:
         )
         if fence is None:
             return None
-        return RedisLease(self, key, int(fence), self._lease_ttl_s, self._tasks)
+        return RedisLease(self, key, fence, self._lease_ttl_s, self._tasks)
 
     async def holder(self, digests: Sequence[bytes]) -> bytes | None:
         if not digests:
             return None
-        cut = int(
-            await self.script(scripts.HOLDER, [], [self._prefix + b"lock:", b"".join(digests)])
-        )
+        locks = self._prefix + b"lock:"
+        cut = await self.script(scripts.HOLDER, [], [locks, b"".join(digests)]) or 0
         return digests[cut - 1] if cut > 0 else None
 
     async def wait(self, key: bytes, timeout_s: float) -> None:
@@ -249,11 +282,15 @@ class RedisStore:
 
     # -- keys and calls ------------------------------------------------------------------------
 
-    async def script(self, source: str, keys: list[Any], args: list[Any]) -> Any:
+    async def script(
+        self, source: str, keys: Sequence[bytes], args: Sequence[bytes | str | int]
+    ) -> int | None:
+        """Run one of redis_scripts: each answers an integer, or nil."""
         script = self._scripts.get(source)
         if script is None:
             script = self._scripts[source] = self._require().register_script(source)
-        return await script(keys=keys, args=args)
+        reply = await script(keys=keys, args=args)
+        return None if reply is None else int(reply)
 
     def lock_key(self, key: bytes) -> bytes:
         return self._prefix + b"lock:" + key
@@ -279,3 +316,10 @@ class RedisStore:
         if self._client is None:
             raise ConnectionError("the redis store is not open")
         return self._client
+
+
+def _where(options: Mapping[str, object]) -> str:
+    """Host and port, or the socket path, of a pool's connections: never the credentials."""
+    if "path" in options:
+        return str(options["path"])
+    return f"{options.get('host', 'localhost')}:{options.get('port', 6379)}"

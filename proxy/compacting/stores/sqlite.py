@@ -18,8 +18,9 @@ from cachetools import LRUCache
 
 from compaction import Checkpoint
 from proxy.compacting.cooldown import Cooldown, CooldownState
-from proxy.compacting.stores.backend import Lease, LocalLease
+from proxy.compacting.stores.roles import Lease, LocalLease
 from proxy.compacting.stores.sqlite_file import StateFile
+from proxy.metrics import StateMetrics
 
 # Checkpoints read back from the file and kept decoded; the keys of all of them stay in memory.
 _CACHED_CHECKPOINTS = 1024
@@ -37,6 +38,7 @@ class SqliteStore:
         ttl_s: float,
         failure_threshold: int,
         failure_cooldown_s: float,
+        metrics: StateMetrics,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = Path(path)
@@ -49,7 +51,7 @@ class SqliteStore:
         self._forwarded: dict[str, float] = {}  # compaction id -> expiry, oldest first
         self._cache: LRUCache[bytes, Checkpoint] = LRUCache(_CACHED_CHECKPOINTS)
         self._lease = LocalLease()
-        self._file = StateFile(self.path, max_entries=max_entries, clock=clock)
+        self._file = StateFile(self.path, max_entries=max_entries, metrics=metrics, clock=clock)
         self._pruned_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -111,7 +113,7 @@ class SqliteStore:
 
     async def _read(self, key: bytes) -> Checkpoint | None:
         body = await self._file.read(key)
-        if body is None:
+        if not isinstance(body, bytes | str):  # gone (None), or left by another writer
             self._index.pop(key, None)
             return None
         try:
@@ -156,13 +158,16 @@ class SqliteStore:
         if known is not None and known > now:
             return False  # forwarded by this process before a restart
         expires_at = now + self._ttl_s
-        self._forwarded[compaction_id] = expires_at
-        while len(self._forwarded) > self._max_entries:
-            del self._forwarded[next(iter(self._forwarded))]
+        # Known only once written: a mark that did not land (a full disk) is written again when
+        # the guard writes back after the outage (proxy.compacting.forwarded keeps concurrent
+        # callers of this process apart meanwhile).
         await self._file.write(
             "INSERT OR REPLACE INTO forwarded (id, expires_at) VALUES (?, ?)",
             (compaction_id, expires_at),
         )
+        self._forwarded[compaction_id] = expires_at
+        while len(self._forwarded) > self._max_entries:
+            del self._forwarded[next(iter(self._forwarded))]
         return True
 
     # Leases and claims are the process's own (one process per file); each still opens the file

@@ -17,7 +17,7 @@ from proxy.compacting.calibration import Calibration
 from proxy.compacting.hook import Replacements, Shared, build_hook
 from proxy.compacting.overflow import LearnedWindows
 from proxy.compacting.records import SessionRecords
-from proxy.compacting.stores.memory import MemoryStore
+from proxy.compacting.stores.local import LocalStore
 from proxy.http.upstream import Upstream
 from proxy.metrics import Metrics
 from proxy.tasks import BackgroundTasks
@@ -114,7 +114,7 @@ async def with_hook(
     offload it shares, or what it may replace (a compactor, body indexes, its state)."""
     settings = build_settings(upstream, **sections)
     metrics = Metrics()
-    parts.setdefault("store", MemoryStore(100, 600))
+    parts.setdefault("store", LocalStore(100, 600))
     records = parts.pop("records", SessionRecords(max_sessions=10, records_per_session=10))
     offload = parts.pop("offload", None)
     async with Upstream(settings.upstream, metrics) as own_upstream:

@@ -18,7 +18,7 @@ import orjson
 from compaction import Compactor, MemoryWriter
 from compaction.checkpoints import Checkpoint
 from proxy.compacting.records import SessionRecords
-from proxy.compacting.stores.memory import MemoryStore
+from proxy.compacting.stores.local import LocalStore
 from proxy.http import keys
 from tests import factories as f
 from tests.fakes.script import Script, tokens
@@ -32,7 +32,7 @@ class LateStore:
     this replica looked is missed by that look (`missed_lookups` of them)."""
 
     def __init__(self) -> None:
-        self.inner = MemoryStore(1000, 3600)
+        self.inner = LocalStore(1000, 3600)
         self.missed_lookups = 0
 
     async def longest(self, digests: Sequence[bytes]) -> Checkpoint | None:
@@ -161,7 +161,7 @@ class Disk:
 async def test_a_reserve_whose_memory_write_failed_writes_it_when_next_applied(
     start_proxy: StartProxy, upstream: FakeUpstream, script: Script, client: Any, tmp_path: Path
 ) -> None:
-    memory = MemoryWriter(tmp_path / "memory", write=Disk(full_for=1), claims=MemoryStore(9, 60))
+    memory = MemoryWriter(tmp_path / "memory", write=Disk(full_for=1), claims=LocalStore(9, 60))
     memory_file = tmp_path / "memory" / "agent-1" / "compaction_flush.jsonl"
     async with proxy_writing_with(start_proxy, upstream, memory) as (proxy, records):
         messages = just_under_the_trigger()
@@ -216,7 +216,7 @@ async def test_a_reserve_whose_memory_write_failed_writes_it_when_sent_under_the
 class HeldClaims:
     """The state's memory claims, the first claim held until `go` is set (`asked`: reached)."""
 
-    def __init__(self, inner: MemoryStore) -> None:
+    def __init__(self, inner: LocalStore) -> None:
         self.inner = inner
         self.asked = asyncio.Event()
         self.go = asyncio.Event()
@@ -233,7 +233,7 @@ class HeldClaims:
 async def test_a_reserve_applied_for_a_client_that_leaves_meanwhile_still_writes_its_memory(
     start_proxy: StartProxy, upstream: FakeUpstream, script: Script, client: Any, tmp_path: Path
 ) -> None:
-    claims = HeldClaims(MemoryStore(9, 60))
+    claims = HeldClaims(LocalStore(9, 60))
     memory = MemoryWriter(tmp_path / "memory", claims=claims)
     memory_file = tmp_path / "memory" / "agent-1" / "compaction_flush.jsonl"
     async with proxy_writing_with(start_proxy, upstream, memory) as (proxy, records):

@@ -12,7 +12,7 @@ import pytest
 
 from compaction.checkpoints import Checkpoint, conversation_seed, prefix_digests
 from compaction.marker import SUMMARY_MARKER
-from proxy.compacting.stores.memory import MemoryStore
+from proxy.compacting.stores.local import LocalStore
 from tests import factories as f
 from tests.fakes.script import Script
 from tests.proxy.compacting.conftest import WINDOW, conversation_of, forwarded, post
@@ -69,7 +69,7 @@ def test_what_is_not_a_checkpoint_is_refused(data: Any) -> None:
 async def test_the_memory_store_answers_the_longest_prefix_in_one_call() -> None:
     messages = _conversation(6)
     digests = prefix_digests(messages, SEED)
-    store = MemoryStore(max_entries=10, ttl_s=60)
+    store = LocalStore(max_entries=10, ttl_s=60)
     for cut in (2, 4):
         await store.put(_checkpoint(digests, cut))
     found = await store.longest(digests)
@@ -83,7 +83,7 @@ async def test_the_memory_store_answers_the_longest_prefix_in_one_call() -> None
 
 async def test_a_checkpoint_stored_under_a_digest_of_another_length_is_a_miss() -> None:
     digests = prefix_digests(_conversation(4), SEED)
-    store = MemoryStore(max_entries=10, ttl_s=60)
+    store = LocalStore(max_entries=10, ttl_s=60)
     await store.put(replace(_checkpoint(digests, 3), key=digests[1]))
     assert await store.longest(digests) is None
 
@@ -91,7 +91,7 @@ async def test_a_checkpoint_stored_under_a_digest_of_another_length_is_a_miss() 
 async def test_memory_store_entries_expire_after_their_ttl() -> None:
     now = [0.0]
     digests = prefix_digests(_conversation(3), SEED)
-    store = MemoryStore(max_entries=10, ttl_s=5, timer=lambda: now[0])
+    store = LocalStore(max_entries=10, ttl_s=5, timer=lambda: now[0])
     await store.put(_checkpoint(digests, 2))
     assert await store.longest(digests) is not None
     now[0] = 6.0

@@ -12,15 +12,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from compaction.checkpoints import Checkpoint
-from proxy.compacting.stores.backend import Lease
 from proxy.compacting.stores.guard import Guarded
-from proxy.compacting.stores.memory import MemoryStore
+from proxy.compacting.stores.local import LocalStore
+from proxy.compacting.stores.roles import Lease
 from proxy.metrics import StateMetrics
 from proxy.tasks import BackgroundTasks
 from tests.proxy.state.test_stores import DIGESTS, _checkpoint
 
 
-class Flaky(MemoryStore):
+class Flaky(LocalStore):
     """A backend that can be down (refusing every call) or slow (answering after `delay_s`)."""
 
     name = "flaky"
@@ -59,7 +59,7 @@ def _guarded(
     registry = CollectorRegistry()
     guard = Guarded(
         backend,
-        MemoryStore(100, 60),
+        LocalStore(100, 60),
         StateMetrics(registry),
         BackgroundTasks() if tasks is None else tasks,
         timeout_s=timeout_s,

@@ -84,3 +84,26 @@ async def test_a_state_file_that_cannot_be_opened_degrades_and_recovers(
     assert "state backend is back" in proxy.log.read_text()
     await proxy.stop(signal.SIGTERM)
     assert (blocker / "state.sqlite3").stat().st_size > 0
+
+
+async def test_a_state_file_deleted_while_serving_loses_nothing_across_a_restart(
+    spawn: SpawnProxy, script: Script, client: Any, tmp_path: Path
+) -> None:
+    proxy = await spawn()
+    messages = conversation_of(int(WINDOW * 1.1))
+    sessions = ("agent-1", "agent-2")
+    first = await post(client, proxy, messages, session=sessions[0])
+    assert first.headers["x-compaction-status"] == "applied"
+    (tmp_path / "state.sqlite3").unlink()  # an operator's clean-up, while the proxy runs
+    second = await post(client, proxy, messages, session=sessions[1])
+    assert second.headers["x-compaction-status"] == "applied"
+    assert await proxy.metric(client, "compaction_proxy_state_files_replaced_total") == 1
+
+    await proxy.stop(signal.SIGKILL)
+    await proxy.start()
+    for session in sessions:
+        grown = [*messages, f.assistant("ok"), f.user(f"go on, {session}")]
+        again = await post(client, proxy, grown, session=session)
+        assert again.headers["x-compaction-status"] == "reused", session
+    assert len(script.calls("summary")) == 2
+    assert proxy.log.read_text().count("the state file vanished") == 1

@@ -14,6 +14,7 @@ def test_sqlite_in_the_workspace_is_the_default() -> None:
     assert state.backend == "sqlite"
     assert state.path == Path("workspace/state.sqlite3")
     assert state.redis_url is None
+    assert state.redis_max_connections == 32
 
 
 @pytest.mark.parametrize(
@@ -21,6 +22,15 @@ def test_sqlite_in_the_workspace_is_the_default() -> None:
     [
         ({"backend": "redis"}, "state: redis_url is required when backend is redis"),
         ({"backend": "redis", "redis_url": "http://x"}, "state.redis_url: must be a redis://"),
+        (
+            {"backend": "redis", "redis_url": "redis://127.0.0.1:6379/abc"},
+            "state.redis_url: the database must be a number",
+        ),
+        (
+            {"backend": "redis", "redis_url": "redis://127.0.0.1:port/0"},
+            "state.redis_url: the port must be a number",
+        ),
+        ({"redis_max_connections": 0}, "state.redis_max_connections: Input should be greater"),
         ({"backend": "disk"}, "state.backend: Input should be 'memory', 'sqlite' or 'redis'"),
         ({"timeout_s": 0}, "state.timeout_s: Input should be greater than 0"),
     ],

@@ -15,16 +15,18 @@ from typing import Any
 import orjson
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
 
 from compaction.checkpoints import Checkpoint, conversation_seed, prefix_digests
 from compaction.marker import SUMMARY_MARKER
 from proxy.compacting.applied import AppliedCompactions
+from proxy.compacting.conversations import stored_under
 from proxy.compacting.flight import run_once_everywhere
-from proxy.compacting.stores.backend import stored_under
-from proxy.compacting.stores.memory import MemoryStore
+from proxy.compacting.stores.local import LocalStore
 from proxy.compacting.stores.redis import RedisStore
 from proxy.compacting.stores.sqlite import SqliteStore
 from proxy.compacting.stores.sqlite_file import StateFile
+from proxy.metrics import StateMetrics
 from proxy.tasks import BackgroundTasks
 from tests import factories as f
 from tests.proxy.state.conftest import RedisServer
@@ -44,6 +46,7 @@ def _sqlite(path: Path, now: list[float], **options: Any) -> SqliteStore:
         "ttl_s": 60.0,
         "failure_threshold": 3,
         "failure_cooldown_s": 30.0,
+        "metrics": StateMetrics(CollectorRegistry()),
     }
     return SqliteStore(path, clock=lambda: now[0], **{**settings, **options})
 
@@ -181,7 +184,11 @@ async def stores(redis_server: RedisServer) -> AsyncIterator[tuple[RedisStore, R
 
 
 def _redis(
-    url: str, ttl_s: float = 60.0, lease_ttl_s: float = 5.0, tasks: BackgroundTasks | None = None
+    url: str,
+    ttl_s: float = 60.0,
+    lease_ttl_s: float = 5.0,
+    tasks: BackgroundTasks | None = None,
+    max_connections: int = 32,
 ) -> RedisStore:
     return RedisStore(
         url,
@@ -190,6 +197,7 @@ def _redis(
         failure_cooldown_s=30,
         lease_ttl_s=lease_ttl_s,
         timeout_s=2.0,
+        max_connections=max_connections,
         tasks=BackgroundTasks() if tasks is None else tasks,
         # Waiters re-check rarely here, so a lost notice shows as a long wait, never hides.
         recheck_s=30.0,
@@ -312,7 +320,9 @@ async def test_a_sqlite_write_given_up_leaves_the_rest_of_its_batch_to_finish(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "state.sqlite3"
-    state = StateFile(path, max_entries=100, clock=time.time)
+    state = StateFile(
+        path, max_entries=100, metrics=StateMetrics(CollectorRegistry()), clock=time.time
+    )
     await state.open()
     insert = "INSERT OR REPLACE INTO forwarded (id, expires_at) VALUES (?, ?)"
     expires_at = time.time() + 60
@@ -449,8 +459,8 @@ async def test_the_longest_live_checkpoint_is_found_when_a_longer_one_expired_or
     # `longest` walks a request's digests from the end and stops at the first live checkpoint:
     # one that expired or was evicted must not hide an earlier one that lives.
     now = [0.0]
-    stores: MemoryStore | SqliteStore = (
-        MemoryStore(3, 10.0, timer=lambda: now[0])
+    stores: LocalStore | SqliteStore = (
+        LocalStore(3, 10.0, timer=lambda: now[0])
         if store == "memory"
         else _sqlite(tmp_path / "state.db", now, max_entries=3, ttl_s=10.0)
     )

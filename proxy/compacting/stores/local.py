@@ -1,6 +1,7 @@
 """State in the process: checkpoints (bounded, least recently used first, each for `ttl_s`),
 cooldowns, and leases that are always granted. Lost at restart and not shared between replicas;
-also the in-process cache that a guarded backend falls back to."""
+also the in-process cache that a guarded backend falls back to. (`state.backend: memory` in the
+configuration.)"""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from collections.abc import Callable, Sequence
 
 from compaction import Checkpoint, CheckpointCache
 from proxy.compacting.cooldown import Cooldown
-from proxy.compacting.stores.backend import Lease, LocalLease
+from proxy.compacting.stores.roles import Lease, LocalLease
 
 
-class MemoryStore:
+class LocalStore:
     """The async state backend over the library's in-process table."""
 
-    name = "memory"
+    name = "memory"  # the configuration's word for it
 
     def __init__(
         self,
