@@ -15,7 +15,7 @@ import pytest
 
 from compaction import SUMMARY_MARKER
 from tests.e2e.apis import DONE, printed
-from tests.e2e.conftest import SDK_MODEL, Stack
+from tests.e2e.conftest import SDK_MODEL, Stack, agents_sdk
 
 PROMPTS = ("Tally the words, conversation one.", "Tally the lines, conversation two.")
 _PARAMETERS = {"type": "object", "properties": {"command": {"type": "string"}}}
@@ -137,6 +137,31 @@ async def anthropic_loop(stack: Stack, prompt: str, stream: bool, *, thinking: b
     raise AssertionError("the loop did not finish")
 
 
+async def agents_loop(stack: Stack, prompt: str, stream: bool) -> str:
+    """The openai-agents SDK as a user first writes it: an Agent with one function tool on the
+    SDK's default model (Responses), its default client pointed at the proxy."""
+    sdk = agents_sdk()
+    client = openai.AsyncOpenAI(base_url=f"{stack.proxy_url}/v1", api_key="sk-e2e")
+    sdk.set_default_openai_client(client, use_for_tracing=False)
+    sdk.set_tracing_disabled(True)
+
+    def run(command: str) -> str:
+        """Run a shell command."""
+        return printed({"command": command})
+
+    agent = sdk.Agent(
+        name="agent", instructions="Agent.", model=SDK_MODEL, tools=[sdk.function_tool(run)]
+    )
+    async with client:
+        if stream:
+            streamed = sdk.Runner.run_streamed(agent, prompt, max_turns=_MAX_TURNS)
+            async for _ in streamed.stream_events():
+                pass
+            return str(streamed.final_output)
+        result = await sdk.Runner.run(agent, prompt, max_turns=_MAX_TURNS)
+        return str(result.final_output)
+
+
 async def anthropic_thinking_loop(stack: Stack, prompt: str, stream: bool) -> str:
     return await anthropic_loop(stack, prompt, stream, thinking=True)
 
@@ -148,9 +173,10 @@ async def anthropic_thinking_loop(stack: Stack, prompt: str, stream: bool) -> st
         (chat_loop, "/v1/chat/completions"),
         (responses_loop, "/v1/responses"),
         (anthropic_loop, "/v1/messages"),
+        (agents_loop, "/v1/responses"),
         (anthropic_thinking_loop, "/v1/messages"),
     ],
-    ids=["openai-chat", "openai-responses", "anthropic", "anthropic-thinking"],
+    ids=["openai-chat", "openai-responses", "anthropic", "openai-agents", "anthropic-thinking"],
 )
 async def test_sdk_tool_loops(stack: Stack, loop: Loop, path: str, stream: bool) -> None:
     sessions: set[str] = set()
