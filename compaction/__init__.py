@@ -57,7 +57,7 @@ from compaction.messages import (
     message_text,
     read_items,
 )
-from compaction.offload import Inline, JsonArray, Offload
+from compaction.offload import Inline, JsonArray, Offload, OffloadLost
 from compaction.settings import CompactionSettings
 from compaction.summarize import is_substantive, summary_message, summary_text
 from compaction.tokens import REPLY_PRIMING_TOKENS, HeuristicEstimator, estimate_request
@@ -108,6 +108,7 @@ __all__ = [
     "MemoryWriter",
     "Message",
     "Offload",
+    "OffloadLost",
     "Plan",
     "Purpose",
     "Round",

@@ -31,7 +31,7 @@ from compaction.composition import LLM_SHARE
 from compaction.memory import MemoryWriter, write_items
 from compaction.mentions import MentionCache
 from compaction.messages import CHAT, Shape
-from compaction.offload import Inline, JobMessages, JsonArray, Offload
+from compaction.offload import Inline, JobMessages, JsonArray, Offload, OffloadLost
 from compaction.plan import should_compact
 from compaction.settings import CompactionSettings
 from compaction.stages import (
@@ -247,13 +247,16 @@ class Compaction:
     async def run(
         self, *, llm: ChatLLM | None, session_id: str | None, flush_memory: bool = True
     ) -> CompactionResult:
-        """Carry the plan out; on any failure the input comes back unchanged, with why. With
+        """Carry the plan out; on any failure the input comes back unchanged, with why, but for
+        a job the offload lost (`OffloadLost`, reported by the offload): raised as it is. With
         `flush_memory` False the memory items are only returned (a compaction prepared ahead
         of need writes them with `Compactor.flush_memory()` when it is applied, if ever). A
         second run (say, without the model, when the first takes too long) reads for itself."""
         attempt = _Attempt(uuid.uuid4().hex, self.compactor.clock())
         try:
             return await self._run(attempt, llm, session_id, flush_memory=flush_memory)
+        except OffloadLost:
+            raise
         except Exception as exc:  # fail open: the agent's request must go out regardless
             logger.warning("compaction failed, forwarding unchanged: %r", exc, exc_info=True)
             return self._unchanged(

@@ -27,6 +27,12 @@ Job = TypeVar("Job")
 Result = TypeVar("Result")
 
 
+class OffloadLost(Exception):
+    """Raised by an `Offload` that lost a job with the process running it, once it reported the
+    loss itself: `Compaction.run` lets it through rather than log it again as a failed
+    compaction (nothing was wrong with the compaction, only with where it ran)."""
+
+
 class Offload(Protocol):
     """Runs a job's function somewhere, and says whether that is another process."""
 
@@ -38,7 +44,7 @@ class Offload(Protocol):
         ...
 
     async def run(self, fn: Callable[[Job], Result], job: Job) -> Result:
-        """`fn(job)`, wherever this offload runs CPU work."""
+        """`fn(job)`, wherever this offload runs CPU work; `OffloadLost` if it lost the job."""
         ...
 
 

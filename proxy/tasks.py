@@ -1,7 +1,8 @@
 """Background work: every task the proxy starts on its own goes through here.
 
 The set keeps a strong reference to each running task (asyncio keeps only weak ones) and
-`close()` cancels what is left at shutdown, so nothing runs after the app is gone.
+`close()` cancels what is left at shutdown, so nothing runs after the app is gone. A task that
+fails is logged once, here, unless its failure was logged where it was found (`Reported`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ from typing import TypeVar
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
+
+
+class Reported(Exception):
+    """A failure logged and counted where it was found (e.g. a lost worker process): a task
+    that ends with it is not logged again, however many tasks it took down."""
 
 
 class BackgroundTasks:
@@ -32,10 +38,13 @@ class BackgroundTasks:
 
     def _finished(self, task: asyncio.Task[object]) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None and not isinstance(error, Reported):
             log.warning(
                 "background task failed",
-                extra={"task": task.get_name(), "error": repr(task.exception())},
+                extra={"task": task.get_name(), "error": repr(error)},
             )
 
     def __len__(self) -> int:

@@ -32,6 +32,7 @@ from compaction import (
     plan_key,
 )
 from proxy.compacting.applied import AppliedCompactions
+from proxy.compacting.archiving import Archiving
 from proxy.compacting.fallback import GRACE_S, fallback
 from proxy.compacting.flight import (
     SingleFlight,
@@ -42,7 +43,7 @@ from proxy.compacting.flight import (
 )
 from proxy.compacting.history import History, ListHistory, raw_tokens
 from proxy.compacting.llm_client import LLMFactory
-from proxy.compacting.records import SessionRecords, record_compaction
+from proxy.compacting.records import SessionRecords, folded_range, record_compaction
 from proxy.compacting.request import Decision, ParsedRequest
 from proxy.compacting.reserve_writes import ReserveWrites
 from proxy.compacting.stores.roles import Cooldowns, ForwardedMarks, Leases
@@ -64,6 +65,43 @@ class Choice:
     compacts: bool = False
 
 
+# Why a request waited for a compaction (its record's `waited`).
+_WAITED_OFF = "nothing is prepared ahead: compaction.precompute_ratio is 0"
+_WAITED_NOTHING = (
+    "nothing was prepared ahead: no earlier request of this conversation came within the "
+    "precompute lead of its trigger (it grew past both in one step, or it is new here)"
+)
+_WAITED_GREW = (
+    "the view on the latest checkpoint is still over the trigger: the conversation grew more "
+    "than the precompute lead since it was prepared"
+)
+_WAITED_RUNNING = "the compaction prepared ahead was not ready, or left a view over the trigger"
+_WAITED_OVERFLOW = "the upstream refused the request as too long"
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """The waits of one request, from its arrival (Conversations.deadline): in the pool (a long
+    body indexed, a plan) and for a summary until `summary` (`summary_timeout_s` after it
+    arrived); a plan, whose fallback needs one, at least GRACE_S after it arrived (`plan`); and
+    in all, the fallback's grace included, until GRACE_S after `summary`."""
+
+    summary: float
+    plan: float
+    clock: Callable[[], float]
+
+    def left(self) -> float:
+        """How long the request may still wait in the pool or for a summary (0: no longer)."""
+        return max(0.0, self.summary - self.clock())
+
+    def left_to_plan(self) -> float:
+        return max(0.0, self.plan - self.clock())
+
+    def left_in_all(self) -> float:
+        """How long the summary built by code may still take (at most GRACE_S)."""
+        return min(GRACE_S, max(0.0, self.summary + GRACE_S - self.clock()))
+
+
 class Conversations:
     def __init__(
         self,
@@ -78,6 +116,7 @@ class Conversations:
         records: SessionRecords,
         metrics: CompactionMetrics,
         tasks: BackgroundTasks,
+        archiving: Archiving | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._options = options
@@ -87,6 +126,7 @@ class Conversations:
         self._records = records
         self._metrics = metrics
         self._clock = clock
+        self._archiving = archiving
         self._leases = leases  # single-flight across processes (proxy.compacting.stores)
         self._cooldowns = cooldowns
         self._flight: SingleFlight[bytes, CompactionResult | Checkpoint] = SingleFlight(tasks)
@@ -117,28 +157,46 @@ class Conversations:
         base, after, _ = await self.view(req, history)
         return Choice(before, base, after, base is None or self.needs(req, after))
 
-    async def carry_out(self, req: ParsedRequest, history: History, choice: Choice) -> Decision:
+    def deadline(self) -> Deadline:
+        """The waits of a request arriving now (see Deadline)."""
+        now, summary_s = self._clock(), self._options.summary_timeout_s
+        return Deadline(
+            summary=now + summary_s, plan=now + max(summary_s, GRACE_S), clock=self._clock
+        )
+
+    async def carry_out(
+        self, req: ParsedRequest, history: History, choice: Choice, deadline: Deadline | None = None
+    ) -> Decision:
         """What `choice` forwards for the parsed request `req`: the request as sent, a view
         that fits (reused), else after waiting for a compaction of this conversation already
         under way (a precompute still planning included), a view that fits then or a compaction
-        of the view once more."""
+        of the view once more; waiting within `deadline` (taken when the request arrived; None:
+        now)."""
         before = choice.before
         if not choice.compacts:
             if choice.base is None:
                 return Decision(req.messages, "none", before, before, None)
             return await self._reused(View.of(req.messages, choice.base), before, choice.after)
-        timeout_s = self._options.summary_timeout_s
-        deadline = self._clock() + timeout_s
+        if deadline is None:
+            deadline = self.deadline()
         digests = history.prefix_digests()
         flight, leases = self._flight, self._leases
+        timeout_s = deadline.left()
         if await wait_for_running(flight, leases, digests, timeout_s, starting=self.planning):
             base, tokens, _ = await self.view(req, history)
             if base is not None and not self.needs(req, tokens):
                 return await self._reused(View.of(req.messages, base), before, tokens)
             view = View.of(req.messages, base)
+            waited = _WAITED_RUNNING
         else:
             view, tokens = View.of(req.messages, choice.base), choice.after
-        return await self._compact_view(req, history, view, tokens, before, deadline, "trigger")
+            if not self._options.precompute_ratio:
+                waited = _WAITED_OFF
+            else:
+                waited = _WAITED_NOTHING if choice.base is None else _WAITED_GREW
+        return await self._compact_view(
+            req, history, view, tokens, before, deadline, "trigger", waited
+        )
 
     async def compact_after_overflow(
         self, req: ParsedRequest, history: ListHistory, before: int
@@ -147,13 +205,15 @@ class Conversations:
         budget, `history` is its list): compact further now. A checkpoint held in reserve is the
         first step; nothing is reused or waited for on the strength of the estimate that just
         proved wrong."""
-        deadline = self._clock() + self._options.summary_timeout_s
+        deadline = self.deadline()
         base, tokens, reserve = await self.view(req, history)
         if reserve is not None:
             base, tokens = reserve, self.estimate(req, history, reserve)
             await self.flush_reserve(req, reserve)
         view = View.of(req.messages, base)
-        return await self._compact_view(req, history, view, tokens, before, deadline, "overflow")
+        return await self._compact_view(
+            req, history, view, tokens, before, deadline, "overflow", _WAITED_OVERFLOW
+        )
 
     # -- shared with proxy.compacting.precompute -----------------------------------------------
 
@@ -206,9 +266,12 @@ class Conversations:
         compaction: Compaction,
         digests: Sequence[bytes],
         reason: str,
+        *,
+        waited: str | None = None,
     ) -> asyncio.Task[CompactionResult | Checkpoint] | None:
         """The (single-flight) summarization carrying out `compaction`, or the checkpoint
-        another process stored for it; None if it folds nothing new."""
+        another process stored for it; None if it folds nothing new. `waited`: why a request
+        waits for it (its record says so; None: prepared ahead)."""
         key = plan_key(view, compaction.plan, digests)
         if key is None:
             return None
@@ -217,7 +280,7 @@ class Conversations:
             lambda: run_once_everywhere(
                 self._leases,
                 key,
-                lambda: self._summarize(req, view, compaction, digests, reason),
+                lambda: self._summarize(req, view, compaction, digests, reason, waited),
                 lambda: self.stored(digests, key),
                 # As long as the summarizer call itself may take (see hook.build_hook).
                 budget_s=self._options.summary_timeout_s * 3,
@@ -234,22 +297,22 @@ class Conversations:
         view: View,
         tokens: int,
         before: int,
-        deadline: float,
+        deadline: Deadline,
         reason: str,
+        waited: str,
     ) -> Decision:
         digests = history.prefix_digests()
-        try:  # a stuck worker holds no request past its deadline (and a plan's fallback's grace)
-            waited = max(deadline - self._clock(), GRACE_S)
-            compaction = await asyncio.wait_for(self.plan(req, view), waited)
+        try:  # a stuck worker holds no request past its deadline
+            compaction = await asyncio.wait_for(self.plan(req, view), deadline.left_to_plan())
         except (TimeoutError, WorkerLost):  # a worker lost is logged where it was found
             return await self._as_is(view, before, tokens)
         key = plan_key(view, compaction.plan, digests)
         joined = key is not None and key in self._flight
-        task = self.start(req, view, compaction, digests, reason)
+        task = self.start(req, view, compaction, digests, reason, waited=waited)
         if task is None:
             return await self._as_is(view, before, tokens)
         try:
-            result = await wait_shielded(task, max(0.0, deadline - self._clock()))
+            result = await wait_shielded(task, deadline.left())
             if joined and not isinstance(result, Checkpoint) and result.path != "unchanged":
                 # Another request's list, with its own last turns: take the stored checkpoint.
                 stored = await self.stored(digests, key)
@@ -262,7 +325,9 @@ class Conversations:
             # fallback, which flushes memory too: the summarization may yet fold nothing.
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
-            result = await fallback(self._run(req, compaction, llm=None), compaction)
+            result = await fallback(
+                self._run(req, compaction, llm=None), compaction, deadline.left_in_all()
+            )
         if not isinstance(result, Checkpoint) and result.path == "unchanged":
             return await self._as_is(view, before, tokens)
         # "applied": computed for this request, or the first to go out with it (a checkpoint).
@@ -305,6 +370,7 @@ class Conversations:
         compaction: Compaction,
         digests: Sequence[bytes],
         reason: str,
+        waited: str | None,
     ) -> CompactionResult:
         summary_model = self._options.summary_model or req.model
         # One tenant's failing key must not cool the summarizer down for everyone.
@@ -326,8 +392,21 @@ class Conversations:
         checkpoint = checkpoint_after(view, result, digests, precomputed=reason == "precompute")
         if checkpoint is not None:
             await self._store.put(checkpoint)
+        folded = folded_range(view, checkpoint)
+        if folded is not None and self._archiving is not None:
+            self._archiving.keep(req, range(*folded), result.compaction_id)
         record_compaction(
-            self._records, self._metrics, req, view, result, reason=reason, checkpoint=checkpoint
+            self._records,
+            self._metrics,
+            req,
+            view,
+            result,
+            reason=reason,
+            checkpoint=checkpoint,
+            # What goes out: a reserve is prepared to a target lowered by the growth still to
+            # come, and fits the request well before it reaches that target.
+            fits=not self.needs(req, result.tokens_after),
+            waited=waited,
         )
         return result
 

@@ -19,11 +19,11 @@ GRACE_S = 5.0
 
 
 async def fallback(
-    built_by_code: Awaitable[CompactionResult], compaction: Compaction
+    built_by_code: Awaitable[CompactionResult], compaction: Compaction, timeout_s: float = GRACE_S
 ) -> CompactionResult:
-    """`built_by_code` (`compaction` run without the model) if it is ready within GRACE_S,
-    else its folded part dropped."""
+    """`built_by_code` (`compaction` run without the model) if it is ready within `timeout_s`
+    (at most GRACE_S: what is left of the request's), else its folded part dropped."""
     try:
-        return await asyncio.wait_for(built_by_code, GRACE_S)
+        return await asyncio.wait_for(built_by_code, min(timeout_s, GRACE_S))
     except (TimeoutError, WorkerLost):  # a worker lost is logged where it was found
         return compaction.dropped()

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from compaction import CheckpointStore, Compactor, MemoryWriter, Offload
+from proxy.compacting.archiving import Archiving
 from proxy.compacting.calibration import Calibration
-from proxy.compacting.conversations import Conversations
+from proxy.compacting.conversations import Conversations, Deadline
 from proxy.compacting.dialects import Dialect, NotCompactable, for_route
 from proxy.compacting.discovery import WindowDiscovery
 from proxy.compacting.exchange import (
@@ -70,6 +71,8 @@ class Shared:
     calibration: Calibration
     learned: LearnedWindows
     offload: Offload | None = None
+    archiving: Archiving | None = None
+    """Archives each compaction's folded turns (proxy.compacting.archiving); None: not kept."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,8 @@ class CompactingHook:
                 untouched,
                 lambda status, error: self._retry_unparsed(ctx, dialect, body, status, error),
             )
+        # Every wait of this request, in the pool and on a summarizer, counts from now.
+        deadline = self._conversations.deadline()
         key = self._fast.key(ctx, dialect, body)  # long conversations are remembered
         index = None
         if key is not None:
@@ -155,11 +160,11 @@ class CompactingHook:
         except NotCompactable:
             return untouched
         if key is not None and index is None:
-            index = await self._fast.remember(key, body, request)
+            index = await self._fast.remember(key, body, request, deadline)
         if index is not None:
             request = request.located(index.array(), index.count)
         try:
-            return await self._prepare(request, index)
+            return await self._prepare(request, index, deadline)
         except Exception:  # fail open: the agent's request always goes through
             log.exception("compaction failed; forwarding the original request")
             self._metrics.errors.inc()
@@ -199,11 +204,13 @@ class CompactingHook:
         exchange = self._exchange(request, unchanged)
         return exchange if await exchange.retry_after_error(status, error) else None
 
-    async def _prepare(self, request: ParsedRequest, index: BodyIndex | None) -> Exchange:
+    async def _prepare(
+        self, request: ParsedRequest, index: BodyIndex | None, deadline: Deadline
+    ) -> Exchange:
         # A remembered body's index is its history counted and hashed off the loop already.
         history: History = index if index is not None else ListHistory.of(request)
         choice = await self._conversations.decide(request, history)
-        decision = await self._conversations.carry_out(request, history, choice)
+        decision = await self._conversations.carry_out(request, history, choice, deadline)
         self._metrics.decided(decision.status, request.dialect.name).inc()
         self._precompute.after_forwarding(request, decision.tokens_after, choice.before)
         return self._exchange(request, decision, index)
@@ -258,6 +265,7 @@ def build_hook(
         records=shared.records,
         metrics=shared.metrics,
         tasks=shared.tasks,
+        archiving=shared.archiving,
     )
     discovery = None
     if settings.models.discover:

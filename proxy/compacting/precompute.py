@@ -2,11 +2,17 @@
 
 Past `compaction.precompute_ratio`, after a request was forwarded, the next compaction runs in
 the background; its checkpoint is held in reserve until the trigger (see Conversations.view).
+The trigger is whichever rule fires first: `trigger_ratio` of the window, or the prompt plus the
+request's `max_tokens` no longer fitting it (a client asking 32k of a 100k window is compacted
+at 68k); preparing starts as far before it as `precompute_ratio` is before `trigger_ratio`, so
+a client asking a large `max_tokens` is prepared for as early, relative to its trigger.
 A conversation for which a check found nothing to do is left quiet until its history grew past
 what could change that.
 """
 
 from __future__ import annotations
+
+import math
 
 from cachetools import LRUCache
 
@@ -76,9 +82,7 @@ class Precompute:
         base, tokens, reserve = await conversations.view(request, history)
         if reserve is not None:
             # The next checkpoint is ready; nothing to do until the view reaches the trigger.
-            self._quiet_for(
-                request, raw_tokens, self._options.trigger_ratio * request.window - tokens
-            )
+            self._quiet_for(request, raw_tokens, trigger(self._options, request) - tokens)
             return
         threshold = self._threshold(request)
         if tokens < threshold:
@@ -100,12 +104,18 @@ class Precompute:
         """The target minus the growth still to come before the trigger: applied then, the
         reserve leaves the request near the target rather than already near the trigger."""
         options = self._options
-        growth = max(0.0, options.trigger_ratio * request.window - tokens) / request.window
+        growth = max(0.0, trigger(options, request) - tokens) / request.window
         return max(MIN_PRECOMPUTE_TARGET_RATIO, options.target_ratio - growth)
 
     def _threshold(self, request: ParsedRequest) -> float:
-        ratio = self._options.precompute_ratio
-        return ratio * request.window if ratio else float("inf")
+        """Where preparing starts: `precompute_ratio` of the window, or as far before the
+        `max_tokens` rule's trigger as that is before `trigger_ratio`, whichever comes first."""
+        options = self._options
+        ratio = options.precompute_ratio
+        if not ratio:
+            return float("inf")
+        lead = (options.trigger_ratio - ratio) * request.window
+        return max(0.0, min(ratio * request.window, trigger(options, request) - lead))
 
     def _is_quiet(self, request: ParsedRequest, raw_tokens: int) -> bool:
         """True while an earlier check of this conversation proved a precompute pointless."""
@@ -114,6 +124,16 @@ class Precompute:
 
     def _quiet_for(self, request: ParsedRequest, raw_tokens: int, growth: float) -> None:
         self._quiet[_conversation_key(request)] = (raw_tokens, raw_tokens + int(growth))
+
+
+def trigger(options: CompactionSection, request: ParsedRequest) -> int:
+    """The smallest estimate at which `request` is compacted (compaction.should_compact): at
+    `trigger_ratio` of its window, or sooner when the prompt plus its `max_tokens` would not
+    fit the window."""
+    at_ratio = math.ceil(options.trigger_ratio * request.window)
+    if request.max_output_tokens is None:
+        return at_ratio
+    return min(at_ratio, request.window - request.max_output_tokens + 1)
 
 
 def _conversation_key(request: ParsedRequest) -> bytes:

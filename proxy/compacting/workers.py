@@ -38,15 +38,19 @@ from typing import TypeVar
 
 from prometheus_client import Counter
 
+from compaction import OffloadLost
+from proxy.tasks import Reported
+
 Job = TypeVar("Job")
 Result = TypeVar("Result")
 
 log = logging.getLogger(__name__)
 
 
-class WorkerLost(Exception):
+class WorkerLost(Reported, OffloadLost):
     """The worker process running a job was lost: it died, or it missed the job's deadline and
-    was killed. Logged and counted once, by the `Workers` that found it."""
+    was killed. Logged and counted once, by the `Workers` that found it (a background task
+    that ends with it, a precompute or a summarization, is not logged again)."""
 
 
 class Workers:

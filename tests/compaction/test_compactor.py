@@ -19,6 +19,7 @@ from compaction import (
     JsonArray,
     MemoryWriter,
     Message,
+    OffloadLost,
     Plan,
     is_summary_message,
     summary_text,
@@ -26,7 +27,7 @@ from compaction import (
 from compaction.invariants import check_compacted, check_tool_pairing
 from tests.compaction.conftest import ScriptedLLM, memory_reply, sleep_forever
 from tests.factories import agent_conversation, conversations, simple_conversation
-from tests.fakes.offload import PicklingOffload, RecordingOffload
+from tests.fakes.offload import LosingOffload, PicklingOffload, RecordingOffload
 
 FAST = CompactionSettings(llm_timeout_s=0.2)
 
@@ -382,3 +383,16 @@ async def test_too_little_to_fold_is_decided_before_any_model_call() -> None:
     assert result.path == "unchanged" and "too little" in result.reason
     assert result.messages is messages
     assert llm.calls == []
+
+
+async def test_a_job_its_offload_lost_is_raised_not_logged_as_a_failed_compaction(
+    llm: ScriptedLLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The offload reported the loss (the proxy: one line per lost worker); the run says nothing
+    # more, and its caller falls back as for any failure it was told of.
+    compactor = Compactor(settings=FAST, offload=LosingOffload())
+    messages = agent_conversation(8, blocks=4, output_chars=1500)
+    compaction = await compactor.prepare(messages, window=_over(compactor, messages))
+    with pytest.raises(OffloadLost):
+        await compaction.run(llm=llm, session_id=None)
+    assert caplog.records == []

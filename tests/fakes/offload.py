@@ -11,6 +11,7 @@ import asyncio
 import pickle
 from typing import Any
 
+from compaction import OffloadLost
 from compaction.stages import make_plan
 
 
@@ -51,3 +52,13 @@ class SlowFirstPlan(RecordingOffload):
             self.planning.set()
             await asyncio.sleep(self.delay_s)
         return await super().run(fn, job)
+
+
+class LosingOffload(RecordingOffload):
+    """Plans, then loses every later job (as a worker killed mid-job: `OffloadLost`)."""
+
+    async def run(self, fn: Any, job: Any) -> Any:
+        if fn is make_plan:
+            return await super().run(fn, job)
+        self.jobs.append(job)
+        raise OffloadLost("lost with its worker")

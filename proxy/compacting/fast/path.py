@@ -12,13 +12,14 @@ from the client's bytes as the full path splices it (Anthropic's joined summary 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import orjson
 
 from compaction import Checkpoint, Message
 from proxy.compacting.calibration import Calibration
-from proxy.compacting.conversations import Conversations
+from proxy.compacting.conversations import Conversations, Deadline
 from proxy.compacting.dialects import Dialect, NotCompactable
 from proxy.compacting.exchange import CompactedExchange, describe
 from proxy.compacting.fast.indexes import BodyIndex, BodyIndexes
@@ -123,12 +124,16 @@ class FastPath:
         )
         return exchange, index
 
-    async def remember(self, key: int, body: bytes, request: ParsedRequest) -> BodyIndex | None:
-        """Index a parsed request (the next of its conversation is then recognized)."""
+    async def remember(
+        self, key: int, body: bytes, request: ParsedRequest, deadline: Deadline
+    ) -> BodyIndex | None:
+        """Index a parsed request (the next of its conversation is then recognized), within
+        the request's `deadline`: a worker that does not index it in time (stuck, or busy)
+        costs the request its speed, never its answer."""
         dialect = request.dialect
         opening = opening_of(request.messages)
         try:
-            return await self._indexes.learn(
+            learned = self._indexes.learn(
                 key,
                 body,
                 len(request.messages),
@@ -138,7 +143,8 @@ class FastPath:
                 opening=opening,
                 fingerprint=(dialect.opening(request.payload, opening), request.opening),
             )
-        except WorkerLost:  # logged where it was found
+            return await asyncio.wait_for(learned, deadline.left())
+        except (TimeoutError, WorkerLost):  # a worker lost is logged where it was found
             return None
         except Exception:  # only the next request's speed depends on it
             log.exception("remembering a long request failed")

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from proxy.app import WORKERS
@@ -118,3 +119,55 @@ async def test_a_worker_killed_under_requests_is_one_line_and_one_count(
     assert [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info] == []
     [line] = worker_lines(caplog)
     assert line.levelno == logging.WARNING and "died" in line.getMessage()
+
+
+async def test_a_long_new_request_is_answered_in_time_while_every_worker_is_stopped(
+    start: Any, script: Script, client: aiohttp.ClientSession
+) -> None:
+    """A body long enough to be remembered is indexed in a worker before it is decided: that
+    wait is the request's too, counted from its arrival, not the worker's longer deadline."""
+    proxy = await start(compaction={"summary_timeout_s": SUMMARY_TIMEOUT_S, "worker_timeout_s": 30})
+    workers = proxy.app[WORKERS]
+    await compacted(client, proxy, "warm")
+    stopped = workers.pids
+    messages = conversation_of(WINDOW * 6)
+    assert len(orjson.dumps(messages)) >= 64 * 1024  # indexed in a worker
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        response = await asyncio.wait_for(
+            post(client, proxy, messages, session="long"), SUMMARY_TIMEOUT_S + 10
+        )
+        assert time.monotonic() - started < SUMMARY_TIMEOUT_S + 5
+        assert response.status == 200
+        assert response.headers["x-compaction-status"] in {"failed", "applied"}
+    finally:
+        kill_all(stopped)
+
+
+async def test_background_work_lost_with_a_worker_is_not_logged_again(
+    start: Any, script: Script, client: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A precompute planning in a worker that misses its deadline: the worker's one line and
+    one count, and no second line for the background task it took down."""
+    caplog.set_level(logging.INFO)
+    proxy = await start(compaction={"precompute_ratio": 0.5, "worker_timeout_s": 2})
+    workers = proxy.app[WORKERS]
+    assert await compacted(client, proxy, "warm") == "applied"
+    stopped = workers.pids
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        # Between the precompute ratio and the trigger: forwarded as sent, prepared ahead.
+        response = await post(client, proxy, conversation_of(int(WINDOW * 0.65)), session="ahead")
+        assert response.headers["x-compaction-status"] == "none"
+        name = "compaction_proxy_worker_replacements_total"
+        await wait_for(lambda: sample(proxy, name, reason="deadline") == 1, 30)
+        await asyncio.sleep(0.5)  # the task that lost its worker ends
+    finally:
+        kill_all(stopped)
+    assert [r for r in caplog.records if r.name == "proxy.tasks"] == []
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == worker_lines(caplog)
+    assert len(worker_lines(caplog)) == 1
+    assert sample(proxy, "compaction_proxy_compaction_errors_total") == 0
