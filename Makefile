@@ -6,7 +6,7 @@ STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 STAMP_BENCH := $(VENV)/.installed-bench
 
-.PHONY: run test e2e lint format typecheck review bench demo clean redis-server
+.PHONY: run test e2e lint format typecheck review bench demo clean redis-server chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,7 +42,19 @@ redis-server:
 	    echo "make: redis-server is missing and could not be installed; install it (apt-get install redis-server, brew install redis) and run make test again" >&2; \
 	    exit 1; }; }
 
-test: $(STAMP_TEST) redis-server
+# The dashboard's browser test drives a headless chromium through chromedriver (Selenium). Found
+# on PATH, or installed from Debian's packages when we may (root, apt-get); otherwise one line.
+chromium:
+	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "make: installing the Debian packages chromium and chromium-driver (needed by tests/proxy/compacting/test_dashboard_browser.py)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } >/dev/null 2>&1 || true; \
+	  fi; \
+	  { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
+	    echo "make: chromium or chromedriver is missing and could not be installed; install them (apt-get install chromium chromium-driver) and run make test again" >&2; \
+	    exit 1; }; }
+
+test: $(STAMP_TEST) redis-server chromium
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m ruff format --check .
 	$(BIN)/python -m mypy
@@ -84,6 +96,8 @@ bench: $(STAMP_BENCH) redis-server
 	$(BIN)/python -m bench.scan_speed
 	$(BIN)/python -m bench.state
 	$(BIN)/python -m bench.sqlite_writes
+	$(BIN)/python -m bench.archive
+	$(BIN)/python -m bench.dashboard
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .e2e

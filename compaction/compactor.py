@@ -193,6 +193,7 @@ class Compactor:
             summary_budget_tokens=self.summary_budget(window),
             max_output_tokens=max_output_tokens,
             strict_alternation=self.settings.strict_alternation,
+            pinned_budget_tokens=int(window * self.settings.pinned_ratio),
             keep_reading=keep_reading,
         )
 
@@ -396,4 +397,5 @@ class Compaction:
             duration_s=compactor.clock() - attempt.started,
             folded_count=len(folded),
             errors=tuple(attempt.errors),
+            pinned_overflow=done.pinned_overflow,
         )

@@ -1,22 +1,27 @@
-"""The summary body: the model's text or the fallback's note, the task, the ledger, key items.
+"""The summary body: the user's standing instructions, the model's text or the fallback's note,
+the task, the ledger, key items.
 
 Everything is fitted under a token budget. The model's text is an addition, never a replacement:
 the code-built sections (sections.py) are always there, and an earlier summary's sections are
 read back and carried forward, so an update by a forgetful model keeps what code collected, and
 a fallback merges the earlier summary's entries instead of wrapping the earlier summary (summaries
-never nest). What has no room is returned for the memory file.
+never nest). The standing instructions have a budget of their own (`pinned_budget`) and are
+composed by code whatever the model wrote, so a model that drops them drops nothing. What has no
+room is returned for the memory file.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from compaction.instructions import Instruction, merge_instructions
 from compaction.ledger import Ledger, overflow_items
 from compaction.messages import Item, Shape
+from compaction.pinned import Pinned, render_pinned
 from compaction.sections import Body, read_body, render_sections, render_task
-from compaction.summarize import summary_text
+from compaction.summarize import summary_text, unwrap_summary
 from compaction.text import clip_middle
 from compaction.types import MemoryItem, Message, ResultPath, TokenEstimator
 
@@ -59,7 +64,9 @@ def read_previous(
         return "", None
     body = read_body(text)
     lead = _FALLBACK_NOTE.sub("", body.lead).strip()
-    return text, Body(lead, body.task, body.ledger, body.items)
+    return text, Body(
+        lead, body.task, body.ledger, body.items, body.instructions, body.pinned_overflow
+    )
 
 
 @dataclass(frozen=True)
@@ -69,10 +76,15 @@ class Composed:
     overflow: Ledger
     left_out: tuple[MemoryItem, ...]
     """Key items with no room in the body (they go to the memory file)."""
+    pinned_left_out: tuple[Instruction, ...] = ()
+    """Standing instructions with no room in their section (they go to the memory file)."""
 
     def memory_items(self, found: Sequence[MemoryItem]) -> tuple[MemoryItem, ...]:
         """What the memory file gets: the items found, and whatever had no room here."""
-        return tuple(dict.fromkeys([*found, *self.left_out, *overflow_items(self.overflow)]))
+        pinned = Pinned("", self.pinned_left_out, 0).memory_items()
+        return tuple(
+            dict.fromkeys([*pinned, *found, *self.left_out, *overflow_items(self.overflow)])
+        )
 
 
 def compose_summary(
@@ -85,15 +97,28 @@ def compose_summary(
     budget: int,
     folded_count: int,
     estimator: TokenEstimator,
+    pinned_budget: int = 0,
 ) -> Composed:
-    """The summary body within `budget` tokens: "llm" with a model text, else "extractive", and
-    "dropped" (a one-line note) when not even the lead fits."""
+    """The summary body within `budget` tokens, plus the standing instructions within
+    `pinned_budget`: "llm" with a model text, else "extractive", and "dropped" (a one-line note
+    after the instructions) when not even the lead fits."""
+    pinned = render_pinned(
+        merge_instructions(previous.instructions if previous else (), ledger.instructions),
+        budget=pinned_budget,
+        estimator=estimator,
+        earlier_overflow=previous.pinned_overflow if previous else 0,
+    )
+    if pinned.shown:  # a request the section quotes whole is not listed twice
+        quoted_whole = {i.text for i in pinned.shown}
+        ledger = replace(
+            ledger, requests=tuple(r for r in ledger.requests if r not in quoted_whole)
+        )
     if previous is not None:
         ledger = previous.ledger.merged(ledger)
         items = [*previous.items, *(i for i in items if i not in previous.items)]
     path: ResultPath = "llm" if reply_text is not None else "extractive"
     if reply_text is not None:
-        lead = clip_to_tokens(reply_text.strip(), int(budget * LLM_SHARE), estimator)
+        lead = clip_to_tokens(unwrap_summary(reply_text), int(budget * LLM_SHARE), estimator)
     else:
         lead = f"(Built without the model from {folded_count} condensed messages.)"
         if previous is not None and previous.lead:
@@ -110,11 +135,17 @@ def compose_summary(
     head = "\n\n".join(parts)
     if not lead or estimator.count_text(head) > budget:
         note = f"{folded_count} earlier messages were omitted to fit the context window."
-        return Composed(note, "dropped", ledger, tuple(items))
+        return Composed(
+            _joined(pinned.text, note), "dropped", ledger, tuple(items), pinned.left_out
+        )
     room = budget - estimator.count_text(head) - 2
     rendered = render_sections(ledger, tuple(items), estimator=estimator, max_tokens=room)
-    body = f"{head}\n\n{rendered.text}" if rendered.text else head
-    return Composed(body, path, rendered.overflow, rendered.left_out)
+    body = _joined(pinned.text, head, rendered.text)
+    return Composed(body, path, rendered.overflow, rendered.left_out, pinned.left_out)
+
+
+def _joined(*parts: str) -> str:
+    return "\n\n".join(part for part in parts if part)
 
 
 def clip_to_tokens(text: str, max_tokens: int, estimator: TokenEstimator) -> str:

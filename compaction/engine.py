@@ -1,7 +1,10 @@
 """The seed API for in-process agents (DESIGN §6): compact a history, flush memory, verify.
 
 Built on `Compactor`; it adds what an agent without the proxy needs: a window chosen from the
-number of rounds to keep, a memory directory, and a verification of a compacted history.
+number of rounds to keep, a memory directory, and a verification of a compacted history. The
+task card's shape holds: the compacted history is the summary message and the last `keep_recent`
+rounds, nothing between them (the task and the user's standing instructions travel inside the
+summary).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from compaction.segment import split
 from compaction.settings import KEEP_RECENT_ROUNDS, CompactionSettings
 from compaction.summarize import summary_text
 from compaction.tokens import REPLY_PRIMING_TOKENS, HeuristicEstimator
-from compaction.types import ChatLLM, TokenEstimator, Verification
+from compaction.types import ChatLLM, Plan, TokenEstimator, Verification
 from compaction.verify import check_preserved
 
 
@@ -32,7 +35,8 @@ class CompactionEngine:
 
     Without `window`, `compact` plans against a window chosen so that exactly `keep_recent`
     rounds are kept: (head + the last `keep_recent` rounds + the summary budget) / target_ratio.
-    With `llm=None` every compaction takes the extractive path.
+    With `llm=None` every compaction takes the extractive path. The memory file is
+    `{memory_dir}/{session_id}/compaction_flush.jsonl`, `user/` by default as on the task card.
     """
 
     def __init__(
@@ -40,7 +44,7 @@ class CompactionEngine:
         llm: ChatLLM | None,
         memory_dir: str | os.PathLike[str],
         *,
-        session_id: str = "default",
+        session_id: str = "user",
         window: int | None = None,
         settings: CompactionSettings | None = None,
         estimator: TokenEstimator | None = None,
@@ -71,6 +75,7 @@ class CompactionEngine:
             result = None
         else:
             compaction = await compactor.prepare(conversation_history, window=window)
+            compaction.plan = quote_pinned(compaction.plan)
             result = await compaction.run(llm=self.llm, session_id=None)
         if result is None or result.path == "unchanged":
             tokens = compactor.estimate(conversation_history)
@@ -111,7 +116,7 @@ class CompactionEngine:
         if len(rounds) <= keep_recent:
             return None
         kept = sum(r.tokens for r in rounds[len(rounds) - keep_recent :]) if keep_recent > 0 else 0
-        kept += rounds[0].blocks[0].tokens  # the task (first request) is pinned
+        kept += rounds[0].blocks[0].tokens  # the task (first request), quoted by the summary
         needed = (
             segments.head_tokens + REPLY_PRIMING_TOKENS + kept + self.settings.summary_max_tokens
         )
@@ -156,3 +161,11 @@ class CompactionEngine:
             "key_decisions_preserved": verification.key_decisions_preserved,
             "key_decisions_total": verification.key_decisions_total,
         }
+
+
+def quote_pinned(plan: Plan) -> Plan:
+    """`plan` with nothing pinned between the summary and the kept rounds: what it would pin
+    (the task, a cut round's request) the summary quotes instead."""
+    if not plan.pinned:
+        return plan
+    return replace(plan, pinned=(), quoted=tuple(sorted({*plan.pinned, *plan.quoted})))

@@ -14,7 +14,7 @@ from typing import Any
 
 from compaction.messages import Item
 from compaction.scan import strip_fences
-from compaction.text import collapse_spaces
+from compaction.text import collapse_spaces, split_sentences
 from compaction.types import MEMORY_TYPES, MemoryItem, as_memory_type
 
 MAX_CONTENT_CHARS = 1000
@@ -111,7 +111,6 @@ _USER_TODO = re.compile(
     r"\bTODO\b|(?i:\bnext step\b|\bstill have to\b|\bremember to\b)|待办|下一步"
 )
 _EXPLICIT_TODO = re.compile(r"\bTODO\b|待办")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])\s*|\n+")
 MAX_HEURISTIC_ITEMS = 30
 MAX_HEURISTIC_CHARS = 300
 
@@ -137,9 +136,7 @@ def extract_items_heuristically(items: Iterable[Item]) -> list[MemoryItem]:
 
 def _sentences(text: str) -> list[str]:
     prose = strip_fences(text)
-    return [
-        s.strip() for s in _SENTENCE_END.split(prose) if 6 <= len(s.strip()) <= MAX_HEURISTIC_CHARS
-    ]
+    return [s for s in split_sentences(prose) if 6 <= len(s) <= MAX_HEURISTIC_CHARS]
 
 
 def _classify(sentence: str, from_user: bool) -> MemoryItem | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from itertools import accumulate, chain, filterfalse, islice
 from operator import itemgetter
 
+from compaction.instructions import Instruction, find_instructions
 from compaction.mentions import Mentions, find_paths_each, scan_prose
 from compaction.messages import Item, ToolCall
 from compaction.scan import (
@@ -27,15 +28,23 @@ from compaction.scan import (
     first_lines_of,
     is_shell_tool,
     last_output_line,
+    without_programs,
 )
-from compaction.text import clip_end, collapse_spaces
+from compaction.text import clip_end, collapse_spaces, sentences_holding
 from compaction.types import MemoryItem
 
 ARGUMENTS_CHARS = 160
 MAX_IDS_PER_RESULT = 12
+MAX_FAILED_TESTS = 8
 
 _EXIT_STATUS = re.compile(r"<returncode>(-?\d+)</returncode>|exit code[ :=]*(-?\d+)", re.I)
 _RESULT_ID = re.compile(r'"(\w*(?:id|number))"\s*:\s*"([^"\\]{3,60})"')
+# unittest's `FAIL: test_x (mod.Class)` (and ERROR:), pytest's `FAILED tests/x.py::test_y`.
+_FAILED_TEST = re.compile(
+    r"^(?:FAIL|ERROR): (\w+ \([\w.]+\))|^FAILED (\S+::\S+)|^(\S+::\S+) FAILED", re.MULTILINE
+)
+# "line 1414", "Lines 1414-1419", "L12": where something is in a file, not a value to show.
+LINE_REFERENCE = re.compile(r"\b(?:lines?|ln|col(?:umn)?)\b\W{0,3}\d|^L\d", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,11 @@ class Ledger:
     """One entry per tool call, oldest first: `name(arguments) → outcome`."""
     files: tuple[str, ...] = ()
     values: tuple[str, ...] = ()
-    """Numbers with the words before them, and identifiers mixing letters and digits."""
+    """Numbers with the words before them, and identifiers mixing letters and digits (a value
+    the user wrote: the sentence it came in)."""
+    instructions: tuple[Instruction, ...] = ()
+    """What the user laid down (rules, constraints, decisions…), verbatim: the summary pins
+    them in a section of their own (instructions.py)."""
 
     def requests_and_trail(self) -> list[str]:
         """What verification checks against the summary besides the key items."""
@@ -144,6 +157,9 @@ def _outcome(result: str) -> str:
     error = final_exception(result) or first_error_line(result)
     if error:
         parts.append(error)
+    failed = failed_tests(result)
+    if failed:
+        parts.append("failed: " + ", ".join(failed))
     if code is not None and int(code) != 0:
         last = last_output_line(result)
         if last and not (error and last in error):
@@ -152,6 +168,16 @@ def _outcome(result: str) -> str:
     if ids:
         parts.append("ids: " + ", ".join(ids[:MAX_IDS_PER_RESULT]))
     return "; ".join(parts) or "ok"
+
+
+def failed_tests(result: str) -> list[str]:
+    """The tests a run reports failed (MAX_FAILED_TESTS of them, then how many more)."""
+    if "FAIL" not in result and "ERROR: " not in result:
+        return []
+    names = list(dict.fromkeys("".join(groups) for groups in _FAILED_TEST.findall(result)))
+    if len(names) > MAX_FAILED_TESTS:
+        return [*names[:MAX_FAILED_TESTS], f"{len(names) - MAX_FAILED_TESTS} more"]
+    return names
 
 
 Scanner = Callable[[Sequence[str]], list[Mentions]]
@@ -197,17 +223,25 @@ def build_ledger(
         elif kind == "user":
             at += 1
     # An item's files: its prose's, its commands', its calls' arguments'.
-    in_commands = iter(find_paths_each([c for _, commands, _ in calling for c in commands]))
+    in_commands = iter(
+        find_paths_each([without_programs(c) for _, commands, _ in calling for c in commands])
+    )
     for at, commands, named in calling:
         found = chain.from_iterable(islice(in_commands, len(commands)))
         paths[at] = (*paths[at], *found, *named)
-    requests = [item.text for item in prose if item.kind == "user"]
+    users = [at for at, item in enumerate(prose) if item.kind == "user"]
+    requests = first_lines_of([prose[at].text for at in users])
+    for at, request in zip(users, requests, strict=True):
+        if values[at]:  # a sentence that is the whole request is listed as the request
+            sentences = sentences_holding(prose[at].text, values[at])
+            values[at] = tuple(sentence for sentence in sentences if sentence != request)
     files = dict.fromkeys(chain.from_iterable(paths))
     return Ledger(
-        requests=tuple(dict.fromkeys(filter(None, first_lines_of(requests)))),
+        requests=tuple(dict.fromkeys(filter(None, requests))),
         trail=trail.entries(),
         files=tuple(files),
         values=tuple(filterfalse(files.__contains__, dict.fromkeys(chain.from_iterable(values)))),
+        instructions=tuple(find_instructions(prose[at] for at in users)),
     )
 
 

@@ -50,6 +50,11 @@ class _Budget:
     fixed: int  # head + tools + reply priming
     summary: int
     target: int
+    pinned: int = 0
+    """The standing instructions' room: carried to the plan, not reserved. Most conversations
+    lay down little (reserving it left coding agents' requests at 0.47 of the window after a
+    compaction, and moved when a reserve prepared ahead is used up), and a full section costs
+    at most that share of the window above the target, still well below the trigger."""
 
     def fits(self, kept: int) -> bool:
         return self.fixed + self.summary + kept <= self.target
@@ -64,6 +69,7 @@ def plan_compaction(
     summary_budget_tokens: int = SUMMARY_MAX_TOKENS,
     max_output_tokens: int | None = None,
     strict_alternation: bool = False,
+    pinned_budget_tokens: int = 0,
 ) -> Plan:
     """Where to cut `segments` so that head + summary + kept part reaches the target.
 
@@ -75,6 +81,8 @@ def plan_compaction(
     nothing is pinned (a pinned request after the summary would make two user turns in a row)
     and the kept part starts with a block the user did not open.
 
+    `pinned_budget_tokens` bounds the standing instructions in the summary (see _Budget.pinned).
+
     Deterministic and pure. A plan with keep_from == head_end folds nothing ("unchanged");
     `fits` is False (with a note) when even the smallest keepable part misses the target.
     """
@@ -83,6 +91,7 @@ def plan_compaction(
         segments.head_tokens + segments.tools_tokens + REPLY_PRIMING_TOKENS,
         summary_budget_tokens,
         target,
+        pinned_budget_tokens,
     )
     user_rounds = [r for r in segments.rounds if r.has_user]
     if segments.total_tokens <= target and len(user_rounds) <= keep_recent_rounds:
@@ -249,6 +258,7 @@ def _plan(
         fits=budget.fits(kept),
         note=note,
         quoted=quoted,
+        pinned_budget_tokens=budget.pinned,
     )
 
 
@@ -263,6 +273,7 @@ def _unchanged(segments: Segments, budget: _Budget, note: str) -> Plan:
         summary_budget_tokens=budget.summary,
         fits=fits,
         note=note,
+        pinned_budget_tokens=budget.pinned,
     )
 
 

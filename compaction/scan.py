@@ -152,6 +152,22 @@ def is_shell_tool(name: str) -> bool:
     return any(word in lowered for word in SHELL_TOOL_WORDS)
 
 
+# The quoted program of a text tool (`sed -n '/def f/,/c/p'`, `awk '/x/ {print}'`) is an
+# expression, not a file: its slashes would read as paths (`/def`, `/c`).
+_TEXT_PROGRAM = re.compile(
+    r"""\b(sed|awk|gawk|grep|egrep|rg|perl)\b((?:\s+-[\w-]+(?:=\S+)?)*)\s+('[^']*'|"[^"]*")"""
+    r"""|(\s-e\s+)('[^']*'|"[^"]*")"""
+)
+
+
+def without_programs(command: str) -> str:
+    """`command` with the quoted programs of sed, awk, grep and perl left out (for finding the
+    paths it names)."""
+    if "'" not in command and '"' not in command:
+        return command
+    return _TEXT_PROGRAM.sub(lambda m: f"{m[1]}{m[2]} ''" if m[1] else f"{m[4]}''", command)
+
+
 def call_commands_and_paths(call: ToolCall) -> tuple[list[str], list[str]]:
     arguments = call.parsed()
     commands: list[str] = []
@@ -163,7 +179,7 @@ def call_commands_and_paths(call: ToolCall) -> tuple[list[str], list[str]]:
             paths.append(value.strip())
         elif key in SHELL_ARGUMENTS and is_shell_tool(call.name or ""):
             commands.append(value)
-            paths += find_paths(value)
+            paths += find_paths(without_programs(value))
     return commands, paths
 
 

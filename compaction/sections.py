@@ -1,9 +1,12 @@
 """The code-built sections of a summary body: rendered under a budget, and read back.
 
-A summary body is the model's text (or the fallback's note) followed by up to three sections that
-code writes and a later compaction reads back, so that nothing they hold is lost when the
-summary is updated, and no summary ever wraps an earlier one:
+A summary body opens with the user's standing instructions (instructions.py), then the model's
+text (or the fallback's note), followed by up to three sections that code writes and a later
+compaction reads back, so that nothing they hold is lost when the summary is updated, and no
+summary ever wraps an earlier one:
 
+    ## Standing instructions from the user (verbatim, still in force)
+    - [rule] … / - [constraint] … / …
     ## Task: the user's first request      (only when it was too large to keep as a message)
     <task>…</task>
     ## Ledger of the condensed turns (built by code)
@@ -12,9 +15,9 @@ summary is updated, and no summary ever wraps an earlier one:
     - (decision) …
 
 Requests and key items are served first (up to PRIORITY_SHARE of the budget), then the tool
-trail, files and values share the rest; requests and calls are taken newest first when the room
-is short (the task itself is pinned or quoted apart). What does not fit
-comes back as overflow, for the memory file.
+trail, files and values share the rest; requests are taken oldest first, each once (a list a
+person can follow), calls newest first when the room is short. What does not fit comes back as
+overflow, for the memory file.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ import re
 from dataclasses import dataclass
 from itertools import filterfalse
 
-from compaction.ledger import Ledger
+from compaction.instructions import Instruction
+from compaction.ledger import LINE_REFERENCE, Ledger
 from compaction.marker import TASK_HEADING
+from compaction.pinned import PINNED_HEADING, read_pinned
 from compaction.types import MemoryItem, TokenEstimator, as_memory_type
 
 LEDGER_HEADING = "## Ledger of the condensed turns (built by code)"
@@ -38,8 +43,9 @@ _TITLES: dict[str, str] = {
     "files": "Files touched",
     "values": "Numbers and identifiers mentioned",
 }
-_INLINE = frozenset({"files", "values"})
-_NEWEST_FIRST = frozenset({"requests", "trail"})  # the task is pinned or quoted apart
+_INLINE = frozenset({"files"})
+_READ_INLINE = frozenset({"files", "values"})  # values were inline before they kept sentences
+_NEWEST_FIRST = frozenset({"trail"})
 _TASK = re.compile(re.escape(TASK_HEADING) + r"\n<task>\n(.*?)\n</task>", re.DOTALL)
 _ITEM = re.compile(r"^- \((decision|fact|preference|todo)\) (.+)$", re.MULTILINE)
 _LIST_SECTION = re.compile(r"^- ([^:\n]+):\n((?:  - .*\n?)*)", re.MULTILINE)
@@ -54,10 +60,18 @@ class Body:
     task: str | None
     ledger: Ledger
     items: tuple[MemoryItem, ...]
+    instructions: tuple[Instruction, ...] = ()
+    pinned_overflow: int = 0
+    """Standing instructions an earlier compaction sent to the memory file."""
 
 
 def read_body(body: str) -> Body:
     """The parts of a summary body this library composed (a foreign text is all lead)."""
+    pinned = read_pinned("")
+    if body.startswith(PINNED_HEADING):
+        end = body.find("\n\n")
+        section, body = (body, "") if end < 0 else (body[:end], body[end + 2 :])
+        pinned = read_pinned(section)
     starts = [i for i in (body.find(TASK_HEADING), body.find(LEDGER_HEADING)) if i >= 0]
     also = body.find("\n" + ALSO_PRESERVED)
     if also >= 0:
@@ -70,7 +84,14 @@ def read_body(body: str) -> Body:
         ledger_text = ledger_text[: ledger_text.find(ALSO_PRESERVED)]
     items_text = rest[rest.find(ALSO_PRESERVED) :] if ALSO_PRESERVED in rest else ""
     items = tuple(MemoryItem(as_memory_type(t), c.strip()) for t, c in _ITEM.findall(items_text))
-    return Body(lead, task.group(1) if task else None, _read_ledger(ledger_text), items)
+    return Body(
+        lead,
+        task.group(1) if task else None,
+        _read_ledger(ledger_text),
+        items,
+        pinned.instructions,
+        pinned.overflow,
+    )
 
 
 def _read_ledger(text: str) -> Ledger:
@@ -80,9 +101,9 @@ def _read_ledger(text: str) -> Ledger:
         if title in by_title:
             found[by_title[title]] = tuple(line[4:] for line in block.splitlines() if line)
     for title, line in _INLINE_SECTION.findall(text):
-        if by_title.get(title) in _INLINE:
+        if by_title.get(title) in _READ_INLINE:
             found[by_title[title]] = tuple(line.split(", "))
-    return Ledger(**{k: v for k, v in found.items() if k != "items"})
+    return _text_ledger(found)
 
 
 def render_task(task: str) -> str:
@@ -106,6 +127,10 @@ def render_sections(
     """The ledger and key items as markdown within `max_tokens`, and what did not fit."""
     queues: dict[str, list[str]] = {name: list(getattr(ledger, name, ())) for name in _TITLES}
     queues["items"] = [f"({i.type}) {i.content}" for i in items]
+    # Line numbers ("around line 1414") are no values to show the model: kept in memory only.
+    lines = list(filter(LINE_REFERENCE.search, queues["values"]))
+    if lines:
+        queues["values"] = list(filterfalse(LINE_REFERENCE.search, queues["values"]))
     for name in _NEWEST_FIRST:
         queues[name].reverse()
     taken: dict[str, list[str]] = {name: [] for name in _TITLES}
@@ -125,8 +150,19 @@ def render_sections(
         for name in _TITLES
         if name != "items"
     }
+    overflow["values"] += tuple(lines)
     left_out = tuple(i for i in items if f"({i.type}) {i.content}" not in chosen_by["items"])
-    return Rendered(_render(taken), Ledger(**overflow), left_out)
+    return Rendered(_render(taken), _text_ledger(overflow), left_out)
+
+
+def _text_ledger(entries: dict[str, tuple[str, ...]]) -> Ledger:
+    """The ledger of the text sections (the instructions have a section of their own)."""
+    return Ledger(
+        requests=entries.get("requests", ()),
+        trail=entries.get("trail", ()),
+        files=entries.get("files", ()),
+        values=entries.get("values", ()),
+    )
 
 
 def _fill(

@@ -37,6 +37,10 @@ STRICT_ALTERNATION = False
 On: nothing is pinned after the summary and the kept part opens with an assistant turn, for
 backends whose chat templates refuse two user (or assistant) messages in a row."""
 
+PINNED_RATIO = 0.10
+"""The user's standing instructions may take this share of the window in the summary message
+(on top of the summary's own budget); what exceeds it goes to the memory file, counted."""
+
 LLM_TIMEOUT_S = 60.0
 """How long one summarizer call may take before the compaction falls back."""
 
@@ -53,3 +57,4 @@ class CompactionSettings:
     memory_max_tokens: int = MEMORY_MAX_TOKENS
     llm_timeout_s: float = LLM_TIMEOUT_S
     strict_alternation: bool = STRICT_ALTERNATION
+    pinned_ratio: float = PINNED_RATIO

@@ -79,6 +79,7 @@ class PlanJob:
     summary_budget_tokens: int
     max_output_tokens: int | None
     strict_alternation: bool
+    pinned_budget_tokens: int = 0
     keep_reading: bool = False
     """Return the Items read and the tokens counted, for the run that follows (in process
     only: sent back from another process they would cost more than reading them again)."""
@@ -125,6 +126,7 @@ def _make_plan(job: PlanJob) -> Planned:
         summary_budget_tokens=job.summary_budget_tokens,
         max_output_tokens=job.max_output_tokens,
         strict_alternation=job.strict_alternation,
+        pinned_budget_tokens=job.pinned_budget_tokens,
     )
     return Planned(plan, Reading(items, counts) if items is not None else None)
 
@@ -229,6 +231,7 @@ class Finish:
     summary_message: Message
     problems: list[str]
     tokens_after: int
+    pinned_overflow: int = 0
 
 
 def finish(job: FinishJob) -> Finish:
@@ -253,6 +256,7 @@ def _finish(job: FinishJob) -> Finish:
         budget=folded.body_budget,
         folded_count=len(plan.folded),
         estimator=job.estimator,
+        pinned_budget=plan.pinned_budget_tokens,
     )
     # The key decisions and user requests; what has no room is in memory_items: moved.
     keys = [i.content for i in found] + list(folded.ledger.requests)
@@ -268,6 +272,7 @@ def _finish(job: FinishJob) -> Finish:
         summary_message=inserted,
         problems=check_compacted(messages, compacted, plan, shape=shape),
         tokens_after=estimate_request(compacted, job.tools, job.estimator),
+        pinned_overflow=len(summary.pinned_left_out),
     )
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "message_text",
     "summary_message",
     "summary_text",
+    "unwrap_summary",
 ]
 
 # ---------------------------------------------------------------- prompts
@@ -104,6 +105,18 @@ def summary_text(message: Any, shape: Shape = CHAT) -> str:
     if content.startswith(before) and content.endswith(after):
         return content[len(before) : len(content) - len(after)].strip()
     return content[len(SUMMARY_MARKER) :].strip()
+
+
+_WRAPPER = re.compile(r"<summary>\s*(.*)\s*</summary>", re.DOTALL | re.IGNORECASE)
+_ANALYSIS = re.compile(r"\A\s*<analysis>.*?</analysis>\s*", re.DOTALL | re.IGNORECASE)
+
+
+def unwrap_summary(text: str) -> str:
+    """A model's summary without its own `<summary>…</summary>` wrapper (and an `<analysis>`
+    block before it): our framing wraps the body once, never a summary inside a summary."""
+    stripped = _ANALYSIS.sub("", text.strip(), count=1)
+    found = _WRAPPER.search(stripped)
+    return found.group(1).strip() if found else stripped.strip()
 
 
 # ---------------------------------------------------------------- asking the model

@@ -9,7 +9,7 @@ tokenizer-fitted matter: see tokens.py).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import filterfalse
 
 CJK_LETTERS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
@@ -19,6 +19,10 @@ CJK_LETTERS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff
 CJK_LETTER = re.compile(f"[{CJK_LETTERS}]")
 _ASCII_NON_LETTERS = bytes(c for c in range(128) if not chr(c).isalpha())
 _WIDE_LETTER = re.compile(r"[^\W\d_\x00-\x7f]")
+SENTENCE_CHARS = 300
+SENTENCE_TEXT_CHARS = 6000
+_WORD_WITH_DIGIT = re.compile(r"\S*\d\S*")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])\s*|\n+")
 
 
 def is_cjk_dominant(texts: Iterable[str]) -> bool:
@@ -92,3 +96,24 @@ def clip_middle(text: str, limit: int) -> str:
     tail = limit - head
     omitted = len(text) - head - tail
     return f"{text[:head]}\n[… {omitted} chars omitted …]\n{text[len(text) - tail :]}"
+
+
+def split_sentences(text: str) -> list[str]:
+    """The sentences (and lines) of `text`, each stripped, none empty."""
+    return [s for s in map(str.strip, _SENTENCE_END.split(text)) if s]
+
+
+def sentences_holding(text: str, values: Sequence[str]) -> tuple[str, ...]:
+    """Each of `values` (found in `text`) as the sentence of `text` it came in, each sentence
+    once: "2026-11-15" means nothing without "the launch deadline is 2026-11-15". A text longer
+    than SENTENCE_TEXT_CHARS (pasted output, not prose) keeps its values as they are."""
+    if len(text) > SENTENCE_TEXT_CHARS:
+        return tuple(values)
+    sentences = list(map(collapse_spaces, split_sentences(text)))
+    found: dict[str, None] = {}
+    for value in values:
+        word = _WORD_WITH_DIGIT.search(value)  # the number or identifier, not its context
+        core = word.group(0) if word else value
+        sentence = next((s for s in sentences if core in s), value)
+        found[clip_end(sentence, SENTENCE_CHARS)] = None
+    return tuple(found)

@@ -160,6 +160,9 @@ class Plan:
     quoted: tuple[int, ...] = ()
     """Folded requests the summary must quote (clipped head and tail when large): the task when
     too big to pin, and, when roles must alternate, whatever would otherwise be pinned."""
+    pinned_budget_tokens: int = 0
+    """Room for the user's standing instructions in the summary, on top of
+    `summary_budget_tokens`."""
 
     @cached_property
     def folded(self) -> tuple[int, ...]:
@@ -234,6 +237,9 @@ class CompactionResult:
     duration_s: float
     folded_count: int = 0
     errors: tuple[str, ...] = field(default_factory=tuple)
+    pinned_overflow: int = 0
+    """Standing instructions this compaction had no room for in the summary (sent to the memory
+    file; the summary says how many in one line)."""
 
     @property
     def compression_ratio(self) -> float:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
 from compaction import CheckpointStore
+from proxy.archive import Archive, build_archive
+from proxy.compacting.archiving import Archiving
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.hook import Replacements, Shared, build_hook
 from proxy.compacting.llm_client import LLMFactory
@@ -15,7 +18,7 @@ from proxy.compacting.records import SessionRecords
 from proxy.compacting.stores.factory import build_backend
 from proxy.compacting.stores.roles import StateBackend
 from proxy.compacting.workers import Workers
-from proxy.http import admin, handlers, keys
+from proxy.http import admin, dashboard, handlers, keys
 from proxy.http.middleware import GET_ONLY, AnyTarget, unmatched, wrap_handler
 from proxy.http.upstream import Upstream
 from proxy.interception import Hook
@@ -23,6 +26,8 @@ from proxy.loop_lag import watch_loop_lag
 from proxy.metrics import Metrics
 from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks
+
+log = logging.getLogger(__name__)
 
 # The processes compactions' CPU work runs in (started on first use, stopped with the app). Only
 # the app reads it: it is not among proxy.http.keys, which the handlers read.
@@ -36,12 +41,14 @@ def create_app(
     store: CheckpointStore | None = None,
     llm_for: LLMFactory | None = None,
     metrics: Metrics | None = None,
+    archive: Archive | None = None,
 ) -> web.Application:
     """A ready-to-run proxy. Reads no file or environment. Every part may be passed in:
     `hook` changes requests on the hooked routes (default: compaction); `store` keeps the
     checkpoints (default: the `state.backend`, which also keeps cooldowns and single-flight
     leases); `llm_for` gives the summarizer for a request (default:
-    over the upstream); `metrics` lets a caller supply an extended `Metrics`."""
+    over the upstream); `metrics` lets a caller supply an extended `Metrics`; `archive` keeps
+    folded turns (default: the `state.backend`'s)."""
     app = web.Application(client_max_size=settings.server.max_body_bytes)
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics if metrics is not None else Metrics()
@@ -59,6 +66,7 @@ def create_app(
         timeout_s=settings.compaction.worker_timeout_s,
         replacements=app[keys.METRICS].compaction.worker_replacements,
     )
+    app[keys.ARCHIVE] = archive or build_archive(settings.state, settings.archive)
     state: StateBackend | None = None
     if hook is None:
         state = build_backend(
@@ -72,6 +80,9 @@ def create_app(
             calibration=Calibration(settings.models.max_models),
             learned=LearnedWindows(settings.models.max_models),
             offload=app[WORKERS],
+            archiving=Archiving(app[keys.ARCHIVE], app[keys.METRICS].archive, app[keys.TASKS])
+            if settings.archive.enabled
+            else None,
         )
         replacements = Replacements(store=store or state, state=state, llm_for=llm_for)
         hook = build_hook(settings, shared, replacements)
@@ -80,6 +91,7 @@ def create_app(
     app.cleanup_ctx.append(_workers_ctx)
     if state is not None:
         app.cleanup_ctx.append(_state_ctx(state))
+    app.cleanup_ctx.append(_archive_ctx)
     # Cleanup runs in reverse order: background work stops before the ClientSession closes.
     app.cleanup_ctx.append(_tasks_ctx)
     _add_routes(app.router)
@@ -118,6 +130,21 @@ def _state_ctx(state: StateBackend) -> Callable[[web.Application], AsyncIterator
             await state.close()
 
     return ctx
+
+
+async def _archive_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Open the archive at start (one that cannot open is said once, never fatal: its writes
+    fail and are counted, its searches answer 503) and close it after the background work
+    stopped, so pending writes land."""
+    archive = app[keys.ARCHIVE]
+    try:
+        await archive.open()
+    except Exception as exc:
+        log.warning("archive unavailable", extra={"backend": archive.name, "error": repr(exc)})
+    try:
+        yield
+    finally:
+        await archive.close()
 
 
 async def _tasks_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -166,6 +193,19 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     for path, handler, route in (
         ("/admin/sessions", admin.admin_sessions, "admin"),
         ("/admin/sessions/{session}", admin.admin_session, "admin_session"),
+        ("/admin/sessions/{session}/archive", admin.admin_archive, "admin_archive"),
+    ):
+        router.add_route(
+            "*", path, wrap_handler(handler, route), expect_handler=handlers.expect_handler(route)
+        )
+    # The dashboard: its page and files (no token: they hold no data), and its JSON (token).
+    for path, handler, route in (
+        ("/admin/", dashboard.dashboard_page, "admin_dashboard"),
+        ("/admin/assets/{name}", dashboard.dashboard_asset, "admin_dashboard"),
+        ("/admin/api/sessions", dashboard.api_sessions, "admin_api"),
+        ("/admin/api/sessions/{session}", dashboard.api_session, "admin_api"),
+        ("/admin/api/sessions/{session}/memory", dashboard.api_memory, "admin_api"),
+        ("/admin/api/live", dashboard.api_live, "admin_api"),
     ):
         router.add_route(
             "*", path, wrap_handler(handler, route), expect_handler=handlers.expect_handler(route)

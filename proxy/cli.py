@@ -12,12 +12,16 @@ import gc
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
 from aiohttp import web
 
+from compaction import is_valid_session_id
+from proxy import inspector
 from proxy.app import create_app
+from proxy.archive import build_archive, search_session
 from proxy.http import keys
 from proxy.logs import configure_logging
 from proxy.settings import Settings, SettingsError, load_settings
@@ -31,12 +35,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "demo":
         return _run_demo()
+    if args.command == "inspect":
+        return inspector.main(args, os.environ)
     try:
         settings = load_settings(_config_path(args.config), os.environ, _overrides(args))
     except SettingsError as exc:
         print(f"compaction-proxy: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.logging.level)
+    if args.command == "recall":
+        return asyncio.run(_recall(settings, args.session, args.query, args.limit))
     return _serve(settings)
 
 
@@ -49,9 +57,54 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", help="listen address (server.host)")
     parser.add_argument("--port", type=int, help="listen port (server.port)")
     parser.add_argument("--upstream", help="upstream base URL (upstream.base_url)")
-    commands = parser.add_subparsers(dest="command", metavar="{demo}")
+    commands = parser.add_subparsers(dest="command", metavar="{demo,inspect,recall}")
     commands.add_parser("demo", help="offline demo: fake upstream, scripted conversation")
+    inspector.add_parser(commands)
+    recall = commands.add_parser(
+        "recall", help="search a session's archived turns and memory items (state per config)"
+    )
+    recall.add_argument("session", help="the session id")
+    recall.add_argument("query", help="the words to search for")
+    recall.add_argument("--limit", type=int, default=None, help="results (archive.search_limit)")
     return parser
+
+
+async def _recall(settings: Settings, session: str, query: str, limit: int | None) -> int:
+    """Print the best matches of `query` in `session`'s archive and memory items, every
+    credential's (the operator's view), read from the state per config."""
+    if not is_valid_session_id(session):
+        print(f"compaction-proxy: not a session id: {session!r}", file=sys.stderr)
+        return 2
+    if limit is not None and limit < 1:
+        print("compaction-proxy: --limit must be at least 1", file=sys.stderr)
+        return 2
+    archive = build_archive(settings.state, settings.archive)
+    try:
+        await archive.open()
+        found = await search_session(
+            archive,
+            settings.memory.dir,
+            session,
+            query,
+            tenant=None,
+            limit=limit or settings.archive.search_limit,
+        )
+    except Exception as exc:
+        print(f"compaction-proxy: the archive could not be searched: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await archive.close()
+    if not found:
+        print(f"no archived turn or memory item of {session} matches {query!r}")
+    for rank, item in enumerate(found, 1):
+        where = "memory item" if item.index is None else f"turn {item.index}"
+        print(f"{rank}. {where} · {item.kind} · score {item.score:.2f}")
+        print(textwrap.indent(_clip(item.text.strip()), "   "))
+    return 0
+
+
+def _clip(text: str, limit: int = 800) -> str:
+    return text if len(text) <= limit else text[:limit] + " …"
 
 
 def _config_path(flag: str | None) -> str | None:

@@ -102,6 +102,13 @@ class ExpectationFailed(ProxyError):
     closes = True  # the client may send its body after all: it would read as the next request
 
 
+class ArchiveUnavailable(ProxyError):
+    """The archive's backend failed a search (the state file or Redis is down)."""
+
+    status = 503
+    code = "archive_unavailable"
+
+
 class UpstreamUnreachable(ProxyError):
     status = 502
     type = "upstream_error"

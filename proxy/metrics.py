@@ -70,6 +70,7 @@ class Metrics:
 
         self.compaction = CompactionMetrics(r)
         self.state = StateMetrics(r)
+        self.archive = ArchiveMetrics(r)
 
     def render(self) -> bytes:
         return generate_latest(_WithoutCreated(self.registry))
@@ -274,6 +275,30 @@ class CompactionMetrics:
         self.errors = Counter(
             "compaction_proxy_compaction_errors",
             "Internal errors in the compacting hook (the original request was forwarded).",
+            registry=r,
+        )
+
+
+class ArchiveMetrics:
+    """The archive of folded turns (proxy.archive): what it kept, dropped and failed to keep.
+    A write that fails never fails a request, so it shows here and in one log line."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.archived = Counter(
+            "compaction_proxy_archive_messages",
+            "Folded messages archived.",
+            registry=r,
+        )
+        self.dropped = Counter(
+            "compaction_proxy_archive_dropped",
+            "Archived messages dropped by the bounds (size per session, age).",
+            ("reason",),
+            registry=r,
+        )
+        self.failures = Counter(
+            "compaction_proxy_archive_failures",
+            "Archive writes that failed (the request went on).",
             registry=r,
         )
 

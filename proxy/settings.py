@@ -74,12 +74,35 @@ class UpstreamSettings(_Section):
         return value.rstrip("/")
 
 
+class Price(_Section):
+    """A model's list price in currency units per million tokens (the dashboard's savings)."""
+
+    input: float = Field(ge=0)
+    cached_input: float = Field(ge=0)
+    output: float = Field(ge=0)
+
+
 class ModelsSettings(_Section):
     default_context_window: int = Field(default=128000, gt=0)
     context_windows: dict[str, PositiveInt] = Field(default_factory=dict)
     discover: bool = False  # read unconfigured models' windows from the upstream
     max_models: int = Field(default=1024, gt=0)
     """Models whose calibration factor and learned window are kept (least recently used go)."""
+    prices: dict[str, Price] = Field(default_factory=dict)
+    # A mid-range hosted model's list price: savings are an estimate until `prices` says more.
+    default_price: Price = Price(input=2.5, cached_input=1.25, output=10.0)
+
+    def price_for(self, model: str | None) -> Price:
+        """The price of `model`: exact name first, then the first matching glob, then the
+        default."""
+        if model is None:
+            return self.default_price
+        if model in self.prices:
+            return self.prices[model]
+        for pattern, price in self.prices.items():
+            if fnmatch.fnmatchcase(model, pattern):
+                return price
+        return self.default_price
 
     def context_window_for(self, model: str) -> int:
         """The context window of `model`: configured (configured_window), else the default."""
@@ -116,6 +139,7 @@ class CompactionSection(_Section):
     workers: int = Field(default=1, ge=0)
     worker_timeout_s: float = Field(default=60, gt=0)
     strict_alternation: bool = _LIBRARY.strict_alternation
+    pinned_ratio: float = Field(default=_LIBRARY.pinned_ratio, ge=0, lt=1)
 
     @field_validator("target_ratio")
     @classmethod
@@ -141,6 +165,7 @@ class CompactionSection(_Section):
             summary_max_tokens=self.summary_max_tokens,
             llm_timeout_s=llm_timeout_s,
             strict_alternation=self.strict_alternation,
+            pinned_ratio=self.pinned_ratio,
         )
 
 
@@ -203,6 +228,23 @@ class StateSettings(_Section):
         return self
 
 
+class ArchiveSettings(_Section):
+    """Folded turns kept verbatim per session and credential, for recall (proxy.archive)."""
+
+    enabled: bool = True
+    max_mb_per_session: float = Field(default=64, gt=0)
+    max_age_days: float = Field(default=30, gt=0)
+    search_limit: int = Field(default=10, gt=0, le=1000)
+
+    @property
+    def max_bytes_per_session(self) -> int:
+        return int(self.max_mb_per_session * 1024 * 1024)
+
+    @property
+    def max_age_s(self) -> float:
+        return self.max_age_days * 86400
+
+
 class LoggingSettings(_Section):
     level: str = "INFO"
 
@@ -223,6 +265,7 @@ class Settings(_Section):
     memory: MemorySettings = Field(default_factory=MemorySettings)
     admin: AdminSettings = Field(default_factory=AdminSettings)
     state: StateSettings = Field(default_factory=StateSettings)
+    archive: ArchiveSettings = Field(default_factory=ArchiveSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @classmethod

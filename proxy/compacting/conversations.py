@@ -32,6 +32,7 @@ from compaction import (
     plan_key,
 )
 from proxy.compacting.applied import AppliedCompactions
+from proxy.compacting.archiving import Archiving
 from proxy.compacting.fallback import GRACE_S, fallback
 from proxy.compacting.flight import (
     SingleFlight,
@@ -42,7 +43,7 @@ from proxy.compacting.flight import (
 )
 from proxy.compacting.history import History, ListHistory, raw_tokens
 from proxy.compacting.llm_client import LLMFactory
-from proxy.compacting.records import SessionRecords, record_compaction
+from proxy.compacting.records import SessionRecords, folded_range, record_compaction
 from proxy.compacting.request import Decision, ParsedRequest
 from proxy.compacting.reserve_writes import ReserveWrites
 from proxy.compacting.stores.roles import Cooldowns, ForwardedMarks, Leases
@@ -78,6 +79,7 @@ class Conversations:
         records: SessionRecords,
         metrics: CompactionMetrics,
         tasks: BackgroundTasks,
+        archiving: Archiving | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._options = options
@@ -87,6 +89,7 @@ class Conversations:
         self._records = records
         self._metrics = metrics
         self._clock = clock
+        self._archiving = archiving
         self._leases = leases  # single-flight across processes (proxy.compacting.stores)
         self._cooldowns = cooldowns
         self._flight: SingleFlight[bytes, CompactionResult | Checkpoint] = SingleFlight(tasks)
@@ -326,6 +329,9 @@ class Conversations:
         checkpoint = checkpoint_after(view, result, digests, precomputed=reason == "precompute")
         if checkpoint is not None:
             await self._store.put(checkpoint)
+        folded = folded_range(view, checkpoint)
+        if folded is not None and self._archiving is not None:
+            self._archiving.keep(req, range(*folded), result.compaction_id)
         record_compaction(
             self._records, self._metrics, req, view, result, reason=reason, checkpoint=checkpoint
         )

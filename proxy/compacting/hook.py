@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from compaction import CheckpointStore, Compactor, MemoryWriter, Offload
+from proxy.compacting.archiving import Archiving
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations
 from proxy.compacting.dialects import Dialect, NotCompactable, for_route
@@ -70,6 +71,8 @@ class Shared:
     calibration: Calibration
     learned: LearnedWindows
     offload: Offload | None = None
+    archiving: Archiving | None = None
+    """Archives each compaction's folded turns (proxy.compacting.archiving); None: not kept."""
 
 
 @dataclass(frozen=True)
@@ -258,6 +261,7 @@ def build_hook(
         records=shared.records,
         metrics=shared.metrics,
         tasks=shared.tasks,
+        archiving=shared.archiving,
     )
     discovery = None
     if settings.models.discover:

@@ -3,7 +3,14 @@
 `SessionRecords` keeps per-session counters and compaction records for /admin (built in
 app.create_app, read by proxy.http.admin), bounded in both directions: at most `max_sessions`
 sessions (least recently seen evicted first) and `records_per_session` records each (oldest
-dropped first). Records are plain JSON-able dicts.
+dropped first). Records are plain JSON-able dicts. Each session also keeps a timeline of its
+last hooked requests (as many as records) and running totals (tokens as sent and as forwarded,
+summarizer calls and failures) for the dashboard (proxy.http.dashboard), which pages through
+them with `page`.
+
+A compaction's record is also its receipt on the dashboard: the summary as sent, the memory
+items written, and the diff between the view as sent and as forwarded (the messages replaced and
+the ones that replaced them, each a role and a preview), all bounded so a record stays small.
 """
 
 from __future__ import annotations
@@ -12,12 +19,15 @@ import datetime as dt
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from compaction import Checkpoint, CompactionResult, View
+from proxy.http.sessions import SORTABLE
 from proxy.metrics import CompactionMetrics
 
 Record = dict[str, Any]
@@ -28,14 +38,31 @@ if TYPE_CHECKING:  # a request's parts are only read here; keys.py imports this 
 
 log = logging.getLogger(__name__)
 
+# How many of the last hooked requests the overhead quantiles are taken over.
+_RECENT_OVERHEADS = 1000
+# The receipt's bounds: the summary as sent, the memory items, the diff's messages per side
+# (the first and last halves of them, with how many were left out), and each preview.
+RECEIPT_SUMMARY_CHARS = 8000
+RECEIPT_MEMORY_ITEMS = 50
+RECEIPT_DIFF_MESSAGES = 40
+RECEIPT_PREVIEW_CHARS = 240
 
-@dataclass
+
+@dataclass(slots=True)
 class _Session:
     first_seen: float
     last_seen: float
     requests: int = 0
     records_total: int = 0
     records: deque[Record] = field(default_factory=deque)
+    timeline: deque[Record] = field(default_factory=deque)
+    dialect: str | None = None
+    model: str | None = None
+    window: int | None = None
+    tokens_sent: int = 0
+    tokens_forwarded: int = 0
+    summarizer_calls: int = 0
+    summarizer_failures: int = 0
 
 
 class SessionRecords:
@@ -53,6 +80,7 @@ class SessionRecords:
         self._per_session = records_per_session
         self._clock = clock
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._overheads: deque[float] = deque(maxlen=_RECENT_OVERHEADS)
 
     def touch(self, session_id: str) -> None:
         """Count one request of `session_id` and mark it as just seen."""
@@ -62,8 +90,78 @@ class SessionRecords:
         session = self._session(session_id)
         session.records.append(record)
         session.records_total += 1
+        session.model = record.get("model") or session.model
+        session.window = record.get("window") or session.window
+        if record.get("path") == "llm" or record.get("errors"):
+            session.summarizer_calls += 1
+        if record.get("errors"):
+            session.summarizer_failures += 1
         while len(session.records) > self._per_session:
             session.records.popleft()
+
+    def add_request(self, session_id: str, entry: Record) -> None:
+        """One hooked request's line in the session's timeline: its `dialect` (the route's API
+        shape: chat, responses, messages; the session's from then on), and
+        `tokens_before` / `tokens_after` when the request was counted (None when it was
+        forwarded without being parsed: then it was far below the trigger)."""
+        session = self._session(session_id)
+        session.dialect = entry.get("dialect") or session.dialect
+        before, after = entry.get("tokens_before"), entry.get("tokens_after")
+        if isinstance(before, int) and isinstance(after, int):
+            session.tokens_sent += before
+            session.tokens_forwarded += after
+        session.timeline.append(entry)
+        overhead = entry.get("overhead_ms")
+        if isinstance(overhead, int | float):
+            self._overheads.append(float(overhead))
+        while len(session.timeline) > self._per_session:
+            session.timeline.popleft()
+
+    def page(
+        self,
+        *,
+        sort: str = "last_seen",
+        descending: bool = True,
+        search: str = "",
+        offset: int = 0,
+        limit: int = 50,
+    ) -> Record:
+        """One page of session summaries: those whose id, dialect or model contain `search`
+        (case aside), ordered by the summary field `sort` (one of SORTABLE)."""
+        if sort not in SORTABLE:
+            sort = "last_seen"
+        # Ids (plain strings) and sort keys (numbers, strings) only: a page over thousands of
+        # sessions allocates nothing the garbage collector tracks, so it triggers no collection
+        # of a heap that holds every session's timeline.
+        sessions = self._sessions
+        needle = search.casefold()
+        ids = [
+            sid
+            for sid, s in sessions.items()
+            if not needle or needle in f"{sid} {s.dialect or ''} {s.model or ''}".casefold()
+        ]
+        key = _SORT_KEYS[sort]
+        ids.sort(key=lambda sid: key(sid, sessions[sid]), reverse=descending)
+        shown = ids[offset : offset + limit]
+        return {
+            "sessions": [self._summary(sid, sessions[sid]) for sid in shown],
+            "total": len(ids),
+            "offset": offset,
+            "limit": limit,
+        }
+
+    def overhead_quantiles(self) -> dict[str, float | None]:
+        """p50 and p99 of the proxy's own time before forwarding, over the last hooked
+        requests of every session."""
+        ordered = sorted(self._overheads)
+        if not ordered:
+            return {"p50": None, "p99": None}
+        last = len(ordered) - 1
+        return {"p50": ordered[round(last * 0.5)], "p99": ordered[round(last * 0.99)]}
+
+    def timeline(self, session_id: str) -> list[Record] | None:
+        session = self._sessions.get(session_id)
+        return None if session is None else list(session.timeline)
 
     def list(self) -> Record:
         """Every session's summary, most recently seen first."""
@@ -97,7 +195,32 @@ class SessionRecords:
             "requests": session.requests,
             "records_total": session.records_total,
             "records_kept": len(session.records),
+            "dialect": session.dialect,
+            "model": session.model,
+            "window": session.window,
+            "tokens_sent": session.tokens_sent,
+            "tokens_forwarded": session.tokens_forwarded,
+            "tokens_saved": session.tokens_sent - session.tokens_forwarded,
+            "summarizer_calls": session.summarizer_calls,
+            "summarizer_failures": session.summarizer_failures,
         }
+
+
+# One per field of proxy.http.sessions.SORTABLE (tests/proxy/compacting/test_records.py checks).
+_SORT_KEYS: dict[str, Callable[[str, _Session], Any]] = {
+    "session_id": lambda sid, s: sid,
+    "last_seen": lambda sid, s: s.last_seen,
+    "first_seen": lambda sid, s: s.first_seen,
+    "requests": lambda sid, s: s.requests,
+    "records_total": lambda sid, s: s.records_total,
+    "dialect": lambda sid, s: s.dialect or "",
+    "model": lambda sid, s: s.model or "",
+    "tokens_sent": lambda sid, s: s.tokens_sent,
+    "tokens_forwarded": lambda sid, s: s.tokens_forwarded,
+    "tokens_saved": lambda sid, s: s.tokens_sent - s.tokens_forwarded,
+    "summarizer_calls": lambda sid, s: s.summarizer_calls,
+    "summarizer_failures": lambda sid, s: s.summarizer_failures,
+}
 
 
 def _iso(timestamp: float) -> str:
@@ -119,6 +242,7 @@ def record_compaction(
     if result.path != "unchanged":
         metrics.tokens_saved.inc(max(0, result.tokens_before - result.tokens_after))
     verification = result.verification
+    texts = records.preview_chars > 0  # 0: what conversations say stays out of /admin
     records.add_record(
         request.session_id,
         {
@@ -136,7 +260,7 @@ def record_compaction(
             "tokens_before": result.tokens_before,
             "tokens_after": result.tokens_after,
             "folded_messages": result.folded_count,
-            "folded_range": _folded_range(view, checkpoint),
+            "folded_range": folded_range(view, checkpoint),
             "extends": view.base.compaction_id if view.base else None,
             "summary_chars": len(result.summary_text),
             "summary_preview": result.summary_text[: records.preview_chars],
@@ -150,6 +274,15 @@ def record_compaction(
             "fits": result.fits,
             "duration_ms": round(result.duration_s * 1000, 1),
             "errors": list(result.errors),
+            "summary": result.summary_text[:RECEIPT_SUMMARY_CHARS] if texts else "",
+            "memory_written": [
+                {
+                    "type": item.type,
+                    "content": item.content[:RECEIPT_PREVIEW_CHARS] if texts else "",
+                }
+                for item in result.memory_items[:RECEIPT_MEMORY_ITEMS]
+            ],
+            "diff": describe_diff(view.messages, result, texts=texts),
         },
     )
     # A summarizer that failed (the compaction fell back) is a warning, with why.
@@ -164,13 +297,72 @@ def record_compaction(
             "tokens_after": result.tokens_after,
             "compaction_id": result.compaction_id,
             "errors": list(result.errors),
+            "summary": result.summary_text[:RECEIPT_SUMMARY_CHARS] if texts else "",
+            "memory_written": [
+                {
+                    "type": item.type,
+                    "content": item.content[:RECEIPT_PREVIEW_CHARS] if texts else "",
+                }
+                for item in result.memory_items[:RECEIPT_MEMORY_ITEMS]
+            ],
+            "diff": describe_diff(view.messages, result, texts=texts),
         },
     )
 
 
-def _folded_range(view: View, checkpoint: Checkpoint | None) -> list[int] | None:
+def folded_range(view: View, checkpoint: Checkpoint | None) -> list[int] | None:
     """Original message indices [start, end) this compaction folded for the first time."""
     if checkpoint is None:
         return None
     start = view.base.cut if view.base is not None else checkpoint.head_end
     return [start, checkpoint.cut]
+
+
+def describe_diff(
+    sent: Sequence[dict[str, Any]], result: CompactionResult, *, texts: bool = True
+) -> dict[str, Any]:
+    """What the compaction changed: `result.messages[:prefix_len]` replaced `sent[:keep_from]`
+    and the rest went on untouched (compaction.CompactionResult); of the replaced part, the
+    opening both sides share (the system prompt, usually) went on unchanged too. Indices are
+    positions in the messages as sent and as forwarded; without `texts`, previews are empty."""
+    if result.path == "unchanged":
+        return {"removed": [], "added": [], "removed_total": 0, "added_total": 0, "kept": len(sent)}
+    replaced, replacing = sent[: result.keep_from], result.messages[: result.prefix_len]
+    same = 0
+    while same < min(len(replaced), len(replacing)) and replaced[same] == replacing[same]:
+        same += 1
+    return {
+        "removed": _previews(replaced, same, texts),
+        "added": _previews(replacing, same, texts),
+        "removed_total": len(replaced) - same,
+        "added_total": len(replacing) - same,
+        "kept": len(sent) - result.keep_from + same,
+    }
+
+
+def _previews(messages: Sequence[dict[str, Any]], start: int, texts: bool) -> list[dict[str, Any]]:
+    """Previews of `messages[start:]`: all of them, or their first and last halves."""
+    half = RECEIPT_DIFF_MESSAGES // 2
+    end = len(messages)
+    if end - start <= RECEIPT_DIFF_MESSAGES:
+        indices = [*range(start, end)]
+    else:
+        indices = [*range(start, start + half), *range(end - half, end)]
+    return [_preview(index, messages[index], texts) for index in indices]
+
+
+def _preview(index: int, message: dict[str, Any], texts: bool) -> dict[str, Any]:
+    content = message.get("content")
+    if content is None:
+        text = ""
+    else:
+        text = content if isinstance(content, str) else orjson.dumps(content).decode()
+    if message.get("tool_calls"):
+        calls = orjson.dumps(message["tool_calls"]).decode()[:RECEIPT_PREVIEW_CHARS]
+        text = f"{text} {calls}" if text else calls
+    return {
+        "index": index,
+        "role": str(message.get("role", "")),
+        "chars": len(text),
+        "preview": text[:RECEIPT_PREVIEW_CHARS] if texts else "",
+    }

@@ -1,4 +1,5 @@
-"""The admin endpoints: sessions, their compaction records and totals (`admin.token` required).
+"""The admin endpoints: sessions, their compaction records and totals, the search of a session's
+archived turns (`admin.token` required).
 
 They do not exist (404) while `admin.token` is null.
 """
@@ -9,7 +10,8 @@ import hmac
 
 from aiohttp import web
 
-from proxy.errors import NotFound, Unauthorized
+from proxy.archive import search_session
+from proxy.errors import ArchiveUnavailable, BadRequest, NotFound, Unauthorized
 from proxy.http import keys
 from proxy.http.handlers import json_response
 from proxy.http.middleware import GET_ONLY
@@ -17,12 +19,12 @@ from proxy.http.sessions import check_session_id
 
 
 async def admin_sessions(request: web.Request) -> web.Response:
-    _require_admin(request)
+    require_admin(request)
     return json_response(request.app[keys.RECORDS].list())
 
 
 async def admin_session(request: web.Request) -> web.Response:
-    _require_admin(request)
+    require_admin(request)
     session_id = check_session_id(request.match_info["session"], "the path")
     found = request.app[keys.RECORDS].get(session_id)
     if found is None:
@@ -30,7 +32,50 @@ async def admin_session(request: web.Request) -> web.Response:
     return json_response(found)
 
 
-def _require_admin(request: web.Request) -> None:
+_MAX_LIMIT = 1000
+
+
+async def admin_archive(request: web.Request) -> web.Response:
+    """`?q=` searched in the session's archived turns (every credential's) and memory items,
+    best first, at most `limit` (default `archive.search_limit`)."""
+    require_admin(request)
+    session_id = check_session_id(request.match_info["session"], "the path")
+    settings = request.app[keys.SETTINGS]
+    query = request.query.get("q", "")
+    if not query.strip():
+        raise BadRequest("q is required: the words to search the archive for")
+    limit = _limit(request.query.get("limit"), settings.archive.search_limit)
+    try:
+        found = await search_session(
+            request.app[keys.ARCHIVE],
+            settings.memory.dir,
+            session_id,
+            query,
+            tenant=None,
+            limit=limit,
+        )
+    except Exception as exc:
+        raise ArchiveUnavailable(
+            f"the archive could not be searched ({type(exc).__name__})"
+        ) from exc
+    return json_response(
+        {"session": session_id, "query": query, "results": [item.describe() for item in found]}
+    )
+
+
+def _limit(raw: str | None, default: int) -> int:
+    if raw is None:
+        return default
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise BadRequest(f"limit must be an integer from 1 to {_MAX_LIMIT}") from None
+    if not 1 <= limit <= _MAX_LIMIT:
+        raise BadRequest(f"limit must be an integer from 1 to {_MAX_LIMIT}")
+    return limit
+
+
+def require_admin(request: web.Request) -> None:
     """404 while admin is disabled (the endpoints do not exist, whatever the method: so they
     refuse other methods here, not in the middleware); 405 for a method other than GET or HEAD; 401
     without the right token."""

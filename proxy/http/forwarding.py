@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import UTC, datetime
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -77,6 +78,7 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
     if session is not None:
         info.session = session
         app[keys.RECORDS].touch(session)
+    overhead_ms = info.overhead_ms()  # what deciding cost before anything went upstream
 
     response = await _send(request, "POST", url, headers, exchange.body)
     already_read = b""
@@ -126,7 +128,48 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
         probe=probe,
     )
     _observe(exchange, status, probe)
+    if session is not None:
+        app[keys.RECORDS].add_request(
+            session, timeline_entry(info.route, body, exchange, status, overhead_ms)
+        )
     return relayed
+
+
+# The informational headers a hook's exchange adds (named by proxy.compacting.exchange, which
+# http/ does not import): the timeline reads what the client was told.
+_STATUS, _BEFORE, _AFTER, _COMPACTION = (
+    "x-compaction-status",
+    "x-compaction-tokens-before",
+    "x-compaction-tokens-after",
+    "x-compaction-id",
+)
+
+
+def timeline_entry(
+    route: str, body: bytes, exchange: Exchange, status: int, overhead_ms: float
+) -> dict[str, object]:
+    """A session's timeline line for one hooked request (AdminRecords.add_request)."""
+    said = exchange.headers
+    return {
+        "time": _now_iso(),
+        "dialect": route,
+        "status": said.get(_STATUS, "none"),
+        "tokens_before": _int_or_none(said.get(_BEFORE)),
+        "tokens_after": _int_or_none(said.get(_AFTER)),
+        "bytes_before": len(body),
+        "bytes_after": len(exchange.body),
+        "compaction_id": said.get(_COMPACTION),
+        "upstream_status": status,
+        "overhead_ms": round(overhead_ms, 2),
+    }
+
+
+def _int_or_none(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 async def forward_verbatim(request: web.Request, path_session: str | None) -> web.StreamResponse:

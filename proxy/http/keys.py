@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from proxy.archive import Archive
 from proxy.http.sessions import AdminRecords
 from proxy.http.upstream import Upstream
 from proxy.interception import Hook
@@ -21,6 +22,8 @@ METRICS = web.AppKey("metrics", Metrics)
 RECORDS: web.AppKey[AdminRecords] = web.AppKey("records")
 HOOK: web.AppKey[Hook] = web.AppKey("hook")
 TASKS = web.AppKey("tasks", BackgroundTasks)
+# The archive of folded turns (proxy.archive): the compacting hook writes it, admin searches it.
+ARCHIVE: web.AppKey[Archive] = web.AppKey("archive")
 # Its ClientSession opens while the app starts (it needs the running loop); see app.create_app.
 UPSTREAM = web.AppKey("upstream", Upstream)
 

@@ -13,7 +13,7 @@ reads it through `AdminRecords`, the part of it the handlers use (create_app pas
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from compaction import is_valid_session_id
@@ -24,13 +24,44 @@ SESSION_HEADER = "X-Session-Id"
 
 class AdminRecords(Protocol):
     """The records the app keeps per session, as proxy.http uses them: a forwarded request is
-    counted, /admin lists the sessions and shows one."""
+    counted and put in its session's timeline, /admin lists the sessions and shows one, the
+    dashboard pages through them."""
 
     def touch(self, session_id: str) -> None: ...
 
     def list(self) -> dict[str, Any]: ...
 
     def get(self, session_id: str) -> dict[str, Any] | None: ...
+
+    def add_request(self, session_id: str, entry: dict[str, Any]) -> None:
+        """A hooked request's line in its session's timeline (proxy.http.forwarding)."""
+        ...
+
+    def page(
+        self,
+        *,
+        sort: str = "last_seen",
+        descending: bool = True,
+        search: str = "",
+        offset: int = 0,
+        limit: int = 50,
+    ) -> dict[str, Any]:
+        """One page of session summaries for the dashboard, ordered by a SORTABLE field."""
+        ...
+
+    def timeline(self, session_id: str) -> Sequence[dict[str, Any]] | None: ...
+
+    def overhead_quantiles(self) -> dict[str, float | None]: ...
+
+
+SORTABLE = frozenset(
+    {
+        "session_id", "last_seen", "first_seen", "requests", "records_total", "dialect",
+        "model", "tokens_sent", "tokens_forwarded", "tokens_saved", "summarizer_calls",
+        "summarizer_failures",
+    }
+)  # fmt: skip
+"""The session summary fields a page of sessions may be ordered by (/admin/api/sessions)."""
 
 
 def check_session_id(value: str, source: str) -> str:

@@ -52,11 +52,12 @@ async def test_twenty_rounds_keep_five(tmp_path: Path, with_llm: bool) -> None:
     )
     history = _seed_history(20)
     result = await engine.compact(history, keep_recent=5)
-    # summary, the task (the first request, pinned), the last five rounds
-    assert len(result["compacted_history"]) == 12
-    assert result["compacted_history"][1] is history[0]
-    assert result["compacted_history"][2:] == history[-10:]
-    assert all(a is b for a, b in zip(result["compacted_history"][2:], history[-10:], strict=False))
+    # the seed contract: the summary (the task quoted inside it) and the last five rounds
+    assert len(result["compacted_history"]) == 11
+    assert is_summary_message(result["compacted_history"][0])
+    assert history[0]["content"] in result["summary"]
+    assert result["compacted_history"][1:] == history[-10:]
+    assert all(a is b for a, b in zip(result["compacted_history"][1:], history[-10:], strict=False))
     assert result["summary"] and result["compression_ratio"] < 1.0
     assert result["path"] == ("llm" if with_llm else "extractive")
     assert result["compacted_tokens"] < result["original_tokens"]
@@ -65,7 +66,7 @@ async def test_twenty_rounds_keep_five(tmp_path: Path, with_llm: bool) -> None:
 
 async def test_twenty_rounds_with_a_system_prompt_keep_it_and_five_rounds(tmp_path: Path) -> None:
     result = await CompactionEngine(None, tmp_path).compact(simple_conversation(20), keep_recent=5)
-    assert len(result["compacted_history"]) == 13  # system + summary + task + 5 rounds
+    assert len(result["compacted_history"]) == 12  # system + summary + 5 rounds
 
 
 async def test_three_rounds_come_back_unchanged(tmp_path: Path) -> None:

@@ -76,7 +76,10 @@ def test_an_observation_whose_action_was_folded_earlier_still_counts() -> None:
 
 def test_values_keep_their_context_and_skip_code() -> None:
     ledger = _ledger([user("Please use port 8080 for build abc123.\n```\nline 4242\n```")])
-    assert ledger.values == ("use port 8080", "abc123")
+    # what the user wrote: the sentence it came in (the numbers alone say little)
+    assert ledger.values == ("Please use port 8080 for build abc123.",)
+    ledger = _ledger([assistant("Port 8080 is free; build abc123 passed.")])
+    assert ledger.values == ("Port 8080", "abc123")  # the assistant's: the words beside them
 
 
 def test_sections_fit_the_budget_and_return_the_overflow() -> None:
@@ -138,7 +141,7 @@ def test_responses_call_items_each_keep_their_outcome() -> None:
 
 
 def test_values_with_commas_in_their_context_read_back_whole() -> None:
-    ledger = _ledger([user("We paid, roughly 12345 dollars, for order 99812 last week.")])
+    ledger = _ledger([user("Thanks. We paid, roughly 12345 dollars, for order 99812 last week.")])
     assert ledger.values
     rendered = render_sections(ledger, (), estimator=ESTIMATOR, max_tokens=500)
     assert read_body(f"lead\n\n{rendered.text}").ledger.values == ledger.values
@@ -235,3 +238,49 @@ def test_overflow_runs_are_cut_as_one_step_per_entry_cuts_them(
     entries: list[str], limit: int
 ) -> None:
     assert [list(c) for c in _chunks(tuple(entries), limit)] == _chunks_one_by_one(entries, limit)
+
+
+def test_the_programs_of_sed_awk_and_grep_are_not_files() -> None:
+    commands = [
+        "sed -n '/def serialize/,/return/p' django/db/migrations/writer.py",
+        "sed -i 's/old_name/new_name/g' src/app/models.py",
+        "awk '/^class /{print NR}' src/app/views.py",
+        'grep -n "c/d" src/app/urls.py',
+    ]
+    calls = [tool_call(arguments={"command": command}) for command in commands]
+    messages = [assistant_calls(*calls)] + [tool_result(c["id"]) for c in calls]
+    assert _ledger(messages).files == (
+        "django/db/migrations/writer.py",
+        "src/app/models.py",
+        "src/app/views.py",
+        "src/app/urls.py",
+    )
+
+
+def test_a_failed_test_is_named_in_its_calls_outcome() -> None:
+    unittest = tool_call(arguments={"command": "python tests/runtests.py migrations"})
+    pytest_run = tool_call(arguments={"command": "pytest tests/test_app.py"})
+    unittest_output = (
+        "F.\n======\nFAIL: test_serialize_enums (migrations.test_writer.WriterTests)\n"
+        "------\nAssertionError: 'a' != 'b'\n\nFAILED (failures=1)"
+    )
+    pytest_output = (
+        "tests/test_app.py .F\n=== short test summary info ===\n"
+        "FAILED tests/test_app.py::test_login - assert 401 == 200\n1 failed, 1 passed"
+    )
+    ledger = _ledger(
+        [
+            assistant_calls(unittest, pytest_run),
+            tool_result(unittest["id"], unittest_output),
+            tool_result(pytest_run["id"], pytest_output),
+        ]
+    )
+    assert "failed: test_serialize_enums (migrations.test_writer.WriterTests)" in ledger.trail[0]
+    assert "failed: tests/test_app.py::test_login" in ledger.trail[1]
+
+
+def test_line_numbers_are_no_values_shown_to_the_model() -> None:
+    ledger = _ledger([assistant("See Lines 1414-1419.\nWait, line 1412 is it.\nThe order 77123.")])
+    rendered = render_sections(ledger, (), estimator=ESTIMATOR, max_tokens=500)
+    assert "order 77123" in rendered.text and "141" not in rendered.text
+    assert any("1414" in value for value in rendered.overflow.values)  # the memory file has them

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.corpus import read_corpus
+from compaction.instructions import Instruction, find_instructions
 from compaction.ledger import Ledger, _describe, _outcome, build_ledger
 from compaction.mentions import Mentions, scan_prose
 from compaction.messages import Item, ToolCall, read_items
@@ -19,7 +20,9 @@ from compaction.scan import (
     fenced_commands,
     find_paths,
     first_lines,
+    without_programs,
 )
+from compaction.text import sentences_holding
 
 
 class _OneByOne:
@@ -32,6 +35,7 @@ class _OneByOne:
         self.pending: dict[str, int] = {}
         self.files: dict[str, None] = {}
         self.values: dict[str, None] = {}
+        self.instructions: list[Instruction] = []
 
     def add(self, item: Item, mentions: Mentions | None) -> None:
         if item.kind == "tool":
@@ -39,8 +43,13 @@ class _OneByOne:
         elif item.observation:
             self._answer(("shell",), item.text)
         elif item.is_request:
-            if request := first_lines(item.text):
+            request = first_lines(item.text)
+            if request:
                 self.requests[request] = None
+            self.instructions += find_instructions([item])
+            if mentions is not None:  # a user's value: its sentence, unless that is the request
+                found = sentences_holding(item.text, mentions[1])
+                mentions = (mentions[0], tuple(s for s in found if s != request))
             self._add_prose(mentions)
         elif item.kind == "assistant":
             self._add_prose(mentions)
@@ -48,7 +57,7 @@ class _OneByOne:
                 self.pending = {}
             for command in fenced_commands(item.text):
                 self._call("shell", f"$ {command_key(command)}")
-                self.files.update(dict.fromkeys(find_paths(command)))
+                self.files.update(dict.fromkeys(find_paths(without_programs(command))))
             for call in item.functions:
                 self._call(call.id or "", _describe(call))
                 self.files.update(dict.fromkeys(call_commands_and_paths(call)[1]))
@@ -78,6 +87,7 @@ class _OneByOne:
             trail=tuple(dict.fromkeys(trail)),
             files=tuple(self.files),
             values=tuple(v for v in self.values if v not in self.files),
+            instructions=tuple(self.instructions),
         )
 
 

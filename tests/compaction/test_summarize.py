@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from importlib import resources
 
+import pytest
+
 from compaction import SUMMARY_MARKER, HeuristicEstimator, is_summary_message
+from compaction.composition import compose_summary
+from compaction.ledger import Ledger
 from compaction.summarize import (
     build_memory_request,
     build_summary_request,
     load_prompt,
     summary_message,
     summary_text,
+    unwrap_summary,
 )
 from compaction.text import is_cjk_dominant
 from tests.factories import CJK_SAMPLE, summary, user
@@ -78,3 +83,21 @@ def test_summary_message_is_framed_marked_and_byte_identical() -> None:
 def test_summary_text_of_a_foreign_framing_drops_only_the_marker() -> None:
     assert summary_text(summary("Goals: ship it.")) == "Goals: ship it."
     assert summary_text(user("hello")) == ""
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "<summary>\nGoals: ship the parser.\n</summary>",
+        "<analysis>thinking…</analysis>\n<summary>Goals: ship the parser.</summary>",
+        "Here is the summary:\n<summary>Goals: ship the parser.</summary>\n",
+    ],
+)
+def test_a_models_own_summary_wrapper_is_stripped_before_framing(reply: str) -> None:
+    assert unwrap_summary(reply) == "Goals: ship the parser."
+    body = compose_summary(
+        reply, None, Ledger(), [], budget=500, folded_count=4, estimator=HeuristicEstimator()
+    ).body
+    framed = summary_message(body)["content"]
+    assert framed.count("<summary>") == 1 and "thinking" not in framed
+    assert body.startswith("Goals: ship the parser.")

@@ -49,7 +49,8 @@ async def test_fallback_summaries_merge_instead_of_nesting() -> None:
     # Every folded request is carried in the summary, or moved to memory when it had no room.
     kept = "\n".join([last, *memory])
     assert all(f"Task {i}: edit src/module_{i}.py" in kept for i in range(1, 20))
-    assert "Task 19: edit src/module_19.py" in last  # the newest first when room is short
+    # oldest first when room is short: the requests read as a list a person can follow
+    assert "Task 1: edit src/module_1.py" in last
 
 
 async def test_a_forgetful_model_does_not_lose_what_code_collected() -> None:

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from compaction.checkpoints import CheckpointStore
 from proxy.app import create_app
+from proxy.archive import Archive
 from proxy.compacting.llm_client import LLMFactory
 from proxy.http.serving import serve_on_loopback
 from proxy.interception import Hook
@@ -56,7 +57,8 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 
 @pytest.fixture
 async def start_proxy(upstream: FakeUpstream) -> AsyncIterator[StartProxy]:
-    """`await start_proxy(hook=None, store=None, llm_for=None, **sections)`: a running proxy pointed at `upstream`,
+    """`await start_proxy(hook=None, store=None, llm_for=None, archive_backend=None,
+    **sections)`: a running proxy pointed at `upstream`,
     sections overriding settings (e.g. `upstream={"timeout_s": 0.2}`)."""
     async with AsyncExitStack() as stack:
 
@@ -65,10 +67,13 @@ async def start_proxy(upstream: FakeUpstream) -> AsyncIterator[StartProxy]:
             *,
             store: CheckpointStore | None = None,
             llm_for: LLMFactory | None = None,
+            archive_backend: Archive | None = None,
             **sections: Any,
         ) -> RunningProxy:
             settings = build_settings(upstream, **sections)
-            app = create_app(settings, hook=hook, store=store, llm_for=llm_for)
+            app = create_app(
+                settings, hook=hook, store=store, llm_for=llm_for, archive=archive_backend
+            )
             running = RunningProxy(app)
             await running.start()
             stack.push_async_callback(running.close)

@@ -28,6 +28,13 @@ def test_defaults_match_the_design() -> None:
     assert settings.compaction.trigger_ratio == 0.85
 
 
+def test_pinned_ratio_defaults_to_a_tenth_and_reaches_the_library() -> None:
+    assert load_settings(None, {}, {}).compaction.pinned_ratio == 0.10
+    environ = {"COMPACTION_PROXY__COMPACTION__PINNED_RATIO": "0.2"}
+    section = load_settings(None, environ, {}).compaction
+    assert section.library_settings(llm_timeout_s=5).pinned_ratio == 0.2
+
+
 def test_the_repository_config_yaml_loads_and_lists_every_key() -> None:
     from_file = load_settings(str(ROOT / "config.yaml"), {}, {})
     text = (ROOT / "config.yaml").read_text()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from proxy.compacting.records import SessionRecords
+from proxy.http.sessions import SORTABLE
 
 
 def test_session_records_are_bounded() -> None:
@@ -17,3 +20,65 @@ def test_session_records_are_bounded() -> None:
     assert [r["n"] for r in got["records"]] == [2, 3, 4]
     assert got["records_total"] == 5 and got["requests"] == 2
     assert records.get("b") is None
+
+
+def test_a_page_of_sessions_is_sorted_filtered_and_bounded() -> None:
+    now = [1000.0]
+    records = SessionRecords(max_sessions=100, records_per_session=3, clock=lambda: now[0])
+    for i in range(10):
+        now[0] += 1
+        records.add_request(
+            f"s{i}", {"dialect": "chat", "tokens_before": 100 * i, "tokens_after": 10 * i}
+        )
+    now[0] += 1
+    records.add_record("s3", {"dialect": "messages", "model": "claude-x", "path": "llm"})
+    records.add_record("s3", {"model": "claude-x", "path": "extractive", "errors": ["timeout"]})
+    page = records.page(sort="tokens_saved", limit=3)
+    assert [s["session_id"] for s in page["sessions"]] == ["s9", "s8", "s7"]
+    assert page["total"] == 10 and page["sessions"][0]["tokens_saved"] == 810
+    second = records.page(sort="tokens_saved", descending=False, offset=3, limit=3)
+    assert [s["session_id"] for s in second["sessions"]] == ["s3", "s4", "s5"]
+    claude = records.page(search="CLAUDE")
+    (only,) = claude["sessions"]
+    # The session's dialect is its requests' route; a record's own name stays in the record.
+    assert only["session_id"] == "s3" and only["dialect"] == "chat"
+    assert only["summarizer_calls"] == 2 and only["summarizer_failures"] == 1
+    assert records.page(sort="nonsense", limit=1)["sessions"][0]["session_id"] == "s3"
+
+
+def test_a_timeline_keeps_the_last_requests_and_counts_them_all() -> None:
+    records = SessionRecords(max_sessions=10, records_per_session=2)
+    for i in range(5):
+        records.add_request(
+            "a", {"dialect": "chat", "tokens_before": 10, "tokens_after": 5, "overhead_ms": i}
+        )
+    records.add_request("a", {"dialect": "chat", "tokens_before": None, "tokens_after": None})
+    timeline = records.timeline("a")
+    assert timeline is not None and len(timeline) == 2 and timeline[0]["overhead_ms"] == 4
+    found = records.get("a")
+    assert found is not None and found["tokens_sent"] == 50 and found["tokens_forwarded"] == 25
+    assert records.overhead_quantiles() == {"p50": 2.0, "p99": 4.0}
+    assert records.timeline("nobody") is None
+
+
+@pytest.mark.parametrize("field", sorted(SORTABLE))
+def test_every_sortable_field_orders_a_page(field: str) -> None:
+    now = [1000.0]
+    records = SessionRecords(max_sessions=100, records_per_session=5, clock=lambda: now[0])
+    for i, sid in enumerate(("m", "c", "x", "a", "q")):
+        now[0] += 1
+        for _ in range(i % 3 + 1):
+            records.touch(sid)
+        records.add_request(
+            sid,
+            {
+                "dialect": "chat" if i % 2 else "responses",
+                "tokens_before": 7 * i,
+                "tokens_after": i,
+            },
+        )
+        for _ in range(i % 2 + 1):
+            record = {"model": f"model-{4 - i}", "path": "llm" if i < 3 else "extractive"}
+            records.add_record(sid, {**record, "errors": ["e"] * (i % 2)})
+    shown = [s[field] for s in records.page(sort=field, descending=False)["sessions"]]
+    assert shown == sorted(shown) and len(set(shown)) > 1

@@ -1,0 +1,101 @@
+"""What the archive keeps and finds, and the role each backend plays.
+
+A folded message is kept as the JSON the client sent (verbatim), with its index in the
+conversation, its dialect, its kind and when it was archived, under a `Scope`: the session and
+the digest of the caller's credentials, exactly as checkpoints are scoped, so that nothing of one
+credential or session is found from another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+Kind = Literal["message", "tool_output", "memory"]
+"""message: what the user or the model wrote; tool_output: a tool's result; memory: an item of the
+session's memory file (searched beside the archive, never stored in it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    session: str
+    tenant: str
+    """Hex digest of the caller's credentials (proxy.compacting.request.ParsedRequest.tenant)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    index: int
+    """Its position in the conversation's list (chat `messages`, Responses `input`...)."""
+    dialect: str
+    kind: Kind
+    compaction_id: str
+    at: float
+    """When it was archived (seconds since the epoch)."""
+    body: str
+    """The message as the client sent it (JSON)."""
+    text: str
+    """What a search reads: its prose, its calls' names and arguments."""
+
+    @property
+    def size(self) -> int:
+        return len(self.body) + len(self.text)
+
+    def found(self, score: float) -> Found:
+        return Found(
+            self.kind, self.index, score, self.text, self.body, self.compaction_id, self.at
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    kind: Kind
+    index: int | None
+    """The turn it came from (None for a memory item)."""
+    score: float
+    """Higher is better; comparable within one search."""
+    text: str
+    body: str | None
+    """The archived message (None for a memory item)."""
+    compaction_id: str
+    at: float
+
+    def describe(self) -> dict[str, object]:
+        """The JSON an admin or a command-line reader sees."""
+        return {
+            "kind": self.kind,
+            "index": self.index,
+            "score": round(self.score, 4),
+            "compaction_id": self.compaction_id,
+            "at": self.at,
+            "text": self.text,
+            "message": self.body,
+        }
+
+
+class Archive(Protocol):
+    """Every backend (local, sqlite, redis). `tenant=None` in a search: every credential's turns
+    of the session (an operator's view: the admin route, the command line)."""
+
+    name: str
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def add(self, scope: Scope, entries: Sequence[Entry]) -> dict[str, int]:
+        """Keep `entries` (an index already kept for the scope is kept once) and apply the
+        bounds: how many were dropped, by reason (`size`, `age`)."""
+        ...
+
+    async def search(
+        self, session: str, query: str, *, tenant: str | None, limit: int
+    ) -> list[Found]:
+        """Best matches first, at most `limit`."""
+        ...
+
+    async def compactions(self, session: str, *, tenant: str | None) -> set[str]:
+        """The compactions whose turns are archived for the session (and credential): scopes the
+        memory items a search returns."""
+        ...

@@ -1,0 +1,77 @@
+"""The archive in the process only (`state.backend: memory`): lost at restart, like the rest of
+that backend's state. Searched by the simple term score."""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Sequence
+
+from proxy.archive.entries import Entry, Found, Scope
+from proxy.archive.terms import query_terms, score_text
+
+
+class LocalArchive:
+    name = "memory"
+
+    def __init__(
+        self, *, max_bytes: int, max_age_s: float, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._max_bytes = max_bytes
+        self._max_age_s = max_age_s
+        self._clock = clock
+        self._scopes: dict[Scope, dict[int, Entry]] = {}
+        self._sizes: dict[Scope, int] = {}
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def add(self, scope: Scope, entries: Sequence[Entry]) -> dict[str, int]:
+        kept = self._scopes.setdefault(scope, {})
+        size = self._sizes.get(scope, 0)
+        for entry in entries:
+            if entry.index not in kept:
+                kept[entry.index] = entry
+                size += entry.size
+        self._sizes[scope] = size
+        return self._bound(scope)
+
+    def _bound(self, scope: Scope) -> dict[str, int]:
+        """Drop what is too old, then the oldest beyond the size (dicts keep insertion order:
+        the oldest archived come first)."""
+        kept = self._scopes[scope]
+        horizon = self._clock() - self._max_age_s
+        dropped = {"age": 0, "size": 0}
+        for index in [i for i, entry in kept.items() if entry.at < horizon]:
+            self._sizes[scope] -= kept.pop(index).size
+            dropped["age"] += 1
+        while self._sizes[scope] > self._max_bytes and kept:
+            self._sizes[scope] -= kept.pop(next(iter(kept))).size
+            dropped["size"] += 1
+        return dropped
+
+    def _entries(self, session: str, tenant: str | None) -> list[Entry]:
+        return [
+            entry
+            for scope, kept in self._scopes.items()
+            if scope.session == session and (tenant is None or scope.tenant == tenant)
+            for entry in kept.values()
+        ]
+
+    async def search(
+        self, session: str, query: str, *, tenant: str | None, limit: int
+    ) -> list[Found]:
+        terms = query_terms(query)
+        scored = (
+            (score_text(entry.text, terms), entry) for entry in self._entries(session, tenant)
+        )
+        best = heapq.nlargest(
+            limit, ((s, -e.index, e) for s, e in scored if s > 0), key=lambda t: t[:2]
+        )
+        return [entry.found(score) for score, _, entry in best]
+
+    async def compactions(self, session: str, *, tenant: str | None) -> set[str]:
+        return {entry.compaction_id for entry in self._entries(session, tenant)}

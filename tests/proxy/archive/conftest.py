@@ -1,0 +1,78 @@
+"""Every archive backend, built the way `build_archive` builds it, on a clock the test moves."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from proxy.archive import Archive, Entry, Kind
+from proxy.archive.local import LocalArchive
+from proxy.archive.redis import RedisArchive
+from proxy.archive.sqlite import SqliteArchive
+from tests.proxy.state.conftest import RedisServer, free_port, redis_binary
+
+BACKENDS = ("memory", "sqlite", "sqlite-like", "redis")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+MakeArchive = Callable[..., Archive]
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture(params=BACKENDS)
+async def make_archive(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: Clock
+) -> AsyncIterator[MakeArchive]:
+    """`make_archive(max_bytes=..., max_age_s=...)`: an archive of the parametrized backend
+    (opened by the test), closed at the end."""
+    backend: str = request.param
+    opened: list[Archive] = []
+    server: RedisServer | None = None
+    if backend == "redis":
+        server = RedisServer(redis_binary(), free_port())
+        await server.start()
+
+    def make(*, max_bytes: int = 1 << 20, max_age_s: float = 86400.0) -> Archive:
+        archive: Archive
+        if backend == "memory":
+            archive = LocalArchive(max_bytes=max_bytes, max_age_s=max_age_s, clock=clock)
+        elif backend.startswith("sqlite"):
+            archive = SqliteArchive(
+                tmp_path / "state.sqlite3",
+                max_bytes=max_bytes,
+                max_age_s=max_age_s,
+                full_text=backend == "sqlite",
+                clock=clock,
+            )
+        else:
+            assert server is not None
+            archive = RedisArchive(
+                server.url, max_bytes=max_bytes, max_age_s=max_age_s, timeout_s=2, clock=clock
+            )
+        opened.append(archive)
+        return archive
+
+    yield make
+    for archive in opened:
+        await archive.close()
+    if server is not None:
+        await server.stop()
+
+
+def entry(index: int, text: str, *, kind: Kind = "message", at: float = 1_000_000.0,
+          compaction_id: str = "c1") -> Entry:  # fmt: skip
+    body = '{"role":"user","content":' + repr(text).replace("'", '"') + "}"
+    return Entry(index, "chat", kind, compaction_id, at, body, text)
