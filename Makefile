@@ -60,11 +60,12 @@ test: $(STAMP_TEST) redis-server chromium
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest
 
-# The real clients (pinned Codex CLI and Claude Code, installed by npm under .e2e/) and the openai
-# and anthropic SDKs through the proxy against scripted fakes of their APIs. When npm cannot
-# install the clients, their runs are reported as skipped, with why; everything else still runs.
+# The real clients (pinned Codex CLI and Claude Code, installed by npm under .e2e/; the pinned
+# openai-agents SDK, installed by pip into .venv) and the openai and anthropic SDKs through the
+# proxy against scripted fakes of their APIs. When npm or pip cannot install a client, its runs
+# are reported as skipped, with why; everything else still runs.
 e2e: $(STAMP_TEST)
-	tests/e2e/install.sh
+	PYTHON=$(BIN)/python tests/e2e/install.sh
 	$(BIN)/python -m pytest -o addopts="-q -rs" tests/e2e
 
 lint: $(STAMP_TEST)

@@ -85,7 +85,8 @@ class Price(_Section):
 class ModelsSettings(_Section):
     default_context_window: int = Field(default=128000, gt=0)
     context_windows: dict[str, PositiveInt] = Field(default_factory=dict)
-    discover: bool = False  # read unconfigured models' windows from the upstream
+    discover: bool = True  # read unconfigured models' windows from the upstream
+    discover_timeout_s: float = Field(default=1.0, gt=0)  # the longest a request waits for it
     max_models: int = Field(default=1024, gt=0)
     """Models whose calibration factor and learned window are kept (least recently used go)."""
     prices: dict[str, Price] = Field(default_factory=dict)

@@ -10,9 +10,15 @@ Where each server says it, asked in this order:
 - LM Studio: `GET {root}/api/v0/models/{model}`, `loaded_context_length` or
   `max_context_length`.
 
-Each model is looked up once (concurrent first requests wait for the same lookup, at most
-`timeout_s`), and remembered, found or not; a model found nowhere keeps the configured default.
-`source` says where a window came from, for the compaction records.
+It is on by default, so it must cost next to nothing where nothing is published (OpenAI, a
+gateway): each model is looked up once per upstream (one WindowDiscovery per upstream) and
+remembered, found or not; a place that fails or answers anything but 200 (a 404 listing, an
+upstream that is not Ollama) is remembered too and never asked again, for any model. A request
+waits for its model's lookup at most `wait_s` (concurrent first requests wait for the same
+lookup); a slower lookup goes on in the background and serves the requests after it, the
+configured default applying meanwhile. Nothing here is an upstream error: a failed lookup is
+logged at debug level and counted nowhere. `source` says where a window came from, for the
+compaction records.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -41,19 +47,33 @@ class Window:
     """Where it came from: "configured", "default", or the discovering call."""
 
 
+class _Absent(Exception):
+    """The place asked does not publish windows here (it failed or did not answer 200)."""
+
+
 class WindowDiscovery:
     """The windows of unconfigured models, asked of the upstream at `base_url` with `session`."""
 
     def __init__(
-        self, session: Callable[[], aiohttp.ClientSession], base_url: str, timeout_s: float
+        self,
+        session: Callable[[], aiohttp.ClientSession],
+        base_url: str,
+        timeout_s: float,
+        wait_s: float,
+        spawn: Callable[[Coroutine[Any, Any, Window | None], str], asyncio.Task[Window | None]],
     ) -> None:
-        """`session`: the app's ClientSession, once it is open."""
+        """`session`: the app's ClientSession, once it is open; `timeout_s` bounds each call,
+        `wait_s` how long a request waits for its model's lookup; `spawn(coro, name)` runs the
+        lookup as a background task the app owns (BackgroundTasks.spawn)."""
         self._session = session
         self._base = URL(base_url.rstrip("/"))
         self._root = self._base.parent if self._base.path.endswith("/v1") else self._base
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._wait_s = wait_s
+        self._spawn = spawn
         self._found: dict[str, Window | None] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._pending: dict[str, asyncio.Task[Window | None]] = {}
+        self._absent: set[str] = set()
 
     def known(self, model: str) -> Window | None:
         """The discovered window of `model`, if it was looked up and found."""
@@ -64,14 +84,26 @@ class WindowDiscovery:
         return min(windows) if windows else None
 
     async def discover(self, model: str, headers: Mapping[str, str]) -> Window | None:
-        """The window of `model` as the upstream publishes it (None: it does not), looked up
-        once with the caller's credentials `headers`; concurrent callers wait for that one."""
-        lock = self._locks.setdefault(model, asyncio.Lock())
-        async with lock:
-            if model not in self._found:
-                self._found[model] = await self._look_up(model, headers)
-        self._locks.pop(model, None)
-        return self._found[model]
+        """The window of `model` as the upstream publishes it (None: it does not, or not yet),
+        looked up once with the caller's credentials `headers`; concurrent callers wait for
+        that one lookup, none longer than `wait_s`."""
+        if model in self._found:
+            return self._found[model]
+        lookup = self._pending.get(model)
+        if lookup is None:
+            lookup = self._spawn(self._look_up(model, headers), f"window discovery: {model}")
+            self._pending[model] = lookup
+            lookup.add_done_callback(lambda done: self._settle(model, done))
+        try:
+            return await asyncio.wait_for(asyncio.shield(lookup), self._wait_s)
+        except TimeoutError:
+            log.debug("window discovery of %s goes on in the background", model)
+            return None
+
+    def _settle(self, model: str, lookup: asyncio.Task[Window | None]) -> None:
+        self._pending.pop(model, None)
+        failed = lookup.cancelled() or lookup.exception() is not None
+        self._found[model] = None if failed else lookup.result()
 
     async def _look_up(self, model: str, headers: Mapping[str, str]) -> Window | None:
         for source, ask in (
@@ -79,10 +111,13 @@ class WindowDiscovery:
             ("POST /api/show (Ollama)", self._from_ollama),
             ("GET /api/v0/models (LM Studio)", self._from_lm_studio),
         ):
+            if source in self._absent:
+                continue
             try:
                 tokens = await ask(model, headers)
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                log.debug("window discovery: %s failed: %r", source, exc)
+            except (_Absent, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                log.debug("window discovery: %s failed, not asked again: %r", source, exc)
+                self._absent.add(source)
                 continue
             if tokens is not None and tokens >= _MIN_WINDOW:
                 log.info("window of %s discovered: %d (%s)", model, tokens, source)
@@ -98,7 +133,7 @@ class WindowDiscovery:
             method, url, data=data, headers=sent, timeout=self._timeout, allow_redirects=False
         ) as response:
             if response.status != 200:
-                return None
+                raise _Absent(f"{method} {url.path}: {response.status}")
             return orjson.loads(await response.read())
 
     async def _from_listing(self, model: str, headers: Mapping[str, str]) -> int | None:
@@ -121,7 +156,10 @@ class WindowDiscovery:
         if not _is_count(trained):
             return None
         # llama.cpp server: the context it runs with, when /props says, else its training's.
-        props = await self._get(self._root / "props", headers)
+        try:
+            props = await self._get(self._root / "props", headers)
+        except (_Absent, aiohttp.ClientError, TimeoutError, ValueError):
+            props = None
         settings = props.get("default_generation_settings") if isinstance(props, dict) else None
         running = settings.get("n_ctx") if isinstance(settings, dict) else None
         return int(running) if _is_count(running) else int(trained)

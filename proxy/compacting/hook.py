@@ -294,6 +294,8 @@ def build_hook(
             lambda: shared.upstream.session,
             settings.upstream.base_url,
             timeout_s=settings.upstream.connect_timeout_s,
+            wait_s=settings.models.discover_timeout_s,
+            spawn=lambda lookup, name: shared.tasks.spawn(lookup, name=name),
         )
     dumps = None
     if settings.logging.dump_dir is not None:

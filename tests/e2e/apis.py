@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from bench.dialects import check_anthropic, check_responses
+from bench.dialects import check_anthropic, check_responses, signature_of
 from compaction import SUMMARY_MARKER
 from compaction.invariants import check_tool_pairing
 from proxy.compacting.identity import is_injected
@@ -65,6 +65,8 @@ class ScriptedApis:
     lines: int = 400
     received: list[Received] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    thoughts: dict[str, Any] = field(default_factory=dict)
+    """Every thinking block seen, by signature: one altered later is a problem."""
     _ids: Iterator[int] = field(default_factory=itertools.count)
     _runner: web.AppRunner | None = None
     url: str = ""
@@ -198,7 +200,7 @@ class ScriptedApis:
         messages = body.get("messages") if isinstance(body.get("messages"), list) else []
         tools = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
         if received.purpose is None:
-            self._check("anthropic", check_anthropic(body))
+            self._check("anthropic", check_anthropic(body, self.thoughts))
         done = _next_turn(messages, _chat_role)
         content: list[dict[str, Any]] = [{"type": "text", "text": DONE}]
         if received.purpose is not None:
@@ -207,13 +209,21 @@ class ScriptedApis:
             command = {"command": shell_command(done, self.lines), "description": "print words"}
             use = {"type": "tool_use", "id": f"toolu_{next(self._ids)}", "name": name}
             content = [{**use, "input": command}]
+        if received.purpose is None and isinstance(body.get("thinking"), dict):
+            # Extended thinking: every answer opens with a signed thought, which the client
+            # must send back untouched (check_anthropic refuses any other).
+            thought = f"Turn {done} of the task; next: {content[0]['type']}."
+            content = [
+                {"type": "thinking", "thinking": thought, "signature": signature_of(thought)},
+                *content,
+            ]
         message = {
             "id": f"msg_{next(self._ids)}",
             "type": "message",
             "role": "assistant",
             "model": body.get("model", "fake"),
             "content": content,
-            "stop_reason": "tool_use" if content[0]["type"] == "tool_use" else "end_turn",
+            "stop_reason": "tool_use" if content[-1]["type"] == "tool_use" else "end_turn",
             "stop_sequence": None,
             "usage": {
                 "input_tokens": body_tokens("/messages", body),
@@ -332,9 +342,14 @@ def _anthropic_events(message: dict[str, Any]) -> list[dict[str, Any]]:
     start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
     events: list[dict[str, Any]] = [{"type": "message_start", "message": start}]
     for index, block in enumerate(message["content"]):
+        extra: list[dict[str, Any]] = []
         if block["type"] == "text":
             opened: dict[str, Any] = {"type": "text", "text": ""}
             delta: dict[str, Any] = {"type": "text_delta", "text": block["text"]}
+        elif block["type"] == "thinking":
+            opened = {"type": "thinking", "thinking": "", "signature": ""}
+            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
+            extra = [{"type": "signature_delta", "signature": block["signature"]}]
         else:
             opened = {**block, "input": {}}
             delta = {
@@ -343,7 +358,7 @@ def _anthropic_events(message: dict[str, Any]) -> list[dict[str, Any]]:
             }
         events += [
             {"type": "content_block_start", "index": index, "content_block": opened},
-            {"type": "content_block_delta", "index": index, "delta": delta},
+            *({"type": "content_block_delta", "index": index, "delta": d} for d in (delta, *extra)),
             {"type": "content_block_stop", "index": index},
         ]
     events += [

@@ -42,6 +42,18 @@ def client_binary(name: str) -> Path:
     return binary
 
 
+def agents_sdk() -> Any:
+    """The openai-agents SDK (`agents`); the test is skipped, saying why, when pip could not
+    install it."""
+    try:
+        import agents
+    except ImportError:
+        why = CLIENTS / "unavailable-agents"
+        reason = why.read_text().strip() if why.exists() else "run `make e2e` to install it"
+        pytest.skip(f"SKIPPED openai-agents: not installed ({reason})")
+    return agents
+
+
 @dataclass
 class Stack:
     apis: ScriptedApis

@@ -30,4 +30,18 @@ fi
 if [ -f "$DIR/unavailable" ]; then
   echo "e2e: SKIPPING the Codex CLI and Claude Code runs: $(cat "$DIR/unavailable")" >&2
 fi
+
+# The openai-agents SDK, pinned, into the Python that runs the suite (`PYTHON`, the Makefile's
+# .venv): when pip cannot install it, its runs are skipped and .e2e/unavailable-agents says why.
+AGENTS_PIN="openai-agents==0.24.0"
+PY=${PYTHON:-.venv/bin/python}
+rm -f "$DIR/unavailable-agents"
+if [ "$("$PY" -c 'import importlib.metadata as m; print(m.version("openai-agents"))' 2>/dev/null)" = "${AGENTS_PIN#*==}" ]; then
+  echo "e2e: $AGENTS_PIN already installed"
+elif "$PY" -m pip install --quiet "$AGENTS_PIN" >"$DIR/pip.log" 2>&1; then
+  echo "e2e: installed $AGENTS_PIN"
+else
+  echo "pip could not install $AGENTS_PIN (registry unreachable?): see $DIR/pip.log" >"$DIR/unavailable-agents"
+  echo "e2e: SKIPPING the openai-agents runs: $(cat "$DIR/unavailable-agents")" >&2
+fi
 exit 0

@@ -15,7 +15,7 @@ import pytest
 
 from compaction import SUMMARY_MARKER
 from tests.e2e.apis import DONE, printed
-from tests.e2e.conftest import SDK_MODEL, Stack
+from tests.e2e.conftest import SDK_MODEL, Stack, agents_sdk
 
 PROMPTS = ("Tally the words, conversation one.", "Tally the lines, conversation two.")
 _PARAMETERS = {"type": "object", "properties": {"command": {"type": "string"}}}
@@ -100,7 +100,7 @@ async def responses_loop(stack: Stack, prompt: str, stream: bool) -> str:
     raise AssertionError("the loop did not finish")
 
 
-async def anthropic_loop(stack: Stack, prompt: str, stream: bool) -> str:
+async def anthropic_loop(stack: Stack, prompt: str, stream: bool, *, thinking: bool = False) -> str:
     client = anthropic.AsyncAnthropic(base_url=stack.proxy_url, api_key="sk-e2e")
     tools: Any = [{"name": "run", "input_schema": _PARAMETERS}]
     messages: list[Any] = [{"role": "user", "content": prompt}]
@@ -108,11 +108,13 @@ async def anthropic_loop(stack: Stack, prompt: str, stream: bool) -> str:
         for _ in range(_MAX_TURNS):
             asked: dict[str, Any] = {
                 "model": SDK_MODEL,
-                "max_tokens": 1024,
+                "max_tokens": 2048,
                 "system": "Agent.",
                 "messages": messages,
                 "tools": tools,
             }
+            if thinking:
+                asked["thinking"] = {"type": "enabled", "budget_tokens": 1024}
             if stream:
                 async with client.messages.stream(**asked) as events:
                     answer = await events.get_final_message()
@@ -122,7 +124,10 @@ async def anthropic_loop(stack: Stack, prompt: str, stream: bool) -> str:
             if not uses:
                 return "".join(b.text for b in answer.content if b.type == "text")
             messages.append(
-                {"role": "assistant", "content": [b.model_dump() for b in answer.content]}
+                {
+                    "role": "assistant",
+                    "content": [b.model_dump(exclude_none=True) for b in answer.content],
+                }
             )
             results = [
                 {"type": "tool_result", "tool_use_id": b.id, "content": printed(dict(b.input))}  # type: ignore[arg-type]
@@ -132,6 +137,35 @@ async def anthropic_loop(stack: Stack, prompt: str, stream: bool) -> str:
     raise AssertionError("the loop did not finish")
 
 
+async def agents_loop(stack: Stack, prompt: str, stream: bool) -> str:
+    """The openai-agents SDK as a user first writes it: an Agent with one function tool on the
+    SDK's default model (Responses), its default client pointed at the proxy."""
+    sdk = agents_sdk()
+    client = openai.AsyncOpenAI(base_url=f"{stack.proxy_url}/v1", api_key="sk-e2e")
+    sdk.set_default_openai_client(client, use_for_tracing=False)
+    sdk.set_tracing_disabled(True)
+
+    def run(command: str) -> str:
+        """Run a shell command."""
+        return printed({"command": command})
+
+    agent = sdk.Agent(
+        name="agent", instructions="Agent.", model=SDK_MODEL, tools=[sdk.function_tool(run)]
+    )
+    async with client:
+        if stream:
+            streamed = sdk.Runner.run_streamed(agent, prompt, max_turns=_MAX_TURNS)
+            async for _ in streamed.stream_events():
+                pass
+            return str(streamed.final_output)
+        result = await sdk.Runner.run(agent, prompt, max_turns=_MAX_TURNS)
+        return str(result.final_output)
+
+
+async def anthropic_thinking_loop(stack: Stack, prompt: str, stream: bool) -> str:
+    return await anthropic_loop(stack, prompt, stream, thinking=True)
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 @pytest.mark.parametrize(
     ("loop", "path"),
@@ -139,8 +173,10 @@ async def anthropic_loop(stack: Stack, prompt: str, stream: bool) -> str:
         (chat_loop, "/v1/chat/completions"),
         (responses_loop, "/v1/responses"),
         (anthropic_loop, "/v1/messages"),
+        (agents_loop, "/v1/responses"),
+        (anthropic_thinking_loop, "/v1/messages"),
     ],
-    ids=["openai-chat", "openai-responses", "anthropic"],
+    ids=["openai-chat", "openai-responses", "anthropic", "openai-agents", "anthropic-thinking"],
 )
 async def test_sdk_tool_loops(stack: Stack, loop: Loop, path: str, stream: bool) -> None:
     sessions: set[str] = set()
@@ -155,4 +191,27 @@ async def test_sdk_tool_loops(stack: Stack, loop: Loop, path: str, stream: bool)
         texts = [orjson.dumps(r.body).decode() for r in stack.apis.agent_requests(path)[seen:]]
         assert any(SUMMARY_MARKER in t for t in texts), "no compaction reached the upstream"
         assert all(prompt in t for t in texts)
+    assert stack.apis.problems == []
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_anthropic_thinking_is_forwarded_untouched_across_a_compaction(
+    stack: Stack, stream: bool
+) -> None:
+    assert await anthropic_thinking_loop(stack, PROMPTS[0], stream) == DONE
+    forwarded = stack.apis.agent_requests("/v1/messages")
+    compacted = [r for r in forwarded if SUMMARY_MARKER in orjson.dumps(r.body).decode()]
+    assert compacted, "no compaction reached the upstream"
+    for received in compacted:
+        kept = [
+            block
+            for message in received.body["messages"]
+            if message["role"] == "assistant" and isinstance(message["content"], list)
+            for block in message["content"]
+            if block.get("type") == "thinking"
+        ]
+        assert kept, "the recent turns lost their thinking"
+        assert all(stack.apis.thoughts[b["signature"]] == b for b in kept)
+        last_assistant = [m for m in received.body["messages"] if m["role"] == "assistant"][-1]
+        assert last_assistant["content"][0]["type"] == "thinking"  # the tool loop's turn opens so
     assert stack.apis.problems == []

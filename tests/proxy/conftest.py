@@ -39,8 +39,14 @@ class RunningProxy:
 
 
 def build_settings(fake: FakeUpstream, **sections: dict[str, Any]) -> Settings:
-    # State in the process unless a test names a backend: no test shares a state file.
-    data: dict[str, Any] = {"upstream": {"base_url": fake.base_url}, "state": {"backend": "memory"}}
+    # State in the process unless a test names a backend: no test shares a state file. The
+    # scripted fake answers whatever it is sent, a model listing included, so a test's window is
+    # the one it types unless it turns `models.discover` on (tests/proxy/compacting/test_discovery).
+    data: dict[str, Any] = {
+        "upstream": {"base_url": fake.base_url},
+        "state": {"backend": "memory"},
+        "models": {"discover": False},
+    }
     for section, values in sections.items():
         data.setdefault(section, {}).update(values)
     return Settings.build(data)

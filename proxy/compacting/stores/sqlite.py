@@ -22,7 +22,8 @@ from proxy.compacting.stores.roles import Lease, LocalLease
 from proxy.compacting.stores.sqlite_file import StateFile
 from proxy.metrics import StateMetrics
 
-# Checkpoints read back from the file and kept decoded; the keys of all of them stay in memory.
+# Checkpoints read back from the file and kept decoded (never more than max_entries, the most the
+# file keeps); the keys of all of them stay in memory.
 _CACHED_CHECKPOINTS = 1024
 _PRUNE_EVERY_S = 60.0
 
@@ -49,7 +50,9 @@ class SqliteStore:
         self._cooldown = Cooldown(failure_threshold, failure_cooldown_s, clock)
         self._index: dict[bytes, tuple[int, float]] = {}
         self._forwarded: dict[str, float] = {}  # compaction id -> expiry, oldest first
-        self._cache: LRUCache[bytes, Checkpoint] = LRUCache(_CACHED_CHECKPOINTS)
+        # A reserve's checkpoint carries its memory items (~10 KB and more): a cache larger than
+        # the file would keep checkpoints whose keys are already forgotten.
+        self._cache: LRUCache[bytes, Checkpoint] = LRUCache(min(_CACHED_CHECKPOINTS, max_entries))
         self._lease = LocalLease()
         self._file = StateFile(self.path, max_entries=max_entries, metrics=metrics, clock=clock)
         self._pruned_at = 0.0
@@ -126,11 +129,16 @@ class SqliteStore:
     def _trim(self, now: float) -> None:
         """Forget expired keys, and the oldest beyond max_entries (the file follows suit)."""
         while len(self._index) > self._max_entries:
-            del self._index[next(iter(self._index))]
+            self._forget(next(iter(self._index)))
         if now - self._pruned_at >= _PRUNE_EVERY_S:
             self._pruned_at = now
             for key in [k for k, (_, expires_at) in self._index.items() if expires_at <= now]:
-                del self._index[key]
+                self._forget(key)
+
+    def _forget(self, key: bytes) -> None:
+        """A key no longer found: its decoded checkpoint goes with it."""
+        del self._index[key]
+        self._cache.pop(key, None)
 
     # -- cooldowns and leases ----------------------------------------------------------------
 

@@ -109,7 +109,8 @@ async def spawn(upstream: FakeUpstream, tmp_path: Path) -> AsyncIterator[SpawnPr
     async def run(name: str = "proxy", **sections: dict[str, Any]) -> ProxyProcess:
         config: dict[str, dict[str, Any]] = {
             "upstream": {"base_url": upstream.base_url},
-            "models": {"default_context_window": WINDOW},
+            # The scripted fake answers a model listing too: the window is the one typed here.
+            "models": {"default_context_window": WINDOW, "discover": False},
             "compaction": {
                 "keep_recent_rounds": 2,
                 "summary_max_tokens": 300,

@@ -5,8 +5,10 @@ expiry, cooldowns, leases with fencing, waiters woken by a notice)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import sqlite3
 import time
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -100,6 +102,27 @@ async def test_the_sqlite_file_keeps_at_most_max_entries_newest_first(tmp_path: 
         await store.put(_checkpoint(cut))
     assert _rows(path) == 3
     assert await store.longest(DIGESTS[:4]) is None  # evicted
+    assert await store.longest(DIGESTS) == _checkpoint(7)
+    await store.close()
+
+
+async def test_the_sqlite_store_keeps_no_more_checkpoints_in_memory_than_the_file(
+    tmp_path: Path,
+) -> None:
+    # A reserve's checkpoint carries its memory items: a cache sized apart from max_entries kept
+    # up to 1,024 of them alive, their keys long forgotten (RSS rising in the soak).
+    now = [1000.0]
+    store = _sqlite(tmp_path / "state.sqlite3", now, max_entries=3)
+    await store.open()
+    alive = []
+    for cut in range(1, 8):
+        now[0] += 1
+        checkpoint = _checkpoint(cut)
+        alive.append(weakref.ref(checkpoint))
+        await store.put(checkpoint)
+    del checkpoint
+    gc.collect()
+    assert sum(ref() is not None for ref in alive) == 3  # the three newest, as in the file
     assert await store.longest(DIGESTS) == _checkpoint(7)
     await store.close()
 
