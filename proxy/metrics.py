@@ -206,7 +206,7 @@ class CompactionMetrics:
         r = registry
         self.decisions = Counter(
             "compaction_proxy_chat_decisions",
-            "Parsed requests by outcome (none, applied, reused, failed) and dialect (chat, "
+            "Parsed requests by outcome (none, applied, reused, failed, shadow) and dialect (chat, "
             "responses, anthropic).",
             ("status", "dialect"),
             registry=r,

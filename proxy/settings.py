@@ -125,6 +125,9 @@ class CompactionSection(_Section):
     library's class, holds each default) plus the proxy's own (precompute, timeouts, cooldown)."""
 
     enabled: bool = True
+    mode: Literal["on", "shadow"] = "on"
+    """shadow: compute, record and show every compaction as `on` would, and forward the
+    client's original bytes untouched."""
     trigger_ratio: float = Field(default=_LIBRARY.trigger_ratio, gt=0, le=1)
     target_ratio: float = Field(default=_LIBRARY.target_ratio, gt=0, le=1)
     precompute_ratio: float = Field(default=0.7, ge=0, le=1)
@@ -141,6 +144,12 @@ class CompactionSection(_Section):
     worker_timeout_s: float = Field(default=60, gt=0)
     strict_alternation: bool = _LIBRARY.strict_alternation
     pinned_ratio: float = Field(default=_LIBRARY.pinned_ratio, ge=0, lt=1)
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _on_is_a_word(cls, value: object) -> object:
+        # YAML 1.1 reads a bare `on` as true.
+        return "on" if value is True else value
 
     @field_validator("target_ratio")
     @classmethod
@@ -248,6 +257,11 @@ class ArchiveSettings(_Section):
 
 class LoggingSettings(_Section):
     level: str = "INFO"
+    dump_dir: Path | None = None
+    """Where compacted requests are dumped as received and as compacted (proxy.compacting.dumps);
+    None: no dump."""
+    dump_max_files: int = Field(default=300, gt=0)
+    dump_max_mb: float = Field(default=256, gt=0)
 
     @field_validator("level")
     @classmethod

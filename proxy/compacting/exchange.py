@@ -121,15 +121,55 @@ class CompactedExchange:
         )
         return retry
 
+    @property
+    def tokens_before(self) -> int:
+        """The estimate of the request as the client sent it."""
+        return int(self._headers[TOKENS_BEFORE])
+
     def observe(self, status: int, usage: dict[str, Any] | None) -> None:
+        self.calibrate(status, usage, self._tokens)
+
+    def calibrate(self, status: int, usage: dict[str, Any] | None, tokens: int) -> None:
+        """Calibrate the model's estimates from the upstream's `usage` of a request estimated
+        at `tokens`."""
         if status != 200:
             return
         request = self._request
         prompt_tokens = request.dialect.prompt_tokens(usage or {})
-        if prompt_tokens is not None and self._tokens > 0:
-            self._calibration.observe(
-                request.model, round(self._tokens / request.factor), prompt_tokens
-            )
+        if prompt_tokens is not None and tokens > 0:
+            self._calibration.observe(request.model, round(tokens / request.factor), prompt_tokens)
+
+
+class ShadowExchange:
+    """A compaction computed and recorded (`computed`) whose request goes upstream as the
+    client sent it (`original`, compaction.mode: shadow). The client is told `shadow` and what
+    `on` would have forwarded (tokens after, compaction id); the upstream's usage calibrates the
+    original's estimate, and an error is relayed: nothing is retried in shadow."""
+
+    wants_usage = True
+
+    def __init__(self, computed: CompactedExchange, original: bytes) -> None:
+        self._computed = computed
+        self._original = original
+        self._headers = {**computed.headers, STATUS: "shadow"}
+
+    @property
+    def body(self) -> bytes:
+        return self._original
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._headers
+
+    @property
+    def session_id(self) -> str:
+        return self._computed.session_id
+
+    async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
+        return None
+
+    def observe(self, status: int, usage: dict[str, Any] | None) -> None:
+        self._computed.calibrate(status, usage, self._computed.tokens_before)
 
 
 def describe(request: ParsedRequest, decision: Decision) -> dict[str, str]:

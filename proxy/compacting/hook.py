@@ -25,10 +25,12 @@ from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations, Deadline
 from proxy.compacting.dialects import Dialect, NotCompactable, for_route
 from proxy.compacting.discovery import WindowDiscovery
+from proxy.compacting.dumps import Dump, RequestDumps
 from proxy.compacting.exchange import (
     SESSION,
     STATUS,
     CompactedExchange,
+    ShadowExchange,
     UnparsedExchange,
     describe,
 )
@@ -100,8 +102,10 @@ class CompactingHook:
         shared: Shared,
         indexes: BodyIndexes,
         discovery: WindowDiscovery | None = None,
+        dumps: RequestDumps | None = None,
     ) -> None:
         self._settings = settings
+        self._dumps = dumps
         self._discovery = discovery
         self._options = settings.compaction
         self._conversations = conversations
@@ -154,7 +158,7 @@ class CompactingHook:
                 log.exception("recognizing a known request failed; taking the full path")
                 answered, index = None, None
             if answered is not None:
-                return answered
+                return self._shown(answered, ctx, dialect, body)
         try:
             request = await self._builder.parse(ctx, dialect, body)
         except NotCompactable:
@@ -164,7 +168,7 @@ class CompactingHook:
         if index is not None:
             request = request.located(index.array(), index.count)
         try:
-            return await self._prepare(request, index, deadline)
+            return self._shown(await self._prepare(request, index, deadline), ctx, dialect, body)
         except Exception:  # fail open: the agent's request always goes through
             log.exception("compaction failed; forwarding the original request")
             self._metrics.errors.inc()
@@ -173,6 +177,24 @@ class CompactingHook:
                 headers={STATUS: "failed", SESSION: request.session_id},
                 session_id=request.session_id,
             )
+
+    def _shown(
+        self, exchange: CompactedExchange, ctx: RequestContext, dialect: Dialect, body: bytes
+    ) -> Exchange:
+        """The exchange a decision goes out as, counted under the status the client is told:
+        in shadow mode a compaction (applied or reused) is computed and recorded as in `on`,
+        and the client's own `body` goes upstream instead. A compacted request is dumped
+        (logging.dump_dir) as received and as compacted."""
+        status = exchange.headers[STATUS]
+        shown: Exchange = exchange
+        if status in ("applied", "reused"):
+            if self._options.mode == "shadow":
+                shown, status = ShadowExchange(exchange, body), "shadow"
+            if self._dumps is not None:
+                meta = {"route": ctx.route, "path": ctx.path, **shown.headers}
+                self._dumps.dump(Dump(exchange.session_id, body, exchange.body, meta, ctx.headers))
+        self._metrics.decided(status, dialect.name).inc()
+        return shown
 
     # -- deciding ----------------------------------------------------------------------------
 
@@ -206,12 +228,11 @@ class CompactingHook:
 
     async def _prepare(
         self, request: ParsedRequest, index: BodyIndex | None, deadline: Deadline
-    ) -> Exchange:
+    ) -> CompactedExchange:
         # A remembered body's index is its history counted and hashed off the loop already.
         history: History = index if index is not None else ListHistory.of(request)
         choice = await self._conversations.decide(request, history)
         decision = await self._conversations.carry_out(request, history, choice, deadline)
-        self._metrics.decided(decision.status, request.dialect.name).inc()
         self._precompute.after_forwarding(request, decision.tokens_after, choice.before)
         return self._exchange(request, decision, index)
 
@@ -276,9 +297,18 @@ def build_hook(
             wait_s=settings.models.discover_timeout_s,
             spawn=lambda lookup, name: shared.tasks.spawn(lookup, name=name),
         )
+    dumps = None
+    if settings.logging.dump_dir is not None:
+        dumps = RequestDumps(
+            settings.logging.dump_dir,
+            max_files=settings.logging.dump_max_files,
+            max_bytes=int(settings.logging.dump_max_mb * 1024 * 1024),
+            tasks=shared.tasks,
+        )
     return CompactingHook(
         settings,
         discovery=discovery,
+        dumps=dumps,
         conversations=conversations,
         precompute=Precompute(options, conversations, shared.tasks),
         shared=shared,

@@ -35,6 +35,20 @@ def test_pinned_ratio_defaults_to_a_tenth_and_reaches_the_library() -> None:
     assert section.library_settings(llm_timeout_s=5).pinned_ratio == 0.2
 
 
+def test_compaction_mode_is_on_or_shadow_as_yaml_and_the_environment_write_it(
+    tmp_path: Path,
+) -> None:
+    assert load_settings(None, {}, {}).compaction.mode == "on"
+    # A bare `on` is YAML 1.1's true: it still means the mode.
+    assert (
+        load_settings(write(tmp_path, "compaction:\n  mode: on\n"), {}, {}).compaction.mode == "on"
+    )
+    environ = {"COMPACTION_PROXY__COMPACTION__MODE": "shadow"}
+    assert load_settings(None, environ, {}).compaction.mode == "shadow"
+    with pytest.raises(SettingsError, match=r"compaction\.mode"):
+        load_settings(write(tmp_path, "compaction:\n  mode: dry\n"), {}, {})
+
+
 def test_the_repository_config_yaml_loads_and_lists_every_key() -> None:
     from_file = load_settings(str(ROOT / "config.yaml"), {}, {})
     text = (ROOT / "config.yaml").read_text()

@@ -110,7 +110,6 @@ class FastPath:
         if answered is None:
             return None, index
         decision, forwarded = answered
-        self._metrics.decided(decision.status, dialect.name).inc()
         exchange = CompactedExchange(
             request,
             body=forwarded,
