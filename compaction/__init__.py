@@ -58,7 +58,7 @@ from compaction.messages import (
     read_items,
 )
 from compaction.offload import Inline, JsonArray, Offload, OffloadLost
-from compaction.settings import CompactionSettings
+from compaction.settings import CompactionSettings, Strategy
 from compaction.summarize import is_substantive, summary_message, summary_text
 from compaction.tokens import REPLY_PRIMING_TOKENS, HeuristicEstimator, estimate_request
 from compaction.transcript import render_transcript
@@ -114,6 +114,7 @@ __all__ = [
     "Round",
     "Segments",
     "Shape",
+    "Strategy",
     "TokenEstimator",
     "ToolCall",
     "Tools",

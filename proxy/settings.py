@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from compaction import CompactionSettings
+from compaction import CompactionSettings, Strategy
 
 _LIBRARY = CompactionSettings()
 """The library's defaults, which this section's defaults are."""
@@ -144,6 +144,7 @@ class CompactionSection(_Section):
     worker_timeout_s: float = Field(default=60, gt=0)
     strict_alternation: bool = _LIBRARY.strict_alternation
     pinned_ratio: float = Field(default=_LIBRARY.pinned_ratio, ge=0, lt=1)
+    strategy: Strategy = _LIBRARY.strategy
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -176,6 +177,7 @@ class CompactionSection(_Section):
             llm_timeout_s=llm_timeout_s,
             strict_alternation=self.strict_alternation,
             pinned_ratio=self.pinned_ratio,
+            strategy=self.strategy,
         )
 
 
