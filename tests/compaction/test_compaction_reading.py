@@ -33,6 +33,9 @@ class CountingShape:
         self.measures += 1
         return CHAT.measure(raw, text_cost)
 
+    def with_output(self, raw: Any, reduce: Any) -> Any:
+        return CHAT.with_output(raw, reduce)
+
 
 async def test_runs_reuse_the_plans_items_with_the_same_result_on_corpus_conversations(
     corpus_dir: Path,
