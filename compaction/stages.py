@@ -14,7 +14,7 @@ import gc
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from compaction.composition import (
@@ -32,7 +32,8 @@ from compaction.offload import JobMessages
 from compaction.plan import plan_compaction
 from compaction.sections import Body
 from compaction.segment import split
-from compaction.settings import CompactionSettings
+from compaction.selective import choose_previews
+from compaction.settings import CompactionSettings, Strategy
 from compaction.summarize import summary_message
 from compaction.text import is_cjk_dominant
 from compaction.tokens import count_messages, estimate_request
@@ -43,6 +44,7 @@ from compaction.types import (
     Message,
     Plan,
     ResultPath,
+    Segments,
     TokenEstimator,
     Tools,
     Verification,
@@ -83,6 +85,7 @@ class PlanJob:
     keep_reading: bool = False
     """Return the Items read and the tokens counted, for the run that follows (in process
     only: sent back from another process they would cost more than reading them again)."""
+    strategy: Strategy = "summary"
 
 
 class Reading(NamedTuple):
@@ -128,7 +131,38 @@ def _make_plan(job: PlanJob) -> Planned:
         strict_alternation=job.strict_alternation,
         pinned_budget_tokens=job.pinned_budget_tokens,
     )
-    return Planned(plan, Reading(items, counts) if items is not None else None)
+    if job.strategy != "summary" and segments.total_tokens > plan.target_tokens:
+        if items is None:
+            items = read_items(messages, job.shape)
+        plan = _select(job, plan, messages, items, counts, segments)
+    return Planned(plan, Reading(items, counts) if job.keep_reading and items is not None else None)
+
+
+def _select(
+    job: PlanJob,
+    plan: Plan,
+    messages: Sequence[Message],
+    items: Sequence[Item],
+    counts: Sequence[int],
+    segments: Segments,
+) -> Plan:
+    """The selective plan when previews alone reach the plan's target; else `plan` (the
+    summary), made without a model call for `strategy: selective`."""
+    previews, after = choose_previews(
+        messages,
+        items,
+        counts,
+        segments,
+        shape=job.shape,
+        estimator=job.estimator,
+        target=plan.target_tokens,
+    )
+    if previews and after <= plan.target_tokens:
+        return replace(
+            plan, keep_from=plan.head_end, pinned=(), quoted=(), note="", fits=True,
+            previews=previews,
+        )  # fmt: skip
+    return plan if job.strategy == "hybrid" else replace(plan, summarize=False)
 
 
 @dataclass(frozen=True)
