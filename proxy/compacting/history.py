@@ -78,11 +78,17 @@ class ListHistory:
 
 def raw_tokens(history: History, base: Checkpoint | None, shape: Shape) -> int:
     """The estimate (calibration 1) of the view `base` gives of `history` (None: the history
-    itself): the head, the summary, the pinned items and the items kept after the cut."""
+    itself): the head, the summary, the pinned items, the run with its previews and the items
+    kept after the cut."""
     total = history.tokens_to(len(history))
     if base is None:
         return total
+    estimator = HeuristicEstimator(shape=shape)
     pinned = sum(history.tokens_to(i + 1) - history.tokens_to(i) for i in base.pinned)
-    summary = HeuristicEstimator(shape=shape).count_message(base.summary_message)
+    summary = 0 if base.summary_message is None else estimator.count_message(base.summary_message)
+    run = history.tokens_to(base.cut) - history.tokens_to(base.run_start)
+    for index, preview in base.previews:
+        run += estimator.count_message(preview) - history.tokens_to(index + 1)
+        run += history.tokens_to(index)
     kept = total - history.tokens_to(base.cut)
-    return history.tokens_to(base.head_end) + summary + pinned + kept
+    return history.tokens_to(base.head_end) + summary + pinned + run + kept

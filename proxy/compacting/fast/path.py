@@ -180,8 +180,11 @@ class FastPath:
 
 
 def _wire_parts(index: BodyIndex, checkpoint: Checkpoint, dialect: Dialect) -> list[Part] | None:
-    """Checkpoint.apply then Dialect.wire, as splice parts: the bytes the full path splices."""
+    """Checkpoint.apply then Dialect.wire, as splice parts: the bytes the full path splices
+    (None for a checkpoint with previews: the full path reads it)."""
     summary = checkpoint.summary_message
+    if summary is None or checkpoint.previews:
+        return None
     if not dialect.joins_summary:
         return [
             range(checkpoint.head_end),
