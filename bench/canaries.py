@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.canaries [--seeds 12] [--window 8000] [--growth 1 2 4]
         [--models none generic extractive] [--sessions random generated]
+        [--strategy summary|selective|hybrid]
 
 The canaries, their sessions and their probe are compaction-conformance-kit's (0.8.0, the
 `bench` extra): sessions of typed canaries planted in user turns (safety rules, hard
@@ -19,7 +20,8 @@ a canary survives when every probe that applies to it passes.
 
 Summarizers: none (the library's code-built summary), generic (answers one generic sentence and
 an empty memory list), extractive (copies the start of what it was shown, up to its answer
-budget). Printed: survival per canary type and summarizer at each growth mark, and all types.
+budget). Printed: survival per canary type and summarizer at each growth mark, and all types;
+compactions, and the requests they sent the summarizer (`--strategy`: compaction.strategy).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from compaction_kit.probes import BehaviorProbe
 from compaction_kit.session import SeededSession
 
 from bench.facts import visible_text
-from compaction import ChatLLM, CompactionSettings, Compactor
+from compaction import ChatLLM, CompactionSettings, Compactor, Strategy
 from compaction.checkpoints import (
     MemoryCheckpointStore,
     View,
@@ -139,6 +141,7 @@ class Tally:
     held: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
     total: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
     compactions: int = 0
+    model_calls: int = 0
 
     def count(self, canary: Canary, mark: int, survived: bool) -> None:
         for kind in (canary.type.value, "all"):
@@ -157,10 +160,11 @@ async def replay(
     llm: ChatLLM | None,
     window: int,
     tally: Tally,
+    strategy: Strategy = "hybrid",
 ) -> None:
     """The agent's requests, each the history up to a user or tool message, forwarded as the
     proxy would; the canaries probed in what the model receives at each growth mark."""
-    compactor = Compactor(settings=CompactionSettings(llm_timeout_s=5))
+    compactor = Compactor(settings=CompactionSettings(llm_timeout_s=5, strategy=strategy))
     store = MemoryCheckpointStore()
     digests = prefix_digests(messages, b"canaries")
     probe = BehaviorProbe()
@@ -179,6 +183,7 @@ async def replay(
                     store.put(checkpoint)
                 forwarded = result.messages
                 tally.compactions += 1
+                tally.model_calls += result.model_calls
         if end in marks:
             text = visible_text(forwarded)
             for canary in canaries:
@@ -194,7 +199,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Tally]:
             messages, reached = grown(conversation(session), sizer, args.window, args.growth)
             for name in args.models:
                 llm = SUMMARIZERS[name]()
-                await replay(messages, canaries, reached, llm, args.window, tallies[name])
+                await replay(
+                    messages, canaries, reached, llm, args.window, tallies[name], args.strategy
+                )
     return tallies
 
 
@@ -208,6 +215,7 @@ def report(tallies: dict[str, Tally], marks: list[int], window: int) -> str:
             cells = "".join(f" {100 * tally.share(kind, mark):9.1f}%" for mark in marks)
             lines.append(f"{name:<11} {kind:<16}{cells}")
         lines.append(f"{name:<11} {'compactions':<16} {tally.compactions:>10}")
+        lines.append(f"{name:<11} {'model calls':<16} {tally.model_calls:>10}")
     return "\n".join(lines)
 
 
@@ -218,9 +226,11 @@ def main() -> None:
     parser.add_argument("--growth", type=int, nargs="*", default=[1, 2, 4])
     parser.add_argument("--models", nargs="*", default=list(SUMMARIZERS), choices=SUMMARIZERS)
     parser.add_argument("--sessions", nargs="*", default=list(SESSIONS), choices=SESSIONS)
+    parser.add_argument("--strategy", choices=["summary", "selective", "hybrid"], default="hybrid")
     args = parser.parse_args()
     args.growth = sorted(args.growth)
     tallies = asyncio.run(measure(args))
+    print(f"strategy {args.strategy}")
     print(report(tallies, args.growth, args.window))
 
 
