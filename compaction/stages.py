@@ -135,6 +135,8 @@ def _make_plan(job: PlanJob) -> Planned:
         if items is None:
             items = read_items(messages, job.shape)
         plan = _select(job, plan, messages, items, counts, segments)
+    if job.strategy == "selective" and not plan.previews:
+        plan = replace(plan, summarize=False)
     return Planned(plan, Reading(items, counts) if job.keep_reading and items is not None else None)
 
 
@@ -147,7 +149,7 @@ def _select(
     segments: Segments,
 ) -> Plan:
     """The selective plan when previews alone reach the plan's target; else `plan` (the
-    summary), made without a model call for `strategy: selective`."""
+    summary; for `strategy: selective`, built without a model call)."""
     previews, after = choose_previews(
         messages,
         items,
@@ -162,7 +164,7 @@ def _select(
             plan, keep_from=plan.head_end, pinned=(), quoted=(), note="", fits=True,
             previews=previews,
         )  # fmt: skip
-    return plan if job.strategy == "hybrid" else replace(plan, summarize=False)
+    return plan
 
 
 @dataclass(frozen=True)
