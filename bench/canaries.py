@@ -42,7 +42,7 @@ from compaction_kit.session import SeededSession
 from bench.facts import visible_text
 from compaction import ChatLLM, CompactionSettings, Compactor, Strategy
 from compaction.checkpoints import (
-    MemoryCheckpointStore,
+    CheckpointCache,
     View,
     checkpoint_after,
     find_longest,
@@ -165,7 +165,7 @@ async def replay(
     """The agent's requests, each the history up to a user or tool message, forwarded as the
     proxy would; the canaries probed in what the model receives at each growth mark."""
     compactor = Compactor(settings=CompactionSettings(llm_timeout_s=5, strategy=strategy))
-    store = MemoryCheckpointStore()
+    store = CheckpointCache()
     digests = prefix_digests(messages, b"canaries")
     probe = BehaviorProbe()
     ends = [i + 1 for i, m in enumerate(messages) if m["role"] in ("user", "tool")]
