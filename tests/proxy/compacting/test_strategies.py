@@ -7,12 +7,17 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from compaction.selective import PREVIEW_MARK
 from proxy.http import keys
 from tests import factories as f
 from tests.fakes.script import Script
+from tests.fakes.upstream import FakeUpstream
 from tests.proxy.compacting.conftest import forwarded, post
+from tests.proxy.compacting.fast.drive import DIALECTS, drive, grown
+from tests.proxy.compacting.fast.drive import WINDOW as DRIVE_WINDOW
+from tests.proxy.compacting.fast.drive import tokens as drive_tokens
 from tests.proxy.compacting.test_archiving import found_soon, search, sqlite_state
 
 WINDOW = 16_000
@@ -70,3 +75,31 @@ async def test_the_summary_strategy_summarizes_the_same_history(
     assert len(script.calls("summary")) == 1
     record = proxy.app[keys.RECORDS].get("agent-1")["records"][0]
     assert record["strategy"] == "summary" and record["model_calls"] == 2
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_a_previewed_conversation_is_answered_from_what_is_remembered_with_the_same_bytes(
+    start: Any,
+    script: Script,
+    client: Any,
+    upstream: FakeUpstream,
+    tmp_path: Path,
+    dialect: str,
+) -> None:
+    messages = [f.system(), f.user("Audit every module.")]
+    while drive_tokens(dialect, [*messages, f.user("Go on.")]) < 0.8 * DRIVE_WINDOW:
+        messages += f.tool_block(output=OUTPUT)
+    requests = [[*messages, f.user("Report.")]]
+    for step in range(6):
+        requests.append(grown(requests[-1], step))
+
+    known = await drive(start, script, client, upstream, tmp_path / "a", dialect, requests)
+    parsed = await drive(
+        start, script, client, upstream, tmp_path / "b", dialect, requests, known_mb=0
+    )
+    assert known.summaries == parsed.summaries == 0
+    statuses = [outcome[0] for outcome in known.outcomes]
+    assert "applied" in statuses and statuses.count("reused") >= 3, statuses
+    reused = [i for i, status in enumerate(statuses) if status == "reused"]
+    assert all(known.decided_known[i] > known.decided_known[i - 1] for i in reused)
+    assert known.forwarded == parsed.forwarded  # spliced from the index as the full path does
