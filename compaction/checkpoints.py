@@ -224,6 +224,8 @@ class Checkpoint:
             raise ValueError(f"malformed checkpoint: {exc}") from exc
         if checkpoint.cut <= 0 or not _is_replacement(checkpoint):
             raise ValueError("malformed checkpoint: no summary message or preview, or none fits")
+        if (data["version"] == PREVIEWS_VERSION) != bool(checkpoint.previews):
+            raise ValueError("malformed checkpoint: previews under the wrong version")
         return checkpoint
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 
 from compaction import (
     ANTHROPIC,
@@ -244,3 +245,17 @@ async def test_previews_extend_a_summary_checkpoint() -> None:
     extended = checkpoint_after(view, result, digests)
     assert extended is not None and extended.summary_message is base.summary_message
     assert orjson.dumps(View.of(grown, extended).messages) == orjson.dumps(result.messages)
+
+
+async def test_a_checkpoint_with_previews_round_trips_only_under_its_own_version() -> None:
+    messages = listing_conversation()
+    result = await (await compactor().prepare(messages, window=WINDOW)).run(
+        llm=None, session_id=None
+    )
+    checkpoint = checkpoint_after(View.of(messages, None), result, prefix_digests(messages, b"s"))
+    assert checkpoint is not None
+    data = orjson.loads(orjson.dumps(checkpoint.to_json()))
+    assert data["version"] == 2 and Checkpoint.from_json(data) == checkpoint
+    for wrong in ({"version": 1}, {"previews": [[len(messages) + 5, {"role": "tool"}]]}):
+        with pytest.raises(ValueError):
+            Checkpoint.from_json({**data, **wrong})
