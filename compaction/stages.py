@@ -116,7 +116,9 @@ def make_plan(job: PlanJob) -> Planned:
 
 def _make_plan(job: PlanJob) -> Planned:
     messages = job.messages.load()
-    items = read_items(messages, job.shape) if job.keep_reading else None
+    # The selective pass reads the Items too: read once, for the segments and for it.
+    reads = job.keep_reading or job.strategy != "summary"
+    items = read_items(messages, job.shape) if reads else None
     counts = count_messages(messages, job.estimator)
     segments = split(
         messages, job.estimator, job.tools, shape=job.shape, items=items, counts=counts
@@ -131,9 +133,11 @@ def _make_plan(job: PlanJob) -> Planned:
         strict_alternation=job.strict_alternation,
         pinned_budget_tokens=job.pinned_budget_tokens,
     )
-    if job.strategy != "summary" and segments.total_tokens > plan.target_tokens:
-        if items is None:
-            items = read_items(messages, job.shape)
+    if (
+        items is not None
+        and job.strategy != "summary"
+        and segments.total_tokens > plan.target_tokens
+    ):
         plan = _select(job, plan, messages, items, counts, segments)
     if job.strategy == "selective" and not plan.previews:
         plan = replace(plan, summarize=False)
