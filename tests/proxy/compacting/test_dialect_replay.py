@@ -50,8 +50,7 @@ async def test_a_coding_trajectory_replays_valid_and_within_the_window(
     )
     assert 1 <= summaries <= 2 + (last - first) // int(window * 0.1)
     previewing = sum(
-        record["path"] == "selective"
-        for record in proxy.app[keys.RECORDS].get("replay")["records"]
+        record["path"] == "selective" for record in proxy.app[keys.RECORDS].get("replay")["records"]
     )
     changes = 0
     for before, after in itertools.pairwise(sent):
