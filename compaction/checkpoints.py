@@ -20,6 +20,8 @@ from typing import Any, Protocol, overload
 import orjson
 from cachetools import TTLCache
 
+from compaction.messages import Shape
+from compaction.tokens import HeuristicEstimator
 from compaction.types import CompactionResult, MemoryItem, Message, Plan, Preview, as_memory_type
 
 _DIGEST_SIZE = 16
@@ -171,6 +173,18 @@ class Checkpoint:
             pinned = index - self.head_end - (self.summary_message is not None)
             return None if pinned < 0 else self.pinned[pinned]
         return self.run_start + index - offset
+
+    def preview_tokens(self, shape: Shape) -> int:
+        """What its previews cost at calibration 1 in `shape`: the estimate of a view reads it
+        on every request, so it is counted once per checkpoint object and shape (kept in the
+        instance's dict, outside the fields that compare and serialize)."""
+        counted: dict[int, int] = self.__dict__.setdefault("_preview_tokens", {})
+        found = counted.get(id(shape))
+        if found is None:
+            estimator = HeuristicEstimator(shape=shape)
+            found = sum(estimator.count_message(message) for _, message in self.previews)
+            counted[id(shape)] = found
+        return found
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (digests in hex) that `from_json` reads back, tagged with a version

@@ -29,7 +29,7 @@ opening)."""
 PREVIEW_TAIL_CHARS = 200
 """And of its tail (how it ended: the test run's verdict, the error's last line)."""
 
-MIN_OUTPUT_CHARS = 1200
+MIN_OUTPUT_CHARS = 2000
 """Shorter outputs are left whole: their preview would save too little to be worth a change."""
 
 PREVIEW_MARK = "[tool output cut to a preview by the compaction proxy:"

@@ -83,12 +83,14 @@ def raw_tokens(history: History, base: Checkpoint | None, shape: Shape) -> int:
     total = history.tokens_to(len(history))
     if base is None:
         return total
-    estimator = HeuristicEstimator(shape=shape)
     pinned = sum(history.tokens_to(i + 1) - history.tokens_to(i) for i in base.pinned)
-    summary = 0 if base.summary_message is None else estimator.count_message(base.summary_message)
+    summary = base.summary_message
+    summary_tokens = (
+        0 if summary is None else HeuristicEstimator(shape=shape).count_message(summary)
+    )
     run = history.tokens_to(base.cut) - history.tokens_to(base.run_start)
-    for index, preview in base.previews:
-        run += estimator.count_message(preview) - history.tokens_to(index + 1)
-        run += history.tokens_to(index)
+    if base.previews:
+        replaced = sum(history.tokens_to(i + 1) - history.tokens_to(i) for i, _ in base.previews)
+        run += base.preview_tokens(shape) - replaced
     kept = total - history.tokens_to(base.cut)
-    return history.tokens_to(base.head_end) + summary + pinned + run + kept
+    return history.tokens_to(base.head_end) + summary_tokens + pinned + run + kept
