@@ -313,12 +313,18 @@ async def replay_source(
 
 
 async def replay_on_and_shadow(
-    conversations: list[dict[str, Any]], window: int, wire: Wire, args: argparse.Namespace
+    conversations: list[dict[str, Any]],
+    window: int,
+    wire: Wire,
+    args: argparse.Namespace,
+    compaction: dict[str, Any] | None = None,
 ) -> tuple[Tally, Tally]:
-    """The two replays of the shadow proof (see --shadow), `on` then `shadow`."""
-    on = await replay_source(conversations, window, wire, args, compaction=_PROOF, usage=False)
+    """The two replays of the shadow proof (see --shadow), `on` then `shadow`, both with
+    `compaction` settings too."""
+    options = {**_PROOF, **(compaction or {})}
+    on = await replay_source(conversations, window, wire, args, compaction=options, usage=False)
     shadow = await replay_source(
-        conversations, window, wire, args, compaction={**_PROOF, "mode": "shadow"}, usage=False
+        conversations, window, wire, args, compaction={**options, "mode": "shadow"}, usage=False
     )
     return on, shadow
 
