@@ -17,6 +17,7 @@ from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from itertools import accumulate
 from math import ceil
 from typing import Literal
@@ -49,6 +50,9 @@ MIN_SENTENCE_CHARS = 8
 SUPERSEDING_OVERLAP = 0.5
 """Two statements of one kind whose subject words overlap this much (Jaccard) but whose values
 differ are about the same thing: the later one supersedes the earlier."""
+_OVERLAP = Fraction(SUPERSEDING_OVERLAP)
+# Of two subjects that overlap by _OVERLAP, the smaller holds this share of the overlap's words.
+_FILED_OVERLAP = 2 * _OVERLAP / (1 + _OVERLAP)
 
 
 def _alternation(words: Sequence[str], cjk: Sequence[str] = ()) -> str:
@@ -335,11 +339,12 @@ def _mark_superseded(listed: list[Instruction]) -> None:
     """Marks in place each statement that a later one of its kind changes: both hold values,
     the values differ, and their subjects overlap by SUPERSEDING_OVERLAP or more.
 
-    The pairs are looked up, not all tried (a long conversation gives thousands of statements):
-    two subjects that overlap that much (a threshold above 0) share a word among the first few of
-    each, taken in one order for all, rarest first (of a subject's n words, the first
-    n - ceil(threshold * n) + 1: the prefix filter of set-similarity joins). So a statement is
-    compared only with the earlier ones of its kind filed under one of its own first words."""
+    The pairs are looked up, not all tried (a long conversation gives thousands of statements),
+    as set-similarity joins find them (AllPairs): taken from the smallest subject to the largest,
+    each statement is filed under the first third or so of its words, in one order for all,
+    rarest first, and compared only with those filed under one of its first half; two subjects
+    that overlap that much (a threshold above 0) always share such a word. Which of a pair is
+    marked is a matter of their order in `listed`, whatever the order they are met in."""
     stems: dict[str, str] = {}
     valued: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
     for at, instruction in enumerate(listed):
@@ -349,20 +354,21 @@ def _mark_superseded(listed: list[Instruction]) -> None:
                 valued[at] = (values, subject)
     counts = Counter(word for _, subject in valued.values() for word in subject)
     filed: dict[tuple[Kind, str], list[int]] = {}
-    for at, (values, subject) in valued.items():  # in the order said
-        ordered = sorted(subject, key=lambda word: (counts[word], word))
-        first = ordered[: len(ordered) - ceil(SUPERSEDING_OVERLAP * len(ordered)) + 1]
-        keys = [(listed[at].kind, word) for word in first]
-        for before in {before for key in keys for before in filed.get(key, ())}:
-            earlier_values, earlier_subject = valued[before]
-            older = listed[before]
+    for at in sorted(valued, key=lambda at: len(valued[at][1])):
+        values, subject = valued[at]
+        words = sorted(subject, key=lambda word: (counts[word], word))
+        kinded = [(listed[at].kind, word) for word in words]
+        probed = kinded[: len(words) - ceil(_OVERLAP * len(words)) + 1]
+        for other in {other for key in probed for other in filed.get(key, ())}:
+            older = min(other, at)
+            other_values, other_subject = valued[other]
             if (
-                earlier_values != values
-                and not older.superseded
-                and _overlaps(earlier_subject, subject)
+                not listed[older].superseded
+                and other_values != values
+                and _overlaps(other_subject, subject)
             ):
-                listed[before] = replace(older, superseded=True)
-        for key in keys:
+                listed[older] = replace(listed[older], superseded=True)
+        for key in kinded[: len(words) - ceil(_FILED_OVERLAP * len(words)) + 1]:
             filed.setdefault(key, []).append(at)
 
 
