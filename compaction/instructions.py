@@ -6,7 +6,8 @@ The summary carries them in a pinned section of their own (pinned.py), ranked by
 first), never by recency; a statement made twice is kept once; a later statement about the same
 subject with other values supersedes the earlier one, and both stay visible as such.
 
-Found by cue words, one compiled expression per kind over each user text: no model is asked.
+Found by cue words, each kind's a compiled expression, over all the user's texts read at once
+(`_sentence_kinds_each`): no model is asked.
 """
 
 from __future__ import annotations
@@ -127,11 +128,12 @@ _STATEMENT_WORDS = (
     *("is", "are", "was", "were", "runs", "lives", "belongs", "hosted", "located", "based"),
     *("uses", "called", "named"),
 )
-# The scans over all the texts at once (see `_sentence_kinds_each`). A cue or a statement word
-# counts where it starts a word: after a character that is no letter or digit, which the scans
-# match first (a class the engine skips to in C), so that the letters inside words are passed
-# over in C; `[^a-z0-9]` over lowercased text also lets through a letter outside ASCII, which
-# `_starts_a_word` then rules out.
+# The scans over all the texts at once (see `_sentence_kinds_each`): the texts that hold any cue,
+# and the statement words. A word counts where it starts a word: after a character that is no
+# letter or digit, which these match first (a class the engine skips to in C), so that the
+# letters inside words are passed over in C; `[^a-z0-9]` over lowercased text also lets through
+# a letter outside ASCII, which `_starts_a_word` then rules out (for `_ANY_CUE`, the exact
+# scans of each kind over the texts it names do).
 _ANY_CUE = re.compile(
     f"[^a-z0-9](?:{_alternation([w for words, _ in _CUE_WORDS.values() for w in words])})"
 )
