@@ -102,11 +102,8 @@ def compose_summary(
     """The summary body within `budget` tokens, plus the standing instructions within
     `pinned_budget`: "llm" with a model text, else "extractive", and "dropped" (a one-line note
     after the instructions) when not even the lead fits."""
-    pinned = render_pinned(
-        merge_instructions(previous.instructions if previous else (), ledger.instructions),
-        budget=pinned_budget,
-        estimator=estimator,
-        earlier_overflow=previous.pinned_overflow if previous else 0,
+    pinned = compose_pinned(
+        previous, ledger.instructions, budget=pinned_budget, estimator=estimator
     )
     if pinned.shown:  # a request the section quotes whole is not listed twice
         quoted_whole = {i.text for i in pinned.shown}
@@ -142,6 +139,24 @@ def compose_summary(
     rendered = render_sections(ledger, tuple(items), estimator=estimator, max_tokens=room)
     body = _joined(pinned.text, head, rendered.text)
     return Composed(body, path, rendered.overflow, rendered.left_out, pinned.left_out)
+
+
+def compose_pinned(
+    previous: Body | None,
+    found: Sequence[Instruction],
+    *,
+    budget: int,
+    estimator: TokenEstimator,
+) -> Pinned:
+    """The pinned section of a new summary: the earlier summary's standing instructions carried
+    forward, then those `found` in the folded turns, within `budget` tokens (the earlier
+    overflow still counted)."""
+    return render_pinned(
+        merge_instructions(previous.instructions if previous else (), found),
+        budget=budget,
+        estimator=estimator,
+        earlier_overflow=previous.pinned_overflow if previous else 0,
+    )
 
 
 def _joined(*parts: str) -> str:
