@@ -215,9 +215,9 @@ async def measure_http(args: argparse.Namespace, dialect: str) -> dict[str, Tall
                 session, canaries = SESSIONS[kind](seed)
                 messages, reached = grown(conversation(session), sizer, args.window, args.growth)
                 label = f"{dialect}-{name}-{kind}-{seed}"
-                conversations.append((label, messages, canaries, reached, SUMMARIZERS[name]()))
+                conversations.append((label, messages, canaries, reached))
         tallies[name].compactions = await replay_over_http(
-            conversations, WIRES[dialect], args.window, tallies[name].count
+            conversations, WIRES[dialect], SUMMARIZERS[name](), args.window, tallies[name].count
         )
     return tallies
 

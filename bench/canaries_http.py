@@ -49,13 +49,13 @@ def forwarded_text(wire: Wire, body: dict[str, Any]) -> str:
 
 
 class FakeApis:
-    """The upstream: answers the agent's requests of `wire`, plays each session's summarizer (the
+    """The upstream: answers the agent's requests of `wire`, plays the summarizer (one of the
     bench's scripted ones, shown the last turn of the proxy's summary request; None: it fails),
-    keeps the last request forwarded per session."""
+    keeps the last request forwarded per session (the proxy's own calls name none)."""
 
-    def __init__(self, wire: Wire, summarizers: dict[str, ChatLLM | None]) -> None:
+    def __init__(self, wire: Wire, summarizer: ChatLLM | None) -> None:
         self.wire = wire
-        self.summarizers = summarizers
+        self.summarizer = summarizer
         self.last: dict[str, dict[str, Any]] = {}
         self.summary_calls = 0
 
@@ -67,7 +67,7 @@ class FakeApis:
             self.last[session] = body
             return web.json_response(self.wire.answer("Done.", 10))
         self.summary_calls += 1
-        llm = self.summarizers.get(session)
+        llm = self.summarizer
         if llm is None:
             return web.json_response({"error": {"message": "summarizer down"}}, status=500)
         items = self.wire.items(body)
@@ -78,20 +78,20 @@ class FakeApis:
         return web.json_response(self.wire.answer(text, 10))
 
 
-Conversation = tuple[str, list[Message], list[Canary], dict[int, int], ChatLLM | None]
-"""A session's name, its messages, its canaries, the request that reached each growth mark, and
-its summarizer."""
+Conversation = tuple[str, list[Message], list[Canary], dict[int, int]]
+"""A session's name, its messages, its canaries, and the request that reached each growth mark."""
 
 
 async def replay_over_http(
     conversations: list[Conversation],
     wire: Wire,
+    summarizer: ChatLLM | None,
     window: int,
     count: Callable[[Canary, int, bool], None],
 ) -> int:
     """Each conversation's requests sent through a proxy in front of FakeApis; `count(canary,
     mark, survived)` for every canary at every growth mark. Returns the summarizer calls."""
-    apis = FakeApis(wire, {name: llm for name, _, _, _, llm in conversations})
+    apis = FakeApis(wire, summarizer)
     upstream = web.Application(client_max_size=64 * 2**20)
     upstream.router.add_post(f"/v1/{wire.path}", apis.handle)
     upstream_runner, upstream_url = await serve_on_loopback(upstream)
@@ -139,7 +139,7 @@ async def _send(
 ) -> None:
     """The agent's requests of one conversation, each the history up to a user or tool message;
     the canaries probed in what the upstream received at each growth mark."""
-    name, messages, canaries, reached, _ = conversation
+    name, messages, canaries, reached = conversation
     probe = BehaviorProbe()
     marks = {end: mark for mark, end in reached.items()}
     headers = {"X-Session-Id": name, "Authorization": "Bearer canaries"}

@@ -22,7 +22,7 @@ from compaction.messages import Item, Shape
 from compaction.pinned import Pinned, render_pinned
 from compaction.sections import Body, read_body, render_sections, render_task
 from compaction.summarize import summary_text, unwrap_summary
-from compaction.text import clip_middle
+from compaction.text import clip_middle, collapse_spaces
 from compaction.types import MemoryItem, Message, ResultPath, TokenEstimator
 
 LLM_SHARE = 0.45
@@ -128,6 +128,9 @@ def compose_summary(
     if task:
         clipped = clip_to_tokens(task, int(budget * TASK_SHARE), estimator)
         task_text = render_task(clipped) if clipped else ""
+    if task_text and ledger.requests:  # the task, quoted whole, is not listed a second time
+        shown = collapse_spaces(task_text)
+        ledger = replace(ledger, requests=tuple(r for r in ledger.requests if r not in shown))
     parts = [p for p in (lead, task_text) if p]
     head = "\n\n".join(parts)
     if not lead or estimator.count_text(head) > budget:

@@ -12,7 +12,10 @@ from collections.abc import Iterable
 from compaction.messages import ToolCall
 from compaction.text import clip_end, collapse_spaces, is_collapsed
 
-REQUEST_CHARS = 300
+REQUEST_CHARS = 3000
+"""A user request is listed whole up to this long (whitespace collapsed): what the person asked
+is kept as they said it (a 2,555-character task given with `codex exec resume` was listed by its
+first 300 characters, its last sentence nowhere); only a pasted text is clipped."""
 COMMAND_CHARS = 160
 ERROR_CHARS = 200
 PATH_CHARS = 200

@@ -96,3 +96,15 @@ async def test_a_long_prompt_after_a_resume_reaches_the_model_whole() -> None:
     assert any(m is items[3] for m in result.messages), "the task is a message of its own"
     forwarded = orjson.dumps(result.messages).decode()
     assert FOLLOW_UP in forwarded, "the follow-up is not whole"
+
+
+async def test_a_long_prompt_folded_whole_is_listed_whole() -> None:
+    items = codex_input(resumed=True)
+    items += [_item("assistant", "All 30 steps ran."), _item("user", "Now stop."), *_calls(30, 24)]
+    compactor = Compactor(settings=CompactionSettings(keep_recent_rounds=1), shape=RESPONSES)
+    estimator = HeuristicEstimator(shape=RESPONSES)
+    compaction = await compactor.prepare(items, window=16000, estimator=estimator)
+    assert items.index(_item("user", FOLLOW_UP)) in compaction.plan.folded
+    result = await compaction.run(llm=None, session_id=None)
+    kept = orjson.dumps(result.messages).decode() + "".join(i.content for i in result.memory_items)
+    assert FOLLOW_UP in kept
