@@ -299,9 +299,11 @@ def drop_folded(
     compaction_id: str,
 ) -> CompactionResult:
     """The last resort, at a cost that grows with the count of folded messages and what the
-    user wrote in them, not with the tool output: the folded messages left out with a one-line
-    note after the user's standing instructions (carried forward like any summary does, see
-    `carry_pinned`), checked like any result (the input unchanged if the check fails)."""
+    user wrote in them, not with the tool output (a compaction of a view built on a checkpoint
+    folds about a window's worth; a first one of a long history, all of it): the folded messages
+    left out with a one-line note after the user's standing instructions (carried forward like
+    any summary does, see `carry_pinned`), checked like any result (the input unchanged if the
+    check fails)."""
     folded = len(plan.folded)
     pinned = carry_pinned(messages, plan, shape=shape, estimator=estimator)
     note = f"{folded} earlier messages were omitted to fit the context window."
