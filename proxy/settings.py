@@ -207,6 +207,9 @@ class StateSettings(_Section):
     path: Path = Path("./workspace/state.sqlite3")
     redis_url: str | None = None
     redis_max_connections: int = Field(default=32, ge=1)
+    cached_checkpoints: int = Field(default=1024, gt=0)
+    """Checkpoints the sqlite and redis backends keep decoded in the process (least recently
+    used go first; a checkpoint not kept is read back from the backend when needed)."""
     timeout_s: float = Field(default=0.5, gt=0)
     retry_s: float = Field(default=5, gt=0)
 
