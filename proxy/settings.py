@@ -48,6 +48,9 @@ class ServerSettings(_Section):
     max_body_mb: float = Field(default=64, gt=0)
     read_timeout_s: float = Field(default=60, gt=0)
     shutdown_timeout_s: float = Field(default=30, gt=0)
+    heap_trim_s: float = Field(default=30, ge=0)
+    """How often the C allocator's free memory is given back to the system (proxy.heap); 0:
+    never."""
 
     @property
     def max_body_bytes(self) -> int:
