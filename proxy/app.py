@@ -57,6 +57,7 @@ def create_app(
     records = SessionRecords(
         max_sessions=settings.admin.max_sessions,
         records_per_session=settings.admin.records_per_session,
+        max_bytes=int(settings.admin.max_records_mb * 1024 * 1024),
         preview_chars=settings.admin.preview_chars,
     )
     app[keys.RECORDS] = records

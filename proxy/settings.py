@@ -193,6 +193,9 @@ class AdminSettings(_Section):
     token: str | None = None
     records_per_session: int = Field(default=50, gt=0)
     max_sessions: int = Field(default=10000, gt=0)
+    max_records_mb: float = Field(default=64, gt=0)
+    """What the sessions' records and timelines may hold in memory, estimated (MiB); beyond it
+    the least recently seen sessions go."""
     preview_chars: int = Field(default=400, ge=0)
 
     @field_validator("token")
