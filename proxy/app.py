@@ -150,11 +150,13 @@ async def _archive_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _tasks_ctx(app: web.Application) -> AsyncIterator[None]:
-    app[keys.TASKS].spawn(watch_loop_lag(app[keys.METRICS].loop_lag), name="loop-lag")
+    app[keys.TASKS].spawn(
+        watch_loop_lag(app[keys.METRICS].loop_lag), name="loop-lag", lifelong=True
+    )
     trim_s = app[keys.SETTINGS].server.heap_trim_s
     trim = find_trim() if trim_s > 0 else None
     if trim is not None:
-        app[keys.TASKS].spawn(trim_heap_every(trim_s, trim), name="heap-trim")
+        app[keys.TASKS].spawn(trim_heap_every(trim_s, trim), name="heap-trim", lifelong=True)
     yield
     await app[keys.TASKS].close()
 
