@@ -48,6 +48,9 @@ class ServerSettings(_Section):
     max_body_mb: float = Field(default=64, gt=0)
     read_timeout_s: float = Field(default=60, gt=0)
     shutdown_timeout_s: float = Field(default=30, gt=0)
+    heap_trim_s: float = Field(default=30, ge=0)
+    """How often the C allocator's free memory is given back to the system (proxy.heap); 0:
+    never."""
 
     @property
     def max_body_bytes(self) -> int:
@@ -190,6 +193,9 @@ class AdminSettings(_Section):
     token: str | None = None
     records_per_session: int = Field(default=50, gt=0)
     max_sessions: int = Field(default=10000, gt=0)
+    max_records_mb: float = Field(default=64, gt=0)
+    """What the sessions' records and timelines may hold in memory, estimated (MiB); beyond it
+    the least recently seen sessions go."""
     preview_chars: int = Field(default=400, ge=0)
 
     @field_validator("token")
@@ -207,6 +213,9 @@ class StateSettings(_Section):
     path: Path = Path("./workspace/state.sqlite3")
     redis_url: str | None = None
     redis_max_connections: int = Field(default=32, ge=1)
+    cached_checkpoints: int = Field(default=1024, gt=0)
+    """Checkpoints the sqlite and redis backends keep decoded in the process (least recently
+    used go first; a checkpoint not kept is read back from the backend when needed)."""
     timeout_s: float = Field(default=0.5, gt=0)
     retry_s: float = Field(default=5, gt=0)
 

@@ -292,6 +292,7 @@ def build_hook(
             timeout_s=settings.upstream.connect_timeout_s,
             wait_s=settings.models.discover_timeout_s,
             spawn=lambda lookup, name: shared.tasks.spawn(lookup, name=name),
+            max_models=settings.models.max_models,
         )
     dumps = None
     if settings.logging.dump_dir is not None:

@@ -1,9 +1,9 @@
 """The records of compactions: each counted in the metrics, kept for /admin, logged once.
 
 `SessionRecords` keeps per-session counters and compaction records for /admin (built in
-app.create_app, read by proxy.http.admin), bounded in both directions: at most `max_sessions`
-sessions (least recently seen evicted first) and `records_per_session` records each (oldest
-dropped first). Records are plain JSON-able dicts. Each session also keeps a timeline of its
+app.create_app, read by proxy.http.admin), bounded three ways: at most `max_sessions` sessions
+and `max_bytes` of them all (least recently seen evicted first), `records_per_session` records
+each (oldest dropped first). Records are plain JSON-able dicts. Each session also keeps a timeline of its
 last hooked requests (as many as records) and running totals (tokens as sent and as forwarded,
 summarizer calls and failures) for the dashboard (proxy.http.dashboard), which pages through
 them with `page`.
@@ -46,6 +46,11 @@ RECEIPT_SUMMARY_CHARS = 8000
 RECEIPT_MEMORY_ITEMS = 50
 RECEIPT_DIFF_MESSAGES = 40
 RECEIPT_PREVIEW_CHARS = 240
+# What the records hold in memory, estimated without walking them (tracemalloc, CPython 3.11): a
+# timeline entry ~630 B; a compaction record about twice its JSON (a 40-message diff's previews
+# and a receipt's summary: 10-50 KB); a session's counters ~1 KB.
+_TIMELINE_ENTRY_BYTES = 640
+_SESSION_BYTES = 1024
 
 
 @dataclass(slots=True)
@@ -55,7 +60,9 @@ class _Session:
     requests: int = 0
     records_total: int = 0
     records: deque[Record] = field(default_factory=deque)
+    record_sizes: deque[int] = field(default_factory=deque)
     timeline: deque[Record] = field(default_factory=deque)
+    size: int = _SESSION_BYTES
     dialect: str | None = None
     model: str | None = None
     window: int | None = None
@@ -72,12 +79,15 @@ class SessionRecords:
         *,
         max_sessions: int,
         records_per_session: int,
+        max_bytes: int | None = None,
         preview_chars: int = 400,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.preview_chars = preview_chars
         """How much of each summary a record shows (admin.preview_chars; 0: none)."""
         self._max_sessions = max_sessions
+        self._max_bytes = max_bytes
+        self._held = 0  # the sessions' estimated sizes, summed
         self._per_session = records_per_session
         self._clock = clock
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
@@ -89,7 +99,10 @@ class SessionRecords:
 
     def add_record(self, session_id: str, record: Record) -> None:
         session = self._session(session_id)
+        size = 2 * len(orjson.dumps(record, default=repr))
         session.records.append(record)
+        session.record_sizes.append(size)
+        self._grow(session, size)
         session.records_total += 1
         session.model = record.get("model") or session.model
         session.window = record.get("window") or session.window
@@ -102,6 +115,8 @@ class SessionRecords:
             session.pinned_overflow += overflow
         while len(session.records) > self._per_session:
             session.records.popleft()
+            self._grow(session, -session.record_sizes.popleft())
+        self._evict()
 
     def add_request(self, session_id: str, entry: Record) -> None:
         """One hooked request's line in the session's timeline: its `dialect` (the route's API
@@ -118,8 +133,11 @@ class SessionRecords:
         overhead = entry.get("overhead_ms")
         if isinstance(overhead, int | float):
             self._overheads.append(float(overhead))
-        while len(session.timeline) > self._per_session:
+        if len(session.timeline) > self._per_session:
             session.timeline.popleft()
+        else:
+            self._grow(session, _TIMELINE_ENTRY_BYTES)
+            self._evict()
 
     def page(
         self,
@@ -183,12 +201,29 @@ class SessionRecords:
         session = self._sessions.get(session_id)
         if session is None:
             session = self._sessions[session_id] = _Session(first_seen=now, last_seen=now)
+            self._held += session.size
             while len(self._sessions) > self._max_sessions:
-                self._sessions.popitem(last=False)
+                self._forget_oldest()
         else:
             session.last_seen = now
             self._sessions.move_to_end(session_id)
         return session
+
+    def _grow(self, session: _Session, size: int) -> None:
+        session.size += size
+        self._held += size
+
+    def _evict(self) -> None:
+        """The least recently seen sessions go while all of them hold more than max_bytes (the
+        one just seen stays, whatever its size)."""
+        if self._max_bytes is None:
+            return
+        while self._held > self._max_bytes and len(self._sessions) > 1:
+            self._forget_oldest()
+
+    def _forget_oldest(self) -> None:
+        _, session = self._sessions.popitem(last=False)
+        self._held -= session.size
 
     @staticmethod
     def _summary(session_id: str, session: _Session) -> Record:
