@@ -8,6 +8,13 @@ at 68k); preparing starts as far before it as `precompute_ratio` is before `trig
 a client asking a large `max_tokens` is prepared for as early, relative to its trigger.
 A conversation for which a check found nothing to do is left quiet until its history grew past
 what could change that.
+
+Past the ratio, preparing waits until the conversation is on course to reach its trigger: its
+largest growth in its last few requests, `LEAD_REQUESTS` times over, would reach it. A summary
+prepared for a conversation that ends before its trigger is paid for nothing (at 8k, a tenth of
+such a conversation's cost); one prepared `LEAD_REQUESTS` requests ahead still has the agent's
+turns in between to finish in, so no request waits on it. A conversation seen for the first time
+past the ratio has no growth yet: it is prepared for, as before.
 """
 
 from __future__ import annotations
@@ -26,6 +33,12 @@ from proxy.tasks import BackgroundTasks
 # Growth (share of the window) after which a conversation with nothing to fold is checked again.
 _RECHECK_GROWTH = 0.02
 
+LEAD_REQUESTS = 2
+"""How many requests ahead of its trigger, at its recent growth, a conversation is prepared for."""
+
+_STEPS_KEPT = 3
+"""The growth steps remembered per conversation: the largest of them is its growth."""
+
 MIN_PRECOMPUTE_TARGET_RATIO = 0.35
 """However early a reserve is prepared, it never folds the request below this share."""
 
@@ -40,12 +53,34 @@ class Precompute:
         # Per conversation: a raw-estimate range [from, to) in which a precompute has been shown
         # to find nothing to do (a shorter, edited or other conversation falls outside it).
         self._quiet: LRUCache[bytes, tuple[int, int]] = LRUCache(options.checkpoint_max_entries)
+        # Per conversation: the raw estimate of its latest request and its last growth steps.
+        self._growth: LRUCache[bytes, tuple[int, tuple[int, ...]]] = LRUCache(
+            options.checkpoint_max_entries
+        )
 
     def would_start(self, request: ParsedRequest, forwarded_tokens: int, raw_tokens: int) -> bool:
         """True when `after_forwarding` would start preparing (it needs the parsed messages)."""
-        return forwarded_tokens >= self._threshold(request) and not self._is_quiet(
-            request, raw_tokens
+        growth = self._grown(request, raw_tokens)
+        if forwarded_tokens < self._threshold(request) or self._is_quiet(request, raw_tokens):
+            return False
+        return growth is None or forwarded_tokens + LEAD_REQUESTS * growth >= trigger(
+            self._options, request
         )
+
+    def _grown(self, request: ParsedRequest, raw_tokens: int) -> int | None:
+        """The conversation's growth per request (the largest of its last steps), its latest
+        estimate noted (once per request: asked again for the same estimate, nothing moves);
+        None while it has no step yet."""
+        key = _conversation_key(request)
+        last = self._growth.get(key)
+        if last is None or raw_tokens < last[0]:  # new here, or not a continuation
+            self._growth[key] = (raw_tokens, ())
+            return None
+        latest, steps = last
+        if raw_tokens > latest:
+            steps = (*steps, raw_tokens - latest)[-_STEPS_KEPT:]
+            self._growth[key] = (raw_tokens, steps)
+        return max(steps) if steps else None
 
     def after_forwarding(
         self, request: ParsedRequest, forwarded_tokens: int, raw_tokens: int
