@@ -20,6 +20,7 @@ seconds between two requests of a conversation, the cache's TTL `TTL_S`.
 
     .venv/bin/python -m bench.cost [--quick] [--windows 8000 32000] [--per-source 10]
                                    [--dialect chat|responses|anthropic] [--config config.yaml]
+                                   [--set target_ratio=0.5 ...]
 """
 
 from __future__ import annotations
@@ -134,16 +135,17 @@ class PromptCache:
             yield {k: v for k, v in sorted(body.items()) if k in self.wire.extras}, False
             yield from ((item, False) for item in body[listed])
             return
+        # A breakpoint marks a block; it is no part of what the cache compares.
         for tool in body.get("tools") or []:
-            yield tool, _marked(tool)
+            yield _unmarked(tool), _marked(tool)
         system = body.get("system")
         for block in [system] if isinstance(system, str) else system or []:
-            yield block, _marked(block)
+            yield _unmarked(block), _marked(block)
         for message in body[listed]:
             content = message.get("content")
             blocks = [content] if isinstance(content, str) else content or []
             for block in blocks:
-                yield {"role": message.get("role"), "block": block}, _marked(block)
+                yield {"role": message.get("role"), "block": _unmarked(block)}, _marked(block)
 
     def _prefix(self, units: list[tuple[Any, bool]], tokens: list[int], now: float) -> int:
         """OpenAI: the longest prefix seen within the TTL, in whole blocks; every prefix of
@@ -194,6 +196,12 @@ def _marked(block: Any) -> bool:
     return isinstance(block, dict) and "cache_control" in block
 
 
+def _unmarked(block: Any) -> Any:
+    if not _marked(block):
+        return block
+    return {key: value for key, value in block.items() if key != "cache_control"}
+
+
 def mark_last_turn(body: dict[str, Any]) -> dict[str, Any]:
     """An Anthropic body whose last turn's last block carries a breakpoint (as Claude Code marks
     it), the turn copied, never edited in place."""
@@ -202,7 +210,9 @@ def mark_last_turn(body: dict[str, Any]) -> dict[str, Any]:
         return body
     last = dict(turns[-1])
     content = last.get("content")
-    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    blocks: list[Any] = (
+        [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+    )
     if blocks:
         blocks[-1] = {**blocks[-1], "cache_control": {"type": "ephemeral"}}
     last["content"] = blocks
@@ -477,18 +487,22 @@ def print_outcome(title: str, outcome: Outcome) -> None:
         )
 
 
-def variants(quick: bool) -> list[dict[str, Any]]:
+def variants(quick: bool, fixed: dict[str, Any]) -> list[dict[str, Any]]:
     """The compaction settings compared: each summary request kind and, where the proxy has
-    them, each strategy."""
+    them, each strategy; `fixed` (from --set) in all, and not varied."""
     fields = CompactionSection.model_fields
     kinds = ["cached", "standalone"] if "summary_request" in fields else [None]
     strategies = ["summary", "selective", "hybrid"] if "strategy" in fields else [None]
     if quick:
         kinds, strategies = kinds[:1], strategies[-1:]
+    if "summary_request" in fixed:
+        kinds = [None]
+    if "strategy" in fixed:
+        strategies = [None]
     found = []
     for strategy in strategies:
         for kind in kinds:
-            options: dict[str, Any] = {}
+            options: dict[str, Any] = dict(fixed)
             if strategy is not None:
                 options["strategy"] = strategy
             if kind is not None:
@@ -529,7 +543,7 @@ async def run(args: argparse.Namespace) -> list[tuple[str, Outcome]]:
     direct_ledger = direct(wire, price, picked, args.turn_s)
     outcomes = []
     for window in windows:
-        for options in variants(args.quick):
+        for options in variants(args.quick, dict(args.set)):
             proxied = await through_proxy(wire, price, picked, window, options, args.turn_s)
             title = f"window {window}, " + (
                 ", ".join(f"{k} {v}" for k, v in options.items()) or "defaults"
@@ -540,6 +554,11 @@ async def run(args: argparse.Namespace) -> list[tuple[str, Outcome]]:
     return outcomes
 
 
+def _setting(text: str) -> tuple[str, Any]:
+    key, _, value = text.partition("=")
+    return key, orjson.loads(value) if value[:1].isdigit() else value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 sources, 1 conversation, 8k")
@@ -548,6 +567,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turn-s", type=float, default=20.0)
     parser.add_argument("--dialect", choices=list(WIRES), default="chat")
     parser.add_argument("--config", help="a config.yaml whose models.prices names `replay`")
+    parser.add_argument(
+        "--set",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a compaction setting for every run, e.g. target_ratio=0.5 (repeatable)",
+    )
     args = parser.parse_args(argv)
     if not has_corpus():
         print(f"corpus not found at {corpus_dir()} (set {CORPUS_ENV})", file=sys.stderr)
