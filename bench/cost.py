@@ -112,7 +112,7 @@ class PromptCache:
 
     def bill(self, body: dict[str, Any], output_tokens: int, now: float) -> Bill:
         units = list(self._units(body))
-        tokens = [self.estimator.count_text(orjson.dumps(unit).decode()) for unit, _ in units]
+        tokens = [self._tokens(unit) for unit, _ in units]
         prompt = sum(tokens)
         if self.wire.name == "anthropic":
             cached, written = self._breakpoints(units, tokens, now)
@@ -126,6 +126,15 @@ class PromptCache:
             + output_tokens * price.output
         ) / 1e6
         return Bill(1, prompt, cached, written, output_tokens, dollars)
+
+    def _tokens(self, unit: Any) -> int:
+        """A unit's tokens as the proxy counts them: a message (a block in its turn), or the
+        fields besides the list by their JSON size."""
+        if isinstance(unit, dict) and "block" in unit:
+            return self.estimator.count_message({"role": unit["role"], "content": [unit["block"]]})
+        if isinstance(unit, dict) and ("role" in unit or "type" in unit):
+            return self.estimator.count_message(unit)
+        return self.estimator.count_tools(unit)
 
     def _units(self, body: dict[str, Any]) -> Iterator[tuple[Any, bool]]:
         """The prompt in the order the provider reads it, one unit a block (anthropic) or a
