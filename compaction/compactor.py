@@ -339,7 +339,7 @@ class Compaction:
             return self._unchanged(attempt, "too little to fold: a summary would not be smaller")
         settings = compactor.settings
         summary_max_tokens = max(64, int(prepared.body_budget * LLM_SHARE))
-        summary_reply, memory_reply = await ask_summarizer(
+        summary_reply, memory_reply, _ = await ask_summarizer(
             llm,
             Question(
                 transcript=prepared.transcript,

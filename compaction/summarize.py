@@ -258,15 +258,18 @@ class Question:
 
 async def ask_summarizer(
     llm: ChatLLM | None, question: Question, *, timeout_s: float
-) -> tuple[Reply, Reply]:
-    """The summary and the memory items: in one cached question when `llm` can ask after the
-    conversation's own request and the window has room for it, else in two standalone
-    requests asked concurrently."""
+) -> tuple[Reply, Reply, int]:
+    """The summary and the memory items, and how many model calls brought them: one cached
+    question when `llm` can ask after the conversation's own request and the window has room
+    for it, else two standalone requests asked concurrently (none without a model)."""
+    if llm is None:
+        none = Reply(None, None)
+        return none, none, 0
     if isinstance(llm, PrefixLLM):
         cached = await _ask_cached(llm, question, timeout_s)
         if cached is not None:
-            return cached
-    return await ask_both(
+            return *cached, 1
+    summary, memory = await ask_both(
         llm,
         build_summary_request(
             question.transcript,
@@ -279,6 +282,7 @@ async def ask_summarizer(
         question.memory_max_tokens,
         timeout_s=timeout_s,
     )
+    return summary, memory, 2
 
 
 async def _ask_cached(

@@ -72,7 +72,8 @@ def test_a_summarizer_that_asks_after_the_prefix_is_a_prefix_llm() -> None:
 
 async def test_one_cached_question_brings_the_summary_and_the_memory_items() -> None:
     llm = AfterPrefix()
-    summary, memory = await ask_summarizer(llm, question(), timeout_s=5)
+    summary, memory, calls = await ask_summarizer(llm, question(), timeout_s=5)
+    assert calls == 1
     assert summary.text == SUMMARY and summary.error is None
     assert memory.text is not None and parse_memory_reply(memory.text) is not None
     assert llm.calls == []  # no standalone request, no second transcript
@@ -83,8 +84,8 @@ async def test_one_cached_question_brings_the_summary_and_the_memory_items() -> 
 
 async def test_without_room_after_the_prefix_the_summarizer_is_asked_standalone() -> None:
     llm = AfterPrefix(room=500 + MIN_CACHED_MEMORY_TOKENS)  # the question itself takes more
-    summary, memory = await ask_summarizer(llm, question(), timeout_s=5)
-    assert llm.questions == []
+    summary, memory, calls = await ask_summarizer(llm, question(), timeout_s=5)
+    assert llm.questions == [] and calls == 2
     assert sorted(purpose for purpose, _ in llm.calls) == ["memory", "summary"]
     assert summary.text == SUMMARY and memory.text == MEMORY
 
@@ -98,14 +99,14 @@ async def test_little_room_shortens_the_memory_part_rather_than_overflow_the_win
 
 async def test_an_answer_without_a_memory_part_keeps_its_summary_and_says_so() -> None:
     llm = AfterPrefix(answer=SUMMARY)
-    summary, memory = await ask_summarizer(llm, question(), timeout_s=5)
+    summary, memory, _ = await ask_summarizer(llm, question(), timeout_s=5)
     assert summary.text == SUMMARY
     assert memory.text is None and memory.error is not None
 
 
 async def test_a_refusal_after_the_prefix_is_a_failed_summary() -> None:
     llm = AfterPrefix(answer="I'm sorry, I can't help with that.")
-    summary, _ = await ask_summarizer(llm, question(), timeout_s=5)
+    summary, _, _ = await ask_summarizer(llm, question(), timeout_s=5)
     assert summary.text is None and summary.error is not None
 
 
