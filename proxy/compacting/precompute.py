@@ -121,7 +121,7 @@ class Precompute:
         if task.cancelled() or task.exception() is not None:
             return
         result = task.result()
-        if not isinstance(result, CompactionResult) or not result.model_calls:
+        if not isinstance(result, CompactionResult) or result.path != "llm":
             return
         decayed = self._summary_s * _SUMMARY_DECAY if self._summary_seen else 0.0
         self._summary_s = max(result.duration_s, decayed)

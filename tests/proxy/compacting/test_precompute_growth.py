@@ -81,7 +81,6 @@ def finished(duration_s: float) -> asyncio.Future[object]:
         fits=True,
         compaction_id="c",
         duration_s=duration_s,
-        model_calls=1,
     )
     future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
     future.set_result(result)
