@@ -100,6 +100,7 @@ bench: $(STAMP_BENCH) redis-server
 	$(BIN)/python -m bench.adoption
 	$(BIN)/python -m bench.archive
 	$(BIN)/python -m bench.dashboard
+	$(BIN)/python -m bench.cost
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .e2e

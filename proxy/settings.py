@@ -136,6 +136,10 @@ class CompactionSection(_Section):
     precompute_ratio: float = Field(default=0.7, ge=0, le=1)
     keep_recent_rounds: int = Field(default=_LIBRARY.keep_recent_rounds, gt=0)
     summary_model: str | None = None
+    summary_request: Literal["cached", "standalone"] = "cached"
+    """cached: the summary (and memory items) asked as a final turn after the conversation's
+    own request, which the provider's prompt cache already holds; standalone: the folded
+    transcript sent in a request of its own (always, with another summary_model)."""
     summary_max_tokens: int = Field(default=_LIBRARY.summary_max_tokens, gt=0)
     summary_timeout_s: float = Field(default=60, gt=0)
     failure_threshold: int = Field(default=3, gt=0)
