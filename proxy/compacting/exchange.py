@@ -84,7 +84,8 @@ class CompactedExchange:
             return
         equipped = self._recall.equip(self._request, self._body, self._tokens)
         if equipped is not None:
-            self._body, self._followup = equipped
+            self._body, self._followup = equipped.body, equipped.rounds
+            self._tokens += equipped.added_tokens
 
     @property
     def headers(self) -> Mapping[str, str]:

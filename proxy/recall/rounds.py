@@ -23,8 +23,7 @@ from dataclasses import dataclass
 import orjson
 
 from proxy.errors import ProxyError, UpstreamStreamCut
-from proxy.http.upstream import Body, Response
-from proxy.interception import Followed, Resend
+from proxy.interception import Body, Followed, Resend, Response
 from proxy.metrics import RecallMetrics
 from proxy.recall.answers import CHARS_PER_TOKEN, Answers
 from proxy.recall.streams import StreamedTurn, read_events, stream_for

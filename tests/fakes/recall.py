@@ -11,9 +11,8 @@ in `problems`.
 
 from __future__ import annotations
 
-from typing import Any
-
 import itertools
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -136,7 +135,10 @@ class RecallingModel:
             raise NotImplementedError(path)
         arguments = orjson.dumps({"query": self.query}).decode()
         own = [self.also] if self.also else []
-        chunks = [_chunk({"role": "assistant", "content": ""}), _chunk({"content": "Let me check. "})]
+        chunks = [
+            _chunk({"role": "assistant", "content": ""}),
+            _chunk({"content": "Let me check. "}),
+        ]
         names = [(f"call_r{number}", RECALL, arguments)]
         names += [(f"call_own{number}", name, args) for name, args in own]
         for index, (call_id, name, args) in enumerate(names):

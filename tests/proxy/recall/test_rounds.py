@@ -36,7 +36,8 @@ async def archived(client: Any, proxy: Any, query: str, session: str = "agent-1"
         async with client.get(
             f"{proxy.url}/admin/sessions/{session}/archive", params={"q": query}, headers=ADMIN
         ) as response:
-            if (await response.json())["results"]:
+            # The turn itself (a memory item may land first, and is scoped by the archive).
+            if any(item["kind"] != "memory" for item in (await response.json())["results"]):
                 return
         await asyncio.sleep(0.02)
     raise AssertionError(f"nothing archived matches {query!r}")
@@ -247,3 +248,18 @@ async def test_nothing_of_another_credential_or_session_is_recalled(
         assert response.headers["x-compaction-status"] == "applied"
         result = model.bodies[-1]["messages"][-1]["content"]
         assert CANARY not in result and "Nothing earlier matches" in result
+
+
+async def test_the_recall_tool_is_counted_so_the_upstreams_usage_keeps_the_estimates_true(
+    start: Any, script: Script, client: Any
+) -> None:
+    # The scripted upstream reports the tokens of what it was sent, the recall tool included;
+    # were the tool not counted, the calibration would read an under-count and inflate the next
+    # estimate of the same conversation.
+    proxy = await start()
+    messages = conversation_of(int(WINDOW * 1.3))
+    first = await post(client, proxy, messages, session="s1")
+    second = await post(client, proxy, messages, session="s2")
+    assert b'"recall"' in script.calls(None)[0].body
+    before = [int(r.headers["x-compaction-tokens-before"]) for r in (first, second)]
+    assert abs(before[1] - before[0]) <= before[0] * 0.02

@@ -7,12 +7,22 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
 from tests.fakes.recall import RecallingModel
 from tests.fakes.script import Script
 from tests.proxy.compacting.conftest import WINDOW, conversation_of
-from tests.proxy.recall.test_rounds import CANARY, TOOLS, compacted_and_archived, with_canary
+from tests.proxy.compacting.test_anthropic import anthropic_body
+from tests.proxy.compacting.test_responses import responses_body
+from tests.proxy.compacting.test_responses import send as send_responses
+from tests.proxy.recall.test_rounds import (
+    CANARY,
+    TOOLS,
+    archived,
+    compacted_and_archived,
+    with_canary,
+)
 
 
 @pytest.fixture
@@ -60,9 +70,7 @@ async def test_the_openai_sdk_streams_one_answer_across_a_recall_round(
     chunks = [chunk async for chunk in stream]
     assert model.problems == [] and len(model.bodies) == 2
     assert {chunk.id for chunk in chunks} == {chunks[0].id}
-    text = "".join(
-        chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices
-    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
     # The text before the call went out; then the answer built on the recalled turn.
     assert text.startswith("Let me check. recalled: ") and CANARY in text
     assert all(not chunk.choices or chunk.choices[0].delta.tool_calls is None for chunk in chunks)
@@ -98,5 +106,82 @@ async def test_a_streamed_recall_call_beside_the_clients_own_streams_the_clients
     ]
     arguments = "".join(call.function.arguments or "" for call in calls if call.function)
     assert arguments == '{"cmd": "ls"}'
-    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finishes = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     assert finishes == ["tool_calls"]
+
+
+# -- Responses and Anthropic -----------------------------------------------------------------
+
+
+def canary_in_responses(body: dict[str, Any]) -> dict[str, Any]:
+    item = next(i for i in body["input"] if i.get("type") == "function_call_output")
+    item["output"] = CANARY
+    return body
+
+
+def canary_in_anthropic(body: dict[str, Any]) -> dict[str, Any]:
+    for message in body["messages"]:
+        content = message.get("content")
+        if isinstance(content, list):
+            for block in content:
+                if block.get("type") == "tool_result":
+                    block["content"] = CANARY
+                    return body
+    raise AssertionError("no tool_result")
+
+
+async def test_the_openai_sdk_gets_one_response_built_on_the_recalled_turn(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start()
+    body = canary_in_responses(responses_body(int(WINDOW * 1.3)))
+    first = await send_responses(client, f"{proxy.url}/s/agent-r/v1/responses", body)
+    assert first.headers["x-compaction-status"] == "applied"
+    await archived(client, proxy, "quasar QX-7781", session="agent-r")
+    model = RecallingModel("quasar QX-7781")
+    script.chat = model
+    sdk = AsyncOpenAI(base_url=f"{proxy.url}/s/agent-r/v1", api_key="sk-client", max_retries=0)
+    try:
+        raw = await sdk.responses.with_raw_response.create(
+            model=body["model"], input=body["input"], tools=body["tools"],
+            instructions=body.get("instructions"),
+        )  # fmt: skip
+    finally:
+        await sdk.close()
+    response = raw.parse()
+    assert raw.headers["x-compaction-recall-rounds"] == "1"
+    assert [item.type for item in response.output] == ["message"]
+    assert CANARY in response.output_text
+    assert model.problems == [] and script.problems == [] and len(model.bodies) == 2
+    added = model.bodies[1]["input"][len(model.bodies[0]["input"]) :]
+    assert [item["type"] for item in added] == ["function_call", "function_call_output"]
+    assert response.usage is not None and response.usage.input_tokens == 200
+
+
+async def test_the_anthropic_sdk_gets_one_message_built_on_the_recalled_turn(
+    start: Any, script: Script, client: Any, upstream: Any
+) -> None:
+    proxy = await start(upstream={"anthropic_base_url": upstream.base_url})
+    body = canary_in_anthropic(anthropic_body(int(WINDOW * 1.3)))
+    fields: Any = {key: body[key] for key in ("model", "max_tokens", "system", "messages", "tools")}
+    # The same client twice (its credential scopes the archive): the first request compacts.
+    sdk = AsyncAnthropic(base_url=f"{proxy.url}/s/agent-a", api_key="sk-ant-client", max_retries=0)
+    try:
+        first = await sdk.messages.with_raw_response.create(**fields)
+        assert first.headers["x-compaction-status"] == "applied"
+        await archived(client, proxy, "quasar QX-7781", session="agent-a")
+        model = RecallingModel("quasar QX-7781")
+        script.chat = model
+        raw = await sdk.messages.with_raw_response.create(**fields)
+    finally:
+        await sdk.close()
+    message = await raw.parse()
+    assert raw.headers["x-compaction-recall-rounds"] == "1"
+    assert [block.type for block in message.content] == ["text"]
+    assert message.stop_reason == "end_turn"
+    text = message.content[0].text  # type: ignore[union-attr]
+    assert CANARY in text
+    assert model.problems == [] and script.problems == [] and len(model.bodies) == 2
+    assert message.usage.input_tokens == 200
