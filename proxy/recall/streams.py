@@ -11,6 +11,9 @@ end marker).
 
 - chat: `chat.completion.chunk`s; the recall call's `tool_calls` deltas are dropped, the client's
   calls renumbered; every chunk carries the first response's `id`; `[DONE]` once.
+- anthropic: content blocks; the recall `tool_use` block's events are dropped, later blocks
+  renumbered; a round's `message_start` is withheld (one message); `message_stop` once.
+- usage: what the client is finally told is the sum over the rounds.
 """
 
 from __future__ import annotations
@@ -238,9 +241,190 @@ class ChatStream:
         return b"".join(parts)
 
 
+@dataclass
+class _Block:
+    block: JsonObject
+    """The content block as it started; its deltas are added into it as they come."""
+    client_index: int | None
+    """Its index as the client sees it (None: a recall call, never shown)."""
+    json: list[str] = field(default_factory=list)
+
+
+class AnthropicStream:
+    """An Anthropic message streamed as events: `message_start`, content blocks (start, deltas,
+    stop), `message_delta`, `message_stop`. A round's message continues the first: its
+    `message_start` is withheld and its blocks numbered after those already shown."""
+
+    def __init__(self) -> None:
+        self._started = False
+        self._first_usage: object = None
+        self._shown = 0
+        """Blocks shown to the client by the rounds before this response."""
+        self._prior: object = None
+        self.begin()
+
+    def begin(self) -> None:
+        self._blocks: dict[int, _Block] = {}
+        self._clients = 0
+        self._shown_now = 0
+        self._holding = False
+        self._finish: JsonObject | None = None
+        self._usage: object = None
+        self._stopped = False
+
+    @property
+    def recall(self) -> list[Call]:
+        return [
+            Call(str(b.block.get("id")), _json_input(b)) for b in self._blocks.values()
+            if b.client_index is None
+        ]  # fmt: skip
+
+    @property
+    def others(self) -> int:
+        return self._clients
+
+    @property
+    def usage(self) -> object:
+        return self._first_usage
+
+    def read(self, event: bytes) -> bytes | None:
+        data = event_data(event)
+        try:
+            payload = orjson.loads(data) if data is not None else None
+        except orjson.JSONDecodeError:
+            return event
+        if not isinstance(payload, dict):
+            return event
+        kind = payload.get("type")
+        if kind == "message_start":
+            return self._read_start(event, payload)
+        if kind in ("content_block_start", "content_block_delta", "content_block_stop"):
+            return self._read_block(event, payload)
+        if kind == "message_delta":
+            return self._read_delta(event, payload)
+        if kind == "message_stop" and self._holding:
+            self._stopped = True
+            return None
+        return event
+
+    def _read_start(self, event: bytes, payload: JsonObject) -> bytes | None:
+        message = payload.get("message")
+        usage = message.get("usage") if isinstance(message, dict) else None
+        self._usage = add_usage(self._usage, usage)
+        if self._started:
+            return None  # a round's message continues the one the client already has
+        self._started = True
+        self._first_usage = usage
+        return event
+
+    def _read_block(self, event: bytes, payload: JsonObject) -> bytes | None:
+        index = payload.get("index")
+        if not isinstance(index, int):
+            return event
+        if payload["type"] == "content_block_start":
+            block = payload.get("content_block")
+            block = dict(block) if isinstance(block, dict) else {}
+            recall = block.get("type") == "tool_use" and block.get("name") == NAME
+            shown = None if recall else self._shown + self._shown_now
+            if not recall:
+                self._shown_now += 1
+                if block.get("type") == "tool_use":
+                    self._clients += 1
+            self._blocks[index] = _Block(block, shown)
+        state = self._blocks.get(index)
+        if state is None:
+            return event
+        if payload["type"] == "content_block_delta":
+            _add_delta(state, payload.get("delta"))
+        if state.client_index is None:
+            return None
+        if state.client_index == index:
+            return event
+        return _event(payload["type"], {**payload, "index": state.client_index})
+
+    def _read_delta(self, event: bytes, payload: JsonObject) -> bytes | None:
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            # A message's counts so far: they replace its start's.
+            start = self._usage if isinstance(self._usage, dict) else {}
+            self._usage = {**start, **usage}
+        delta = payload.get("delta")
+        stop = delta.get("stop_reason") if isinstance(delta, dict) else None
+        if stop == "tool_use" and self.recall and not self._clients:
+            self._holding, self._finish = True, payload
+            return None
+        if self._prior is None or not isinstance(usage, dict):
+            return event
+        return _event("message_delta", {**payload, "usage": add_usage(self._prior, self._usage)})
+
+    def continue_with(self, payload: JsonObject, answered: list[tuple[Call, str]]) -> None:
+        content = [_finished(b) for _, b in sorted(self._blocks.items())]
+        messages = payload["messages"]
+        messages.append({"role": "assistant", "content": content})
+        results = [
+            {"type": "tool_result", "tool_use_id": call.id, "content": result}
+            for call, result in answered
+        ]
+        messages.append({"role": "user", "content": results})
+        self._prior = add_usage(self._prior, self._usage)
+        self._shown += self._shown_now
+
+    def ending(self) -> bytes:
+        if not self._holding or self._finish is None:
+            return b""
+        finish = self._finish
+        delta = {**finish.get("delta", {}), "stop_reason": "end_turn"}
+        ended: JsonObject = {**finish, "delta": delta}
+        if self._prior is not None and isinstance(finish.get("usage"), dict):
+            ended["usage"] = add_usage(self._prior, self._usage)
+        parts = [_event("message_delta", ended)]
+        if self._stopped:
+            parts.append(_event("message_stop", {"type": "message_stop"}))
+        return b"".join(parts)
+
+
+def _add_delta(state: _Block, delta: object) -> None:
+    if not isinstance(delta, dict):
+        return
+    block = state.block
+    kind = delta.get("type")
+    if kind == "text_delta":
+        block["text"] = block.get("text", "") + str(delta.get("text", ""))
+    elif kind == "thinking_delta":
+        block["thinking"] = block.get("thinking", "") + str(delta.get("thinking", ""))
+    elif kind == "signature_delta":
+        block["signature"] = block.get("signature", "") + str(delta.get("signature", ""))
+    elif kind == "input_json_delta":
+        state.json.append(str(delta.get("partial_json", "")))
+
+
+def _json_input(state: _Block) -> object:
+    text = "".join(state.json)
+    if not text:
+        return state.block.get("input") or {}
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return {}
+
+
+def _finished(state: _Block) -> JsonObject:
+    """The block as the assistant turn holds it once its stream is over."""
+    block = dict(state.block)
+    if block.get("type") in ("tool_use", "server_tool_use"):
+        block["input"] = _json_input(state)
+    return block
+
+
+def _event(name: str, payload: JsonObject) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
 def stream_for(dialect: str) -> StreamedTurn | None:
     """A fresh turn reader for a streamed response of `dialect`; None: not supported (such
     requests go out without the recall tool)."""
     if dialect == "chat":
         return ChatStream()
+    if dialect == "anthropic":
+        return AnthropicStream()
     return None

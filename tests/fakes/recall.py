@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tests.fakes.apis import anthropic_message, responses_object
+from tests.fakes.apis import anthropic_events, anthropic_message, responses_object
 from tests.fakes.upstream import chat_completion
 
 RECALL = "recall"
@@ -130,7 +130,42 @@ class RecallingModel:
             return web.json_response(self._call(request.path, len(found) + 1))
         return web.json_response(_text(request.path, _answer(found)))
 
+    def _anthropic_call_events(self, number: int) -> list[bytes]:
+        start = {**anthropic_message(input_tokens=100), "stop_reason": None}
+        start["usage"] = {**start["usage"], "output_tokens": 1}
+        events: list[Any] = [
+            {"type": "message_start", "message": start},
+            {"type": "content_block_start", "index": 0,
+             "content_block": {"type": "text", "text": ""}},
+            {"type": "content_block_delta", "index": 0,
+             "delta": {"type": "text_delta", "text": "Let me check. "}},
+            {"type": "content_block_stop", "index": 0},
+        ]  # fmt: skip
+        uses = [(f"toolu_r{number}", RECALL, orjson.dumps({"query": self.query}).decode())]
+        uses += [
+            (f"toolu_own{number}", name, args) for name, args in ([self.also] if self.also else [])
+        ]
+        for index, (use_id, name, args) in enumerate(uses, start=1):
+            block = {"type": "tool_use", "id": use_id, "name": name, "input": {}}
+            half = len(args) // 2
+            events.append({"type": "content_block_start", "index": index, "content_block": block})
+            for piece in (args[:half], args[half:]):
+                delta = {"type": "input_json_delta", "partial_json": piece}
+                events.append({"type": "content_block_delta", "index": index, "delta": delta})
+            events.append({"type": "content_block_stop", "index": index})
+        events += [
+            {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+             "usage": {"output_tokens": 5}},
+            {"type": "message_stop"},
+        ]  # fmt: skip
+        return [
+            b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n"
+            for e in events
+        ]
+
     def _call_events(self, path: str, number: int, usage: bool) -> list[bytes]:
+        if path.endswith("/messages"):
+            return self._anthropic_call_events(number)
         if not path.endswith("/chat/completions"):
             raise NotImplementedError(path)
         arguments = orjson.dumps({"query": self.query}).decode()
@@ -215,6 +250,8 @@ def _sse(chunks: list[Any], usage: bool) -> list[bytes]:
 
 
 def _text_events(path: str, text: str, usage: bool) -> list[bytes]:
+    if path.endswith("/messages"):
+        return anthropic_events(text, input_tokens=100)
     if not path.endswith("/chat/completions"):
         raise NotImplementedError(path)
     half = len(text) // 2

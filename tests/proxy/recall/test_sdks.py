@@ -160,23 +160,31 @@ async def test_the_openai_sdk_gets_one_response_built_on_the_recalled_turn(
     assert response.usage is not None and response.usage.input_tokens == 200
 
 
-async def test_the_anthropic_sdk_gets_one_message_built_on_the_recalled_turn(
-    start: Any, script: Script, client: Any, upstream: Any
-) -> None:
+@pytest.fixture
+async def anthropic_setup(start: Any, script: Script, client: Any, upstream: Any) -> Any:
+    """A proxy whose session `agent-a` has compacted and archived an Anthropic conversation
+    holding the canary (through the SDK: its credential scopes the archive); the request's
+    fields and the SDK."""
     proxy = await start(upstream={"anthropic_base_url": upstream.base_url})
     body = canary_in_anthropic(anthropic_body(int(WINDOW * 1.3)))
     fields: Any = {key: body[key] for key in ("model", "max_tokens", "system", "messages", "tools")}
-    # The same client twice (its credential scopes the archive): the first request compacts.
     sdk = AsyncAnthropic(base_url=f"{proxy.url}/s/agent-a", api_key="sk-ant-client", max_retries=0)
     try:
         first = await sdk.messages.with_raw_response.create(**fields)
         assert first.headers["x-compaction-status"] == "applied"
         await archived(client, proxy, "quasar QX-7781", session="agent-a")
-        model = RecallingModel("quasar QX-7781")
-        script.chat = model
-        raw = await sdk.messages.with_raw_response.create(**fields)
+        yield fields, sdk
     finally:
         await sdk.close()
+
+
+async def test_the_anthropic_sdk_gets_one_message_built_on_the_recalled_turn(
+    anthropic_setup: Any, script: Script
+) -> None:
+    fields, sdk = anthropic_setup
+    model = RecallingModel("quasar QX-7781")
+    script.chat = model
+    raw = await sdk.messages.with_raw_response.create(**fields)
     message = await raw.parse()
     assert raw.headers["x-compaction-recall-rounds"] == "1"
     assert [block.type for block in message.content] == ["text"]
@@ -185,3 +193,43 @@ async def test_the_anthropic_sdk_gets_one_message_built_on_the_recalled_turn(
     assert CANARY in text
     assert model.problems == [] and script.problems == [] and len(model.bodies) == 2
     assert message.usage.input_tokens == 200
+
+
+async def test_the_anthropic_sdk_streams_one_message_across_a_recall_round(
+    anthropic_setup: Any, script: Script
+) -> None:
+    fields, sdk = anthropic_setup
+    model = RecallingModel("quasar QX-7781")
+    script.chat = model
+    async with sdk.messages.stream(**fields) as stream:
+        events = [event async for event in stream]
+        message = await stream.get_final_message()
+    assert model.problems == [] and script.problems == [] and len(model.bodies) == 2
+    assert [e.type for e in events].count("message_start") == 1
+    assert [e.type for e in events].count("message_stop") == 1
+    # The text before the call went out, then the answer as the next block of the same message.
+    assert [block.type for block in message.content] == ["text", "text"]
+    first, answer = (block.text for block in message.content)  # type: ignore[union-attr]
+    assert first == "Let me check. " and CANARY in answer
+    assert message.stop_reason == "end_turn"
+    assert message.usage.output_tokens == 7
+    # The round's request continues the first: the call (its input whole) and its result.
+    added = model.bodies[1]["messages"][len(model.bodies[0]["messages"]) :]
+    assert added[0]["content"][1] == {
+        "type": "tool_use", "id": "toolu_r1", "name": "recall",
+        "input": {"query": "quasar QX-7781"},
+    }  # fmt: skip
+    assert added[1]["content"][0]["tool_use_id"] == "toolu_r1"
+
+
+async def test_a_streamed_recall_call_beside_the_clients_own_streams_the_clients_tool_use_only(
+    anthropic_setup: Any, script: Script
+) -> None:
+    fields, sdk = anthropic_setup
+    script.chat = RecallingModel("quasar", also=("bash", '{"cmd": "ls"}'))
+    async with sdk.messages.stream(**fields) as stream:
+        message = await stream.get_final_message()
+    assert [block.type for block in message.content] == ["text", "tool_use"]
+    assert message.content[1].name == "bash"  # type: ignore[union-attr]
+    assert message.content[1].input == {"cmd": "ls"}  # type: ignore[union-attr]
+    assert message.stop_reason == "tool_use"
