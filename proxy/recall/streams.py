@@ -13,6 +13,9 @@ end marker).
   calls renumbered; every chunk carries the first response's `id`; `[DONE]` once.
 - anthropic: content blocks; the recall `tool_use` block's events are dropped, later blocks
   renumbered; a round's `message_start` is withheld (one message); `message_stop` once.
+- responses: events with `sequence_number` and `output_index`; the recall call's item events are
+  dropped, later items renumbered, one sequence; a round's `response.created` is withheld; the
+  terminal event tells the whole response (every item shown, the first's id).
 - usage: what the client is finally told is the sum over the rounds.
 """
 
@@ -416,6 +419,153 @@ def _finished(state: _Block) -> JsonObject:
     return block
 
 
+_TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+
+
+class ResponsesStream:
+    """A Responses API response streamed as events, each with its `sequence_number` and most
+    with an `output_index`. A round's response continues the first: its `response.created` and
+    `response.in_progress` are withheld, its items numbered after those already shown, every
+    event renumbered in one sequence, and the terminal event tells the whole response (the
+    first's id, every item shown, usage summed)."""
+
+    def __init__(self) -> None:
+        self._id: object = None
+        self._first_usage: object = None
+        self._sequence = 0
+        self._items: list[JsonObject] = []
+        """The items shown to the client so far, as done."""
+        self._shown = 0
+        self._prior: object = None
+        self._round = 0
+        self.begin()
+
+    def begin(self) -> None:
+        self._indices: dict[int, int | None] = {}
+        self._calls: dict[int, JsonObject] = {}
+        self._clients = 0
+        self._shown_now = 0
+        self._holding = False
+        self._final: JsonObject | None = None
+        self._output: list[JsonObject] = []
+
+    @property
+    def recall(self) -> list[Call]:
+        return [
+            Call(str(item.get("call_id")), item.get("arguments"))
+            for item in self._output
+            if item.get("type") == "function_call" and item.get("name") == NAME
+        ]
+
+    @property
+    def others(self) -> int:
+        return self._clients
+
+    @property
+    def usage(self) -> object:
+        return self._first_usage
+
+    def read(self, event: bytes) -> bytes | None:
+        data = event_data(event)
+        try:
+            payload = orjson.loads(data) if data is not None else None
+        except orjson.JSONDecodeError:
+            return event
+        if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
+            return event
+        kind = payload["type"]
+        if kind in ("response.created", "response.in_progress", "response.queued"):
+            if self._round:
+                return None
+            response = payload.get("response")
+            if isinstance(response, dict) and self._id is None:
+                self._id = response.get("id")
+            return self._renumbered(event, payload, changed=False)
+        if kind in _TERMINAL:
+            return self._read_end(event, payload)
+        index = payload.get("output_index")
+        changed = False
+        if isinstance(index, int):
+            shown = self._index(index, payload)
+            if shown is None:
+                return None
+            if shown != index:
+                payload["output_index"] = shown
+                changed = True
+            if kind == "response.output_item.done" and isinstance(payload.get("item"), dict):
+                self._output.append(payload["item"])
+                self._items.append(payload["item"])
+        return self._renumbered(event, payload, changed=changed)
+
+    def _index(self, index: int, payload: JsonObject) -> int | None:
+        """The client's index of the upstream's item `index` (None: a recall call's)."""
+        if index not in self._indices:
+            item = payload.get("item")
+            if isinstance(item, dict) and item.get("type") == "function_call":
+                if item.get("name") == NAME:
+                    self._indices[index] = None
+                    return None
+                self._clients += 1
+            self._indices[index] = self._shown + self._shown_now
+            self._shown_now += 1
+        return self._indices[index]
+
+    def _read_end(self, event: bytes, payload: JsonObject) -> bytes | None:
+        response = payload.get("response")
+        if not isinstance(response, dict):
+            return self._renumbered(event, payload, changed=False)
+        if self._first_usage is None:
+            self._first_usage = response.get("usage")
+        # Its own output as the upstream completed it (reasoning items' encrypted content too).
+        output = response.get("output")
+        if isinstance(output, list):
+            self._output = [item for item in output if isinstance(item, dict)]
+        if self.recall and not self._clients and payload["type"] == "response.completed":
+            self._holding, self._final = True, payload
+            return None
+        if not self._round and not self.recall:
+            return self._renumbered(event, payload, changed=False)
+        return self._ended(payload)
+
+    def _ended(self, payload: JsonObject) -> bytes:
+        response = dict(payload["response"])
+        response["output"] = [item for item in self._items if not _is_recall_item(item)]
+        if self._id is not None:
+            response["id"] = self._id
+        if self._prior is not None:
+            response["usage"] = add_usage(self._prior, response.get("usage"))
+        return self._renumbered(b"", {**payload, "response": response}, changed=True) or b""
+
+    def _renumbered(self, event: bytes, payload: JsonObject, *, changed: bool) -> bytes | None:
+        if "sequence_number" in payload:
+            if payload["sequence_number"] != self._sequence:
+                payload["sequence_number"] = self._sequence
+                changed = True
+            self._sequence += 1
+        return _event(str(payload["type"]), payload) if changed else event
+
+    def continue_with(self, payload: JsonObject, answered: list[tuple[Call, str]]) -> None:
+        items = payload["input"]
+        items.extend(self._output)
+        for call, result in answered:
+            items.append({"type": "function_call_output", "call_id": call.id, "output": result})
+        final = self._final.get("response") if self._final else None
+        self._prior = add_usage(
+            self._prior, final.get("usage") if isinstance(final, dict) else None
+        )
+        self._shown += self._shown_now
+        self._round += 1
+
+    def ending(self) -> bytes:
+        if not self._holding or self._final is None:
+            return b""
+        return self._ended(self._final)
+
+
+def _is_recall_item(item: JsonObject) -> bool:
+    return item.get("type") == "function_call" and item.get("name") == NAME
+
+
 def _event(name: str, payload: JsonObject) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
@@ -427,4 +577,6 @@ def stream_for(dialect: str) -> StreamedTurn | None:
         return ChatStream()
     if dialect == "anthropic":
         return AnthropicStream()
+    if dialect == "responses":
+        return ResponsesStream()
     return None

@@ -160,6 +160,38 @@ async def test_the_openai_sdk_gets_one_response_built_on_the_recalled_turn(
     assert response.usage is not None and response.usage.input_tokens == 200
 
 
+async def test_the_openai_sdk_streams_one_response_across_a_recall_round(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start()
+    body = canary_in_responses(responses_body(int(WINDOW * 1.3)))
+    first = await send_responses(client, f"{proxy.url}/s/agent-r/v1/responses", body)
+    assert first.headers["x-compaction-status"] == "applied"
+    await archived(client, proxy, "quasar QX-7781", session="agent-r")
+    model = RecallingModel("quasar QX-7781")
+    script.chat = model
+    sdk = AsyncOpenAI(base_url=f"{proxy.url}/s/agent-r/v1", api_key="sk-client", max_retries=0)
+    try:
+        async with sdk.responses.stream(
+            model=body["model"], input=body["input"], tools=body["tools"],
+            instructions=body.get("instructions"),
+        ) as stream:  # fmt: skip
+            events = [event async for event in stream]
+            response = await stream.get_final_response()
+    finally:
+        await sdk.close()
+    assert model.problems == [] and script.problems == [] and len(model.bodies) == 2
+    kinds = [event.type for event in events]
+    assert kinds.count("response.created") == 1 and kinds.count("response.completed") == 1
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    assert "response.function_call_arguments.delta" not in kinds
+    assert [item.type for item in response.output] == ["message", "message"]
+    assert response.output_text.startswith("Let me check. ") and CANARY in response.output_text
+    assert response.usage is not None and response.usage.input_tokens == 200
+    added = model.bodies[1]["input"][len(model.bodies[0]["input"]) :]
+    assert [item["type"] for item in added] == ["message", "function_call", "function_call_output"]
+
+
 @pytest.fixture
 async def anthropic_setup(start: Any, script: Script, client: Any, upstream: Any) -> Any:
     """A proxy whose session `agent-a` has compacted and archived an Anthropic conversation
