@@ -16,7 +16,7 @@ from proxy.http import keys
 from proxy.recall.tools import TOOL_BYTES
 from tests.fakes.recall import RecallingModel
 from tests.fakes.script import Script
-from tests.fakes.upstream import json_reply
+from tests.fakes.upstream import chat_completion, json_reply
 from tests.proxy.compacting.conftest import WINDOW, conversation_of, post
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
@@ -263,3 +263,22 @@ async def test_the_recall_tool_is_counted_so_the_upstreams_usage_keeps_the_estim
     assert b'"recall"' in script.calls(None)[0].body
     before = [int(r.headers["x-compaction-tokens-before"]) for r in (first, second)]
     assert abs(before[1] - before[0]) <= before[0] * 0.02
+
+
+async def test_an_upstream_refusing_the_tool_gets_the_request_once_more_without_it(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start()
+
+    async def no_tools(request: web.Request) -> web.StreamResponse:
+        if "tools" in await request.json():
+            error = {"message": "tools are not supported by this model", "type": "invalid"}
+            return web.json_response({"error": error}, status=400)
+        return web.json_response(chat_completion("fine"))
+
+    script.chat = no_tools
+    response = await post(client, proxy, conversation_of(int(WINDOW * 1.3)))
+    assert response.status == 200
+    first, retried = (r.json() for r in script.calls(None))
+    assert first["tools"][0]["function"]["name"] == "recall" and "tools" not in retried
+    assert recall_note()[1] not in str(retried)
