@@ -331,7 +331,7 @@ class RecallMetrics:
         )
         self.given_up = Counter(
             "compaction_proxy_recall_given_up",
-            "Recall rounds given up (reason: upstream_error, unreadable, max_rounds).",
+            "Recall rounds given up (reason: upstream_error, unreadable, max_rounds, error).",
             ("reason",),
             registry=r,
         )

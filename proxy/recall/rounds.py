@@ -82,7 +82,13 @@ class RecallRounds:
         usage = response.get("usage")
         if not calls.recall:
             return Followed(first, _once(raw), rewritten=True, usage=_usage(usage))
-        return await self._rounds(first, response, upstream)
+        try:
+            return await self._rounds(first, response, upstream)
+        except Exception:  # fail open: the response as it would have been without recall
+            log.exception("answering a recall call failed; the client gets the response without it")
+            self._metrics.given_up.labels(reason="error").inc()
+            plain = orjson.dumps(self._turns.without_recall(response))
+            return Followed(first, _once(plain), rewritten=True, usage=_usage(usage))
 
     async def _rounds(self, first: Response, response: JsonObject, upstream: Resend) -> Followed:
         turns, metrics = self._turns, self._metrics

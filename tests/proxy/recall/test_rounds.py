@@ -282,3 +282,35 @@ async def test_an_upstream_refusing_the_tool_gets_the_request_once_more_without_
     first, retried = (r.json() for r in script.calls(None))
     assert first["tools"][0]["function"]["name"] == "recall" and "tools" not in retried
     assert recall_note()[1] not in str(retried)
+
+
+class DownArchive:
+    """An archive whose backend is down: every call fails."""
+
+    name = "down"
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def add(self, scope: Any, entries: Any) -> dict[str, int]:
+        raise ConnectionError("archive down")
+
+    async def search(self, session: str, query: str, *, tenant: Any, limit: int) -> Any:
+        raise ConnectionError("archive down")
+
+    async def compactions(self, session: str, *, tenant: Any) -> set[str]:
+        raise ConnectionError("archive down")
+
+
+async def test_an_archive_that_is_down_tells_the_model_and_the_client_gets_its_answer(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start({"archive_backend": DownArchive()})
+    model = RecallingModel("quasar")
+    script.chat = model
+    response, answer = await ask(client, proxy, conversation_of(int(WINDOW * 1.3)))
+    assert response.status == 200 and response.headers["x-compaction-recall-rounds"] == "1"
+    assert "recall is unavailable" in answer["choices"][0]["message"]["content"]
