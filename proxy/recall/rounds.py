@@ -174,13 +174,18 @@ class RecallRounds:
         assert isinstance(current, _Current)
         payload: JsonObject | None = None
         room = self._budget.room_tokens
-        rounds, proxy_s = 0, 0.0
+        rounds, tokens, proxy_s = 0, 0, 0.0
         while True:
             async for event in read_events(upstream.chunks(current.response)):
                 sent = turn.read(event)
                 if sent:
                     yield sent
             followed.usage = _usage(turn.usage)
+            if rounds:
+                spent_in, spent_out = _tokens(turn.spent)
+                self._metrics.tokens.labels(kind="input").inc(spent_in)
+                self._metrics.tokens.labels(kind="output").inc(spent_out)
+                tokens += spent_in + spent_out
             recall = turn.recall
             if not recall or turn.others or rounds >= self._budget.max_rounds:
                 if recall and not turn.others:
@@ -216,7 +221,11 @@ class RecallRounds:
         ending = turn.ending()
         if ending:
             yield ending
-        followed.headers = {ROUNDS: str(rounds), PROXY_MS: f"{proxy_s * 1000:.3f}"}
+        followed.headers = {
+            ROUNDS: str(rounds),
+            TOKENS: str(tokens),
+            PROXY_MS: f"{proxy_s * 1000:.3f}",
+        }
 
     async def _send(self, upstream: Resend, body: bytes) -> tuple[Response, bytes] | str:
         """The next response and its body, or why the round is given up."""

@@ -68,6 +68,11 @@ class StreamedTurn(Protocol):
         """The first response's usage (calibration), None until seen."""
         ...
 
+    @property
+    def spent(self) -> object:
+        """The usage of the response being read (a round's cost), None until seen."""
+        ...
+
     def read(self, event: bytes) -> bytes | None: ...
 
     def begin(self) -> None: ...
@@ -120,6 +125,10 @@ class ChatStream:
     @property
     def usage(self) -> object:
         return self._first_usage
+
+    @property
+    def spent(self) -> object:
+        return self._usage
 
     def read(self, event: bytes) -> bytes | None:
         data = event_data(event)
@@ -290,6 +299,10 @@ class AnthropicStream:
     def usage(self) -> object:
         return self._first_usage
 
+    @property
+    def spent(self) -> object:
+        return self._usage
+
     def read(self, event: bytes) -> bytes | None:
         data = event_data(event)
         try:
@@ -448,6 +461,7 @@ class ResponsesStream:
         self._holding = False
         self._final: JsonObject | None = None
         self._output: list[JsonObject] = []
+        self._spent: object = None
 
     @property
     def recall(self) -> list[Call]:
@@ -464,6 +478,10 @@ class ResponsesStream:
     @property
     def usage(self) -> object:
         return self._first_usage
+
+    @property
+    def spent(self) -> object:
+        return self._spent
 
     def read(self, event: bytes) -> bytes | None:
         data = event_data(event)
@@ -514,8 +532,9 @@ class ResponsesStream:
         response = payload.get("response")
         if not isinstance(response, dict):
             return self._renumbered(event, payload, changed=False)
+        self._spent = response.get("usage")
         if self._first_usage is None:
-            self._first_usage = response.get("usage")
+            self._first_usage = self._spent
         # Its own output as the upstream completed it (reasoning items' encrypted content too).
         output = response.get("output")
         if isinstance(output, list):

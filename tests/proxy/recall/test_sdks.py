@@ -10,6 +10,7 @@ import pytest
 from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
+from proxy.http import keys
 from tests.fakes.recall import RecallingModel
 from tests.fakes.script import Script
 from tests.proxy.compacting.conftest import WINDOW, conversation_of
@@ -60,7 +61,7 @@ async def test_the_openai_sdk_gets_one_answer_built_on_the_recalled_turn(
 async def test_the_openai_sdk_streams_one_answer_across_a_recall_round(
     setup: Any, script: Script, include_usage: bool
 ) -> None:
-    _, messages, sdk = setup
+    proxy, messages, sdk = setup
     model = RecallingModel("quasar QX-7781")
     script.chat = model
     options: Any = {"stream_options": {"include_usage": True}} if include_usage else {}
@@ -81,6 +82,9 @@ async def test_the_openai_sdk_streams_one_answer_across_a_recall_round(
         assert len(usages) == 1 and usages[0].total_tokens == 210
     else:
         assert usages == []
+    # The session's timeline says the round, and what it cost when the upstream said so.
+    line = proxy.app[keys.RECORDS].timeline("agent-1")[-1]
+    assert (line["recall_rounds"], line["recall_tokens"]) == (1, 105 if include_usage else 0)
 
 
 async def test_a_streamed_recall_call_beside_the_clients_own_streams_the_clients_only(
