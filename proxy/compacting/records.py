@@ -248,6 +248,17 @@ def record_compaction(
         metrics.tokens_saved.inc(max(0, result.tokens_before - result.tokens_after))
     verification = result.verification
     texts = records.preview_chars > 0  # 0: what conversations say stays out of /admin
+    receipt = {  # the dashboard's receipt, and the log line's
+        "summary": result.summary_text[:RECEIPT_SUMMARY_CHARS] if texts else "",
+        "memory_written": [
+            {
+                "type": item.type,
+                "content": item.content[:RECEIPT_PREVIEW_CHARS] if texts else "",
+            }
+            for item in result.memory_items[:RECEIPT_MEMORY_ITEMS]
+        ],
+        "diff": describe_diff(view.messages, result, texts=texts),
+    }
     records.add_record(
         request.session_id,
         {
@@ -280,15 +291,7 @@ def record_compaction(
             "waited": waited,
             "duration_ms": round(result.duration_s * 1000, 1),
             "errors": list(result.errors),
-            "summary": result.summary_text[:RECEIPT_SUMMARY_CHARS] if texts else "",
-            "memory_written": [
-                {
-                    "type": item.type,
-                    "content": item.content[:RECEIPT_PREVIEW_CHARS] if texts else "",
-                }
-                for item in result.memory_items[:RECEIPT_MEMORY_ITEMS]
-            ],
-            "diff": describe_diff(view.messages, result, texts=texts),
+            **receipt,
         },
     )
     # A summarizer that failed (the compaction fell back) is a warning, with why.
@@ -304,15 +307,7 @@ def record_compaction(
             "compaction_id": result.compaction_id,
             "waited": waited,
             "errors": list(result.errors),
-            "summary": result.summary_text[:RECEIPT_SUMMARY_CHARS] if texts else "",
-            "memory_written": [
-                {
-                    "type": item.type,
-                    "content": item.content[:RECEIPT_PREVIEW_CHARS] if texts else "",
-                }
-                for item in result.memory_items[:RECEIPT_MEMORY_ITEMS]
-            ],
-            "diff": describe_diff(view.messages, result, texts=texts),
+            **receipt,
         },
     )
 
