@@ -60,7 +60,7 @@ from compaction.messages import (
 )
 from compaction.offload import Inline, JsonArray, Offload, OffloadLost
 from compaction.settings import CompactionSettings
-from compaction.summarize import is_substantive, summary_message, summary_text
+from compaction.summarize import is_substantive, recall_note, summary_message, summary_text
 from compaction.tokens import REPLY_PRIMING_TOKENS, HeuristicEstimator, estimate_request
 from compaction.transcript import render_transcript
 from compaction.types import (
@@ -140,6 +140,7 @@ __all__ = [
     "plan_key",
     "prefix_digests",
     "read_items",
+    "recall_note",
     "render_transcript",
     "strip_injected",
     "summary_message",
