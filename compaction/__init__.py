@@ -59,7 +59,7 @@ from compaction.messages import (
 )
 from compaction.offload import Inline, JsonArray, Offload, OffloadLost
 from compaction.settings import CompactionSettings
-from compaction.summarize import is_substantive, summary_message, summary_text
+from compaction.summarize import is_substantive, recall_note, summary_message, summary_text
 from compaction.tokens import REPLY_PRIMING_TOKENS, HeuristicEstimator, estimate_request
 from compaction.transcript import render_transcript
 from compaction.types import (
@@ -137,6 +137,7 @@ __all__ = [
     "plan_key",
     "prefix_digests",
     "read_items",
+    "recall_note",
     "render_transcript",
     "summary_message",
     "summary_text",

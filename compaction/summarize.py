@@ -30,6 +30,7 @@ __all__ = [
     "is_substantive",
     "load_prompt",
     "message_text",
+    "recall_note",
     "summary_message",
     "summary_text",
     "unwrap_summary",
@@ -78,13 +79,28 @@ def build_memory_request(transcript: str, *, cjk: bool) -> list[Message]:
 
 
 @cache
-def _framing() -> tuple[str, str]:
-    """The framing text before and after the summary body."""
-    framed = Template(load_prompt("framing")).safe_substitute(marker=SUMMARY_MARKER)
+def _framing(recall: bool = False) -> tuple[str, str]:
+    """The framing text before and after the summary body; `recall`: with the line saying that
+    the folded turns can be recalled (see recall_note)."""
+    note = f"{load_prompt('recall_note')}\n" if recall else ""
+    framed = Template(load_prompt("framing")).safe_substitute(marker=SUMMARY_MARKER, recall=note)
     before, after = framed.split("$summary", 1)
     if not before.startswith(SUMMARY_MARKER):
         raise ValueError("framing.md must start with the summary marker")
     return before, after
+
+
+@cache
+def recall_note() -> tuple[str, str]:
+    """(anchor, line): in a summary message's framing, the one line telling the model that the
+    folded turns can be recalled with the `recall` tool goes right after `anchor` (the end of
+    the framing's line before it). The proxy adds it to the summary of a request that carries
+    that tool; a summary without it is the framing as without recall, byte for byte."""
+    plain, _ = _framing()
+    with_note, _ = _framing(recall=True)
+    at = next(i for i, (a, b) in enumerate(zip(plain, with_note, strict=False)) if a != b)
+    line = with_note[at : at + len(with_note) - len(plain)]
+    return plain[max(0, at - 48) : at], line
 
 
 def summary_message(text: str, shape: Shape = CHAT) -> Any:
@@ -102,6 +118,7 @@ def summary_text(message: Any, shape: Shape = CHAT) -> str:
         return ""
     content = shape.read(message).text
     before, after = _framing()
+    content = content.replace(recall_note()[1], "", 1)
     if content.startswith(before) and content.endswith(after):
         return content[len(before) : len(content) - len(after)].strip()
     return content[len(SUMMARY_MARKER) :].strip()

@@ -24,6 +24,7 @@ from proxy.http.upstream import Upstream
 from proxy.interception import Hook
 from proxy.loop_lag import watch_loop_lag
 from proxy.metrics import Metrics
+from proxy.recall import Recall
 from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks
 
@@ -82,6 +83,14 @@ def create_app(
             offload=app[WORKERS],
             archiving=Archiving(app[keys.ARCHIVE], app[keys.METRICS].archive, app[keys.TASKS])
             if settings.archive.enabled
+            else None,
+            recall=Recall(
+                app[keys.ARCHIVE],
+                settings.memory.dir,
+                settings.compaction.recall_max_rounds,
+                app[keys.METRICS].recall,
+            )
+            if settings.compaction.recall == "on" and settings.compaction.recall_max_rounds
             else None,
         )
         replacements = Replacements(store=store or state, state=state, llm_for=llm_for)

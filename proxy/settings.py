@@ -144,12 +144,19 @@ class CompactionSection(_Section):
     worker_timeout_s: float = Field(default=60, gt=0)
     strict_alternation: bool = _LIBRARY.strict_alternation
     pinned_ratio: float = Field(default=_LIBRARY.pinned_ratio, ge=0, lt=1)
+    recall: Literal["on", "off"] = "on"
+    """on: a compacted request carries the `recall` tool (proxy.recall), answered by the proxy
+    from the session's archive and memory items; off: compacted requests as without recall."""
+    recall_max_rounds: int = Field(default=3, ge=0, le=20)
+    """Upstream calls answered with a recall per client request at most (0: like `off`)."""
 
-    @field_validator("mode", mode="before")
+    @field_validator("mode", "recall", mode="before")
     @classmethod
     def _on_is_a_word(cls, value: object) -> object:
-        # YAML 1.1 reads a bare `on` as true.
-        return "on" if value is True else value
+        # YAML 1.1 reads a bare `on` as true, a bare `off` as false.
+        if value is True:
+            return "on"
+        return "off" if value is False else value
 
     @field_validator("target_ratio")
     @classmethod

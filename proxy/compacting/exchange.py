@@ -16,8 +16,9 @@ from proxy.compacting.conversations import Conversations
 from proxy.compacting.history import ListHistory
 from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.request import Decision, ParsedRequest
-from proxy.interception import Exchange, Passthrough
+from proxy.interception import Exchange, Followup, Passthrough
 from proxy.metrics import CompactionMetrics
+from proxy.recall import Recall
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +62,29 @@ class CompactedExchange:
         self._learned = learned
         self._metrics = metrics
         self._retried = False
+        self._recall: Recall | None = None
+        self._followup: Followup | None = None
 
     @property
     def body(self) -> bytes:
         return self._body
+
+    @property
+    def followup(self) -> Followup | None:
+        return self._followup
+
+    def offer_recall(self, recall: Recall) -> None:
+        """Send the request with the recall tool (proxy.recall), and answer its calls; a retry
+        carries it too."""
+        self._recall = recall
+        self._equip()
+
+    def _equip(self) -> None:
+        if self._recall is None:
+            return
+        equipped = self._recall.equip(self._request, self._body, self._tokens)
+        if equipped is not None:
+            self._body, self._followup = equipped
 
     @property
     def headers(self) -> Mapping[str, str]:
@@ -115,11 +135,12 @@ class CompactedExchange:
         self._request, self._tokens, self._body = harder, decision.tokens_after, retry
         self._headers = describe(harder, decision)  # the headers tell what went out last
         self._retried = True
+        self._equip()
         log.info(
             "upstream reported a context overflow; retrying once compacted",
             extra={"session": request.session_id, "tokens_after": decision.tokens_after},
         )
-        return retry
+        return self._body
 
     @property
     def tokens_before(self) -> int:
@@ -147,6 +168,7 @@ class ShadowExchange:
     original's estimate, and an error is relayed: nothing is retried in shadow."""
 
     wants_usage = True
+    followup = None
 
     def __init__(self, computed: CompactedExchange, original: bytes) -> None:
         self._computed = computed
@@ -213,6 +235,10 @@ class UnparsedExchange:
     @property
     def wants_usage(self) -> bool:
         return self._current.wants_usage
+
+    @property
+    def followup(self) -> Followup | None:
+        return self._current.followup
 
     async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
         if not isinstance(self._current, Passthrough):
