@@ -51,6 +51,14 @@ _TABLE = (
     "CREATE TABLE IF NOT EXISTS archive_sizes (session TEXT NOT NULL, tenant TEXT NOT NULL,"
     " bytes INTEGER NOT NULL, PRIMARY KEY (session, tenant))",
 )
+# The compactions whose turns each scope archived (read at every recall: listing them from the
+# turns read every turn of the session). A file from before it gets it filled once.
+_COMPACTIONS = (
+    "CREATE TABLE archive_compactions (session TEXT NOT NULL, tenant TEXT NOT NULL,"
+    " compaction_id TEXT NOT NULL, PRIMARY KEY (session, tenant, compaction_id)) WITHOUT ROWID",
+    "INSERT OR IGNORE INTO archive_compactions"
+    " SELECT DISTINCT session, tenant, compaction_id FROM archive",
+)
 _INDEX = (
     "CREATE VIRTUAL TABLE IF NOT EXISTS archive_fts USING fts5(text,"
     " content='archive', content_rowid='id', tokenize='unicode61 remove_diacritics 2')"
@@ -164,6 +172,11 @@ class SqliteArchive:
             connection.execute("PRAGMA busy_timeout=5000")
             for statement in _TABLE:
                 connection.execute(statement)
+            if not connection.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = 'archive_compactions'"
+            ).fetchone():
+                for statement in _COMPACTIONS:
+                    connection.execute(statement)
             if self._want_full_text:
                 try:
                     connection.execute(_INDEX)
@@ -241,6 +254,11 @@ class SqliteArchive:
                         "INSERT INTO archive_fts (rowid, text) VALUES (?, ?)",
                         (cursor.lastrowid, entry.text),
                     )
+            db.executemany(
+                "INSERT OR IGNORE INTO archive_compactions (session, tenant, compaction_id)"
+                " VALUES (?, ?, ?)",
+                {(scope.session, scope.tenant, entry.compaction_id) for entry in entries},
+            )
             db.execute(
                 "INSERT INTO archive_sizes (session, tenant, bytes) VALUES (?, ?, ?)"
                 " ON CONFLICT (session, tenant) DO UPDATE SET bytes = bytes + excluded.bytes",
@@ -305,9 +323,12 @@ class SqliteArchive:
         terms = query_terms(query)
         if not terms:
             return []
+        return await self._run(lambda: self._found(session, tenant, terms, limit))
+
+    def _found(self, session: str, tenant: str | None, terms: list[str], limit: int) -> list[Found]:
         if self.full_text:
-            return await self._run(lambda: self._match(session, tenant, terms, limit))
-        return await self._run(lambda: self._scan(session, tenant, terms, limit))
+            return self._match(session, tenant, terms, limit)
+        return self._scan(session, tenant, terms, limit)
 
     def _match(self, session: str, tenant: str | None, terms: list[str], limit: int) -> list[Found]:
         """The newest turns holding every term; when none does, those holding the most. The
@@ -364,15 +385,25 @@ class SqliteArchive:
         scored.sort(key=lambda found: (-found.score, -(found.index or 0)))
         return scored[:limit]
 
+    async def find(
+        self, session: str, query: str, *, tenant: str | None, limit: int
+    ) -> tuple[list[Found], set[str] | None]:
+        terms = query_terms(query)
+
+        def both() -> tuple[list[Found], set[str] | None]:
+            found = self._found(session, tenant, terms, limit) if terms else []
+            return found, None if tenant is None else self._compactions(session, tenant)
+
+        return await self._run(both)
+
     async def compactions(self, session: str, *, tenant: str | None) -> set[str]:
+        return await self._run(lambda: self._compactions(session, tenant))
+
+    def _compactions(self, session: str, tenant: str | None) -> set[str]:
         where = "session = ?" + ("" if tenant is None else " AND tenant = ?")
         params = (session,) if tenant is None else (session, tenant)
-        rows = await self._run(
-            lambda: (
-                self._db()
-                .execute(f"SELECT DISTINCT compaction_id FROM archive WHERE {where}", params)
-                .fetchall()
-            )
+        rows = self._db().execute(
+            f"SELECT compaction_id FROM archive_compactions WHERE {where}", params
         )
         return {compaction_id for (compaction_id,) in rows}
 

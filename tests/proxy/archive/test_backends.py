@@ -134,3 +134,16 @@ async def test_when_no_turn_holds_every_word_the_one_holding_most_ranks_first(
     )
     found = await archive.search("agent-1", "budget cap exceeding rule", tenant=None, limit=2)
     assert found[0].index == 1 and found[0].score > found[1].score
+
+
+async def test_find_gives_the_search_and_the_credentials_compactions_at_once(
+    make_archive: MakeArchive,
+) -> None:
+    archive = make_archive()
+    await archive.open()
+    await archive.add(ALICE, [entry(1, "alice AZURE42", compaction_id="ca")])
+    await archive.add(MALLORY, [entry(1, "mallory AZURE42", compaction_id="cm")])
+    found, compactions = await archive.find("agent-1", "AZURE42", tenant=ALICE.tenant, limit=5)
+    assert [item.text for item in found] == ["alice AZURE42"] and compactions == {"ca"}
+    found, compactions = await archive.find("agent-1", "AZURE42", tenant=None, limit=5)
+    assert len(found) == 2 and compactions is None

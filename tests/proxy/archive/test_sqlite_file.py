@@ -106,3 +106,17 @@ async def test_among_turns_holding_every_word_the_newest_comes_first(tmp_path: P
     await archive.add(ALICE, [entry(i, f"deploy region was eu-west-{i}") for i in range(1, 30)])
     found = await archive.search("agent-1", "deploy region", tenant=ALICE.tenant, limit=3)
     assert [item.index for item in found] == [29, 28, 27]
+
+
+async def test_a_file_from_before_the_compactions_table_gets_it_filled(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite3"
+    archive = _archive(path)
+    await archive.open()
+    await archive.add(ALICE, [entry(1, "older turn", compaction_id="c-old")])
+    await archive.close()
+    with sqlite3.connect(path) as connection:
+        connection.execute("DROP TABLE archive_compactions")
+    again = _archive(path)
+    await again.open()
+    assert await again.compactions("agent-1", tenant=ALICE.tenant) == {"c-old"}
+    await again.close()
