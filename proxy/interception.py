@@ -26,12 +26,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from multidict import CIMultiDictProxy
-
-if TYPE_CHECKING:
-    from proxy.http.upstream import Response
 
 Usage = dict[str, object]
 """A response's `usage` object as the upstream sent it (its fields differ by API)."""
@@ -82,6 +79,26 @@ class Exchange(Protocol):
     def observe(self, status: int, usage: Usage | None) -> None:
         """`usage` is the response's `usage` object when it was cheap to find, else None."""
         ...
+
+
+class Body(Protocol):
+    async def readany(self) -> bytes: ...
+
+
+class Response(Protocol):
+    """An upstream response as the relay and a followup read it: aiohttp's ClientResponse or
+    the wire client's (proxy.http.upstream)."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def headers(self) -> CIMultiDictProxy[str]: ...
+    @property
+    def content(self) -> Body: ...
+    def release(self) -> object: ...
+    def close(self) -> None: ...
 
 
 class Resend(Protocol):

@@ -261,6 +261,12 @@ class CompactionMetrics:
             "Context-length errors from the upstream answered by compacting and retrying once.",
             registry=r,
         )
+        self.recall_refused = Counter(
+            "compaction_proxy_recall_refused",
+            "Compacted requests the upstream refused (400) with the recall tool, retried once "
+            "without it.",
+            registry=r,
+        )
         self.tokens_saved = Counter(
             "compaction_proxy_tokens_saved",
             "Estimated prompt tokens removed by compactions (each compaction counted once).",
@@ -325,7 +331,7 @@ class RecallMetrics:
         )
         self.given_up = Counter(
             "compaction_proxy_recall_given_up",
-            "Recall rounds given up (reason: upstream_error, unreadable, max_rounds).",
+            "Recall rounds given up (reason: upstream_error, unreadable, max_rounds, error).",
             ("reason",),
             registry=r,
         )

@@ -64,6 +64,8 @@ class CompactedExchange:
         self._retried = False
         self._recall: Recall | None = None
         self._followup: Followup | None = None
+        self._plain: tuple[bytes, int] | None = None
+        """The body and estimate before the recall tool was added."""
 
     @property
     def body(self) -> bytes:
@@ -84,7 +86,23 @@ class CompactedExchange:
             return
         equipped = self._recall.equip(self._request, self._body, self._tokens)
         if equipped is not None:
-            self._body, self._followup = equipped
+            self._plain = (self._body, self._tokens)
+            self._body, self._followup = equipped.body, equipped.rounds
+            self._tokens += equipped.added_tokens
+
+    def _without_recall(self, status: int) -> bytes | None:
+        """The request without the recall tool, after an upstream refused it with a 400 that is
+        not about its length (a backend without tool calling): once, and never again for it."""
+        if status != 400 or self._followup is None or self._plain is None:
+            return None
+        (self._body, self._tokens), self._followup = self._plain, None
+        self._recall, self._retried = None, True
+        self._metrics.recall_refused.inc()
+        log.info(
+            "upstream refused the request with the recall tool; retrying once without it",
+            extra={"session": self._request.session_id},
+        )
+        return self._body
 
     @property
     def headers(self) -> Mapping[str, str]:
@@ -99,7 +117,7 @@ class CompactedExchange:
             return None
         overflow = parse_overflow(status, body)
         if overflow is None:
-            return None
+            return self._without_recall(status)
         if self._full is not None:
             self._request, self._full = await self._full(), None
         request = self._request

@@ -23,8 +23,7 @@ from dataclasses import dataclass
 import orjson
 
 from proxy.errors import ProxyError, UpstreamStreamCut
-from proxy.http.upstream import Body, Response
-from proxy.interception import Followed, Resend
+from proxy.interception import Body, Followed, Resend, Response
 from proxy.metrics import RecallMetrics
 from proxy.recall.answers import CHARS_PER_TOKEN, Answers
 from proxy.recall.streams import StreamedTurn, read_events, stream_for
@@ -83,7 +82,13 @@ class RecallRounds:
         usage = response.get("usage")
         if not calls.recall:
             return Followed(first, _once(raw), rewritten=True, usage=_usage(usage))
-        return await self._rounds(first, response, upstream)
+        try:
+            return await self._rounds(first, response, upstream)
+        except Exception:  # fail open: the response as it would have been without recall
+            log.exception("answering a recall call failed; the client gets the response without it")
+            self._metrics.given_up.labels(reason="error").inc()
+            plain = orjson.dumps(self._turns.without_recall(response))
+            return Followed(first, _once(plain), rewritten=True, usage=_usage(usage))
 
     async def _rounds(self, first: Response, response: JsonObject, upstream: Resend) -> Followed:
         turns, metrics = self._turns, self._metrics
@@ -169,13 +174,18 @@ class RecallRounds:
         assert isinstance(current, _Current)
         payload: JsonObject | None = None
         room = self._budget.room_tokens
-        rounds, proxy_s = 0, 0.0
+        rounds, tokens, proxy_s = 0, 0, 0.0
         while True:
             async for event in read_events(upstream.chunks(current.response)):
                 sent = turn.read(event)
                 if sent:
                     yield sent
             followed.usage = _usage(turn.usage)
+            if rounds:
+                spent_in, spent_out = _tokens(turn.spent)
+                self._metrics.tokens.labels(kind="input").inc(spent_in)
+                self._metrics.tokens.labels(kind="output").inc(spent_out)
+                tokens += spent_in + spent_out
             recall = turn.recall
             if not recall or turn.others or rounds >= self._budget.max_rounds:
                 if recall and not turn.others:
@@ -211,7 +221,11 @@ class RecallRounds:
         ending = turn.ending()
         if ending:
             yield ending
-        followed.headers = {ROUNDS: str(rounds), PROXY_MS: f"{proxy_s * 1000:.3f}"}
+        followed.headers = {
+            ROUNDS: str(rounds),
+            TOKENS: str(tokens),
+            PROXY_MS: f"{proxy_s * 1000:.3f}",
+        }
 
     async def _send(self, upstream: Resend, body: bytes) -> tuple[Response, bytes] | str:
         """The next response and its body, or why the round is given up."""

@@ -96,6 +96,11 @@ def has_own_recall(payload: Mapping[str, object]) -> bool:
     return False
 
 
+def added_text(dialect: str) -> str:
+    """What equipping adds to a request of `dialect`: the tool and the summary's line."""
+    return TOOL_BYTES[dialect].decode() + recall_note()[1]
+
+
 def equip(body: bytes, payload: Mapping[str, object], dialect: str) -> bytes | None:
     """The compacted request `body` (its fields, list aside, those of `payload`, in order) with
     the recall tool after the client's tools and the recall line in its summary; None when

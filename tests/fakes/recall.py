@@ -11,14 +11,17 @@ in `problems`.
 
 from __future__ import annotations
 
-from typing import Any
-
 import itertools
+from typing import Any
 
 import orjson
 from aiohttp import web
 
-from tests.fakes.apis import anthropic_message, responses_object
+from tests.fakes.apis import (
+    anthropic_events,
+    anthropic_message,
+    responses_object,
+)
 from tests.fakes.upstream import chat_completion
 
 RECALL = "recall"
@@ -131,12 +134,59 @@ class RecallingModel:
             return web.json_response(self._call(request.path, len(found) + 1))
         return web.json_response(_text(request.path, _answer(found)))
 
+    def _anthropic_call_events(self, number: int) -> list[bytes]:
+        start = {**anthropic_message(input_tokens=100), "stop_reason": None}
+        start["usage"] = {**start["usage"], "output_tokens": 1}
+        events: list[Any] = [
+            {"type": "message_start", "message": start},
+            {"type": "content_block_start", "index": 0,
+             "content_block": {"type": "text", "text": ""}},
+            {"type": "content_block_delta", "index": 0,
+             "delta": {"type": "text_delta", "text": "Let me check. "}},
+            {"type": "content_block_stop", "index": 0},
+        ]  # fmt: skip
+        uses = [(f"toolu_r{number}", RECALL, orjson.dumps({"query": self.query}).decode())]
+        uses += [
+            (f"toolu_own{number}", name, args) for name, args in ([self.also] if self.also else [])
+        ]
+        for index, (use_id, name, args) in enumerate(uses, start=1):
+            block = {"type": "tool_use", "id": use_id, "name": name, "input": {}}
+            half = len(args) // 2
+            events.append({"type": "content_block_start", "index": index, "content_block": block})
+            for piece in (args[:half], args[half:]):
+                delta = {"type": "input_json_delta", "partial_json": piece}
+                events.append({"type": "content_block_delta", "index": index, "delta": delta})
+            events.append({"type": "content_block_stop", "index": index})
+        events += [
+            {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+             "usage": {"output_tokens": 5}},
+            {"type": "message_stop"},
+        ]  # fmt: skip
+        return [
+            b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n"
+            for e in events
+        ]
+
+    def _responses_call_events(self, number: int) -> list[bytes]:
+        arguments = orjson.dumps({"query": self.query}).decode()
+        own = [self.also] if self.also else []
+        calls = [(f"call_r{number}", RECALL, arguments)]
+        calls += [(f"call_own{number}", name, args) for name, args in own]
+        return _responses_events(responses_object("Let me check. ", calls=calls, input_tokens=100))
+
     def _call_events(self, path: str, number: int, usage: bool) -> list[bytes]:
+        if path.endswith("/messages"):
+            return self._anthropic_call_events(number)
+        if path.endswith("/responses"):
+            return self._responses_call_events(number)
         if not path.endswith("/chat/completions"):
             raise NotImplementedError(path)
         arguments = orjson.dumps({"query": self.query}).decode()
         own = [self.also] if self.also else []
-        chunks = [_chunk({"role": "assistant", "content": ""}), _chunk({"content": "Let me check. "})]
+        chunks = [
+            _chunk({"role": "assistant", "content": ""}),
+            _chunk({"content": "Let me check. "}),
+        ]
         names = [(f"call_r{number}", RECALL, arguments)]
         names += [(f"call_own{number}", name, args) for name, args in own]
         for index, (call_id, name, args) in enumerate(names):
@@ -213,6 +263,10 @@ def _sse(chunks: list[Any], usage: bool) -> list[bytes]:
 
 
 def _text_events(path: str, text: str, usage: bool) -> list[bytes]:
+    if path.endswith("/messages"):
+        return anthropic_events(text, input_tokens=100)
+    if path.endswith("/responses"):
+        return _responses_events(responses_object(text, input_tokens=100))
     if not path.endswith("/chat/completions"):
         raise NotImplementedError(path)
     half = len(text) // 2
@@ -228,3 +282,49 @@ async def _stream(request: web.Request, events: list[bytes]) -> web.StreamRespon
         await response.write(event)
     await response.write_eof()
     return response
+
+
+def _responses_events(done: dict[str, Any]) -> list[bytes]:
+    """The events of a streamed Responses `done` (its ids made unique, as a real upstream's)."""
+    number = next(_ids)
+    done["id"] = f"resp_{number}"
+    started = {**done, "status": "in_progress", "output": [], "usage": None}
+    events: list[Any] = [
+        {"type": "response.created", "response": started},
+        {"type": "response.in_progress", "response": started},
+    ]
+    for index, item in enumerate(done["output"]):
+        if item["type"] == "message":
+            item["id"] = f"msg_{number}"
+            part = {"type": "output_text", "text": "", "annotations": []}
+            text = item["content"][0]["text"]
+            events += [
+                {"type": "response.output_item.added", "output_index": index,
+                 "item": {**item, "status": "in_progress", "content": []}},
+                {"type": "response.content_part.added", "item_id": item["id"],
+                 "output_index": index, "content_index": 0, "part": part},
+                {"type": "response.output_text.delta", "item_id": item["id"],
+                 "output_index": index, "content_index": 0, "delta": text, "logprobs": []},
+                {"type": "response.content_part.done", "item_id": item["id"],
+                 "output_index": index, "content_index": 0, "part": {**part, "text": text}},
+            ]  # fmt: skip
+        else:
+            item["id"] = f"fc_{item['call_id']}"
+            args = item["arguments"]
+            half = len(args) // 2
+            events.append(
+                {"type": "response.output_item.added", "output_index": index,
+                 "item": {**item, "status": "in_progress", "arguments": ""}}
+            )  # fmt: skip
+            for piece in (args[:half], args[half:]):
+                events.append(
+                    {"type": "response.function_call_arguments.delta", "item_id": item["id"],
+                     "output_index": index, "delta": piece}
+                )  # fmt: skip
+        events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+    events.append({"type": "response.completed", "response": done})
+    for sequence, event in enumerate(events):
+        event["sequence_number"] = sequence
+    return [
+        b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events
+    ]

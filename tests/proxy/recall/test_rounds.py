@@ -16,7 +16,7 @@ from proxy.http import keys
 from proxy.recall.tools import TOOL_BYTES
 from tests.fakes.recall import RecallingModel
 from tests.fakes.script import Script
-from tests.fakes.upstream import json_reply
+from tests.fakes.upstream import chat_completion, json_reply
 from tests.proxy.compacting.conftest import WINDOW, conversation_of, post
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
@@ -36,7 +36,8 @@ async def archived(client: Any, proxy: Any, query: str, session: str = "agent-1"
         async with client.get(
             f"{proxy.url}/admin/sessions/{session}/archive", params={"q": query}, headers=ADMIN
         ) as response:
-            if (await response.json())["results"]:
+            # The turn itself (a memory item may land first, and is scoped by the archive).
+            if any(item["kind"] != "memory" for item in (await response.json())["results"]):
                 return
         await asyncio.sleep(0.02)
     raise AssertionError(f"nothing archived matches {query!r}")
@@ -247,3 +248,69 @@ async def test_nothing_of_another_credential_or_session_is_recalled(
         assert response.headers["x-compaction-status"] == "applied"
         result = model.bodies[-1]["messages"][-1]["content"]
         assert CANARY not in result and "Nothing earlier matches" in result
+
+
+async def test_the_recall_tool_is_counted_so_the_upstreams_usage_keeps_the_estimates_true(
+    start: Any, script: Script, client: Any
+) -> None:
+    # The scripted upstream reports the tokens of what it was sent, the recall tool included;
+    # were the tool not counted, the calibration would read an under-count and inflate the next
+    # estimate of the same conversation.
+    proxy = await start()
+    messages = conversation_of(int(WINDOW * 1.3))
+    first = await post(client, proxy, messages, session="s1")
+    second = await post(client, proxy, messages, session="s2")
+    assert b'"recall"' in script.calls(None)[0].body
+    before = [int(r.headers["x-compaction-tokens-before"]) for r in (first, second)]
+    assert abs(before[1] - before[0]) <= before[0] * 0.02
+
+
+async def test_an_upstream_refusing_the_tool_gets_the_request_once_more_without_it(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start()
+
+    async def no_tools(request: web.Request) -> web.StreamResponse:
+        if "tools" in await request.json():
+            error = {"message": "tools are not supported by this model", "type": "invalid"}
+            return web.json_response({"error": error}, status=400)
+        return web.json_response(chat_completion("fine"))
+
+    script.chat = no_tools
+    response = await post(client, proxy, conversation_of(int(WINDOW * 1.3)))
+    assert response.status == 200
+    first, retried = (r.json() for r in script.calls(None))
+    assert first["tools"][0]["function"]["name"] == "recall" and "tools" not in retried
+    assert recall_note()[1] not in str(retried)
+
+
+class DownArchive:
+    """An archive whose backend is down: every call fails."""
+
+    name = "down"
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def add(self, scope: Any, entries: Any) -> dict[str, int]:
+        raise ConnectionError("archive down")
+
+    async def search(self, session: str, query: str, *, tenant: Any, limit: int) -> Any:
+        raise ConnectionError("archive down")
+
+    async def compactions(self, session: str, *, tenant: Any) -> set[str]:
+        raise ConnectionError("archive down")
+
+
+async def test_an_archive_that_is_down_tells_the_model_and_the_client_gets_its_answer(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start({"archive_backend": DownArchive()})
+    model = RecallingModel("quasar")
+    script.chat = model
+    response, answer = await ask(client, proxy, conversation_of(int(WINDOW * 1.3)))
+    assert response.status == 200 and response.headers["x-compaction-recall-rounds"] == "1"
+    assert "recall is unavailable" in answer["choices"][0]["message"]["content"]
