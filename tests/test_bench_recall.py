@@ -1,7 +1,7 @@
 """bench.recall in a small configuration, so its figure cannot rot silently: the kit's canaries of
-one session grown 4 windows at 8k through the proxy, asked whole and streamed, in each dialect
-the recall tool is offered in; at least 99% answered right with recall, and no recall call ever
-reaches the client. The same questions without recall (the figure beside it) stay below."""
+one session grown 4 windows at 8k through the proxy, asked whole and streamed in each dialect; at
+least 99% answered right with recall, and no recall call ever reaches the client. The same
+questions without recall (the figure beside it) stay below."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from bench.fake_model import Turns, decide, key_terms
 from bench.recall import Results, measure, parse, share
 from bench.recall import build_cases as build
 
-# Whole responses in every dialect, and chat streams: where proxy.recall answers the model's
-# call today (Responses and Anthropic streams go out without the tool until it handles them).
-OFFERED = [("chat", False), ("chat", True), ("responses", False), ("anthropic", False)]
+OFFERED = [(dialect, stream) for dialect in ("chat", "responses", "anthropic")
+           for stream in (False, True)]  # fmt: skip
 
 
 @pytest.mark.timeout(150)  # ~15 s alone; a loaded CI machine takes several times that
