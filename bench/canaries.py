@@ -20,6 +20,9 @@ a canary survives when every probe that applies to it passes.
 Summarizers: none (the library's code-built summary), generic (answers one generic sentence and
 an empty memory list), extractive (copies the start of what it was shown, up to its answer
 budget). Printed: survival per canary type and summarizer at each growth mark, and all types.
+
+`--http`: the same replay through the proxy over HTTP, in front of a fake upstream on loopback,
+in each of `--dialects` (chat, responses, anthropic): see bench/canaries_http.py.
 """
 
 from __future__ import annotations
@@ -180,6 +183,27 @@ async def measure(args: argparse.Namespace) -> dict[str, Tally]:
     return tallies
 
 
+async def measure_http(args: argparse.Namespace, dialect: str) -> dict[str, Tally]:
+    """As `measure`, each request sent through the proxy over HTTP in `dialect`."""
+    from bench.canaries_http import Conversation, replay_over_http
+    from bench.dialects import WIRES
+
+    tallies: dict[str, Tally] = {name: Tally() for name in args.models}
+    sizer = Compactor()
+    for name in args.models:
+        conversations: list[Conversation] = []
+        for kind in args.sessions:
+            for seed in range(1, args.seeds + 1):
+                session, canaries = SESSIONS[kind](seed)
+                messages, reached = grown(conversation(session), sizer, args.window, args.growth)
+                label = f"{dialect}-{name}-{kind}-{seed}"
+                conversations.append((label, messages, canaries, reached))
+        tallies[name].compactions = await replay_over_http(
+            conversations, WIRES[dialect], SUMMARIZERS[name](), args.window, tallies[name].count
+        )
+    return tallies
+
+
 def report(tallies: dict[str, Tally], marks: list[int], window: int) -> str:
     header = f"{'summarizer':<11} {'canary type':<16}" + "".join(
         f" {f'{mark} window' + ('s' if mark > 1 else ''):>10}" for mark in marks
@@ -200,10 +224,20 @@ def main() -> None:
     parser.add_argument("--growth", type=int, nargs="*", default=[1, 2, 4])
     parser.add_argument("--models", nargs="*", default=list(SUMMARIZERS), choices=SUMMARIZERS)
     parser.add_argument("--sessions", nargs="*", default=list(SESSIONS), choices=SESSIONS)
+    parser.add_argument("--http", action="store_true", help="through the proxy over HTTP")
+    parser.add_argument(
+        "--dialects", nargs="*", default=["chat", "responses", "anthropic"], help="with --http"
+    )
     args = parser.parse_args()
     args.growth = sorted(args.growth)
-    tallies = asyncio.run(measure(args))
-    print(report(tallies, args.growth, args.window))
+    if not args.http:
+        tallies = asyncio.run(measure(args))
+        print(report(tallies, args.growth, args.window))
+        return
+    for dialect in args.dialects:
+        print(f"through the proxy over HTTP, {dialect}")
+        tallies = asyncio.run(measure_http(args, dialect))
+        print(report(tallies, args.growth, args.window).replace("compactions", "summary calls"))
 
 
 if __name__ == "__main__":

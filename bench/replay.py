@@ -9,18 +9,30 @@ source: requests, compactions, summarizer calls, forwarded vs original tokens, p
 rate through the proxy vs going direct, invalid requests, prefix breaks between compactions, and
 the latency the proxy added to the requests that compacted.
 
+`--shadow` replays each source twice, with `compaction.mode: on` and `shadow`, and proves shadow
+mode: every request the upstream received in shadow is the client's, byte for byte, and the
+sessions' records on /admin/sessions (less times, durations, and compaction ids, compared by
+their order) are those of `on` for the same traffic. Any difference is printed and fails the run.
+Both runs see the same traffic both ways and nothing in them depends on timing: the answers
+report no usage (calibration would learn from the compacted bytes in one run and the client's in
+the other), compactions are not prepared ahead (whether one was ready before the next request
+came is a race between two runs), and the summarizer is always waited for.
+
 `--dialect responses` / `anthropic` converts every request into that API's shape first
 (bench.dialects: reasoning items, thinking blocks with signatures, tool blocks of that API) and
 checks what the upstream receives against that API's rules; `--dialect all` runs the three.
 
     .venv/bin/python -m bench.replay [--per-source 3] [--summary-delay 2.0] [--reply-delay 0.4]
                                      [--sources swe_mini swe_gym] [--dialect chat|responses|anthropic|all]
+                                     [--shadow]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import json
 import statistics
 import sys
 import tempfile
@@ -50,6 +62,14 @@ SOURCES = {
 }
 # Added latency beyond which a request is counted as having waited for a summary.
 _WAITED_S = 0.5
+_ADMIN_TOKEN = "replay-admin"
+# What a record says about when and how long, not what: left out when shadow is compared to on.
+_TIMES = frozenset({"time", "duration_ms", "first_seen", "last_seen"})
+# Ids drawn at random per compaction: compared by their order of appearance instead.
+_IDS = frozenset({"id", "extends"})
+# The runs of the shadow proof: each compaction on the request that reaches the trigger, which
+# waits for it (see --shadow).
+_PROOF = {"precompute_ratio": 0, "summary_timeout_s": 120}
 
 
 def pick(path: Path, count: int) -> list[dict[str, Any]]:
@@ -116,21 +136,37 @@ class Tally:
     statuses: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     compaction_latency_s: list[float] = field(default_factory=list)
     plain_latency_s: list[float] = field(default_factory=list)
+    sent: dict[str, list[bytes]] = field(default_factory=lambda: defaultdict(list))
+    """Per session, a digest of each request body as the client sent it, in order."""
+    forwarded: dict[str, list[bytes]] = field(default_factory=lambda: defaultdict(list))
+    """Per session, a digest of each request body the upstream received (summarizer calls
+    aside), in order."""
+    records: dict[str, Any] = field(default_factory=dict)
+    """Per session, what /admin/sessions/{session} said once the replay was over."""
 
 
 class Upstream:
     def __init__(
-        self, wire: Wire, tally: Tally, window: int, summary_delay: float, reply_delay: float
+        self,
+        wire: Wire,
+        tally: Tally,
+        window: int,
+        summary_delay: float,
+        reply_delay: float,
+        usage: bool = True,
     ) -> None:
+        """`usage`: whether answers report the prompt's tokens (the proxy calibrates on them)."""
         self.wire, self.tally, self.window = wire, tally, window
         self.summary_delay, self.reply_delay = summary_delay, reply_delay
+        self.usage = usage
         self.estimator = wire.estimator()
         self.previous: dict[str, list[Any]] = {}
         self.fixed: dict[str, bytes] = {}
         self.seen: dict[str, dict[str, Any]] = defaultdict(dict)
 
     async def handle(self, request: web.Request) -> web.Response:
-        payload = orjson.loads(await request.read())
+        raw = await request.read()
+        payload = orjson.loads(raw)
         purpose = request.headers.get("X-Compaction-Purpose")
         if purpose == "summary":
             self.tally.summary_calls += 1
@@ -145,6 +181,7 @@ class Upstream:
         items = self.wire.items(payload)
         tokens = self.wire.tokens(payload)
         session = request.headers["X-Session-Id"]
+        self.tally.forwarded[session].append(_digest(raw))
         previous = self.previous.get(session, [])
         self._check_prefix(previous, items)
         self.previous[session] = items
@@ -159,7 +196,7 @@ class Upstream:
                 max(map(self.estimator.count_message, items)) > 0.6 * self.window
             )
         await asyncio.sleep(self.reply_delay)
-        return self._answer("ok", prompt_tokens=tokens)
+        return self._answer("ok", prompt_tokens=tokens if self.usage else None)
 
     def _check_prefix(self, previous: list[Any], items: list[Any]) -> None:
         """Between two compactions the forwarded list only grows: the previous one (its last
@@ -173,8 +210,11 @@ class Upstream:
         if [orjson.dumps(i) for i in items[: len(kept)]] != [orjson.dumps(i) for i in kept]:
             self.tally.prefix_breaks += 1
 
-    def _answer(self, text: str, prompt_tokens: int = 10) -> web.Response:
-        return web.json_response(self.wire.answer(text, prompt_tokens))
+    def _answer(self, text: str, prompt_tokens: int | None = 10) -> web.Response:
+        answer = self.wire.answer(text, prompt_tokens or 0)
+        if prompt_tokens is None:
+            del answer["usage"]
+        return web.json_response(answer)
 
 
 async def replay_one(
@@ -184,7 +224,7 @@ async def replay_one(
     conversation: dict[str, Any],
     tally: Tally,
 ) -> None:
-    session = conversation["id"].replace("/", "_")[:100]
+    session = session_of(conversation)
     previous: list[Any] = []
     estimator = wire.estimator()
     fixed: dict[str, bytes] = {}
@@ -195,10 +235,16 @@ async def replay_one(
         tally.direct_cached_tokens += common_prefix_tokens(previous, items, estimator)
         tally.direct_cached_tokens += fixed_tokens(wire, body, fixed, session)
         previous = items
+        # The bytes aiohttp's `json=` would send, kept to compare with what the upstream got.
+        data = json.dumps(body).encode()
+        tally.sent[session].append(_digest(data))
+        headers = {
+            "X-Session-Id": session,
+            "Authorization": "Bearer replay",
+            "Content-Type": "application/json",
+        }
         started = time.perf_counter()
-        async with client.post(
-            url, json=body, headers={"X-Session-Id": session, "Authorization": "Bearer replay"}
-        ) as response:
+        async with client.post(url, data=data, headers=headers) as response:
             await response.read()
             status = response.headers.get("x-compaction-status", "?")
         elapsed = time.perf_counter() - started
@@ -209,9 +255,28 @@ async def replay_one(
         )
 
 
-async def replay_source(name: str, window: int, wire: Wire, args: argparse.Namespace) -> Tally:
+def session_of(conversation: dict[str, Any]) -> str:
+    return str(conversation["id"]).replace("/", "_")[:100]
+
+
+def _digest(body: bytes) -> bytes:
+    return hashlib.blake2b(body, digest_size=16).digest()
+
+
+async def replay_source(
+    conversations: list[dict[str, Any]],
+    window: int,
+    wire: Wire,
+    args: argparse.Namespace,
+    *,
+    compaction: dict[str, Any] | None = None,
+    usage: bool = True,
+) -> Tally:
+    """`conversations` replayed at once through a proxy configured with `compaction` (on top of
+    the replay's own), its upstream reporting `usage` or not; the tally ends with each session's
+    /admin/sessions record."""
     tally = Tally()
-    upstream = Upstream(wire, tally, window, args.summary_delay, args.reply_delay)
+    upstream = Upstream(wire, tally, window, args.summary_delay, args.reply_delay, usage)
     upstream_app = web.Application(client_max_size=64 * 2**20)
     upstream_app.router.add_post(f"/v1/{wire.path}", upstream.handle)
     upstream_runner, upstream_url = await serve_on_loopback(upstream_app)
@@ -223,13 +288,13 @@ async def replay_source(name: str, window: int, wire: Wire, args: argparse.Names
                     "anthropic_base_url": f"{upstream_url}/v1",
                 },
                 "models": {"default_context_window": window},
-                "compaction": {"summary_timeout_s": args.summary_delay * 5},
+                "compaction": {"summary_timeout_s": args.summary_delay * 5, **(compaction or {})},
                 "memory": {"dir": memory},
+                "admin": {"token": _ADMIN_TOKEN},
                 "state": {"backend": "memory"},
             }
         )
         proxy_runner, proxy_url = await serve_on_loopback(create_app(settings))
-        conversations = pick(corpus_dir() / name, args.per_source)
         try:
             async with aiohttp.ClientSession() as client:
                 await asyncio.gather(
@@ -238,10 +303,101 @@ async def replay_source(name: str, window: int, wire: Wire, args: argparse.Names
                         for c in conversations
                     )
                 )
+                for conversation in conversations:
+                    session = session_of(conversation)
+                    tally.records[session] = await read_records(client, proxy_url, session)
         finally:
             await proxy_runner.cleanup()
             await upstream_runner.cleanup()
     return tally
+
+
+async def replay_on_and_shadow(
+    conversations: list[dict[str, Any]],
+    window: int,
+    wire: Wire,
+    args: argparse.Namespace,
+    compaction: dict[str, Any] | None = None,
+) -> tuple[Tally, Tally]:
+    """The two replays of the shadow proof (see --shadow), `on` then `shadow`, both with
+    `compaction` settings too."""
+    options = {**_PROOF, **(compaction or {})}
+    on = await replay_source(conversations, window, wire, args, compaction=options, usage=False)
+    shadow = await replay_source(
+        conversations, window, wire, args, compaction={**options, "mode": "shadow"}, usage=False
+    )
+    return on, shadow
+
+
+async def read_records(client: aiohttp.ClientSession, proxy_url: str, session: str) -> Any:
+    headers = {"Authorization": f"Bearer {_ADMIN_TOKEN}"}
+    async with client.get(f"{proxy_url}/admin/sessions/{session}", headers=headers) as response:
+        response.raise_for_status()
+        return await response.json()
+
+
+def comparable(found: Any, ids: dict[str, str] | None = None) -> Any:
+    """`found` (a session's /admin record) less what says when and how long, its random
+    compaction ids replaced by their order of appearance (`ids`: those met so far)."""
+    ids = {} if ids is None else ids
+    if isinstance(found, list):
+        return [comparable(item, ids) for item in found]
+    if not isinstance(found, dict):
+        return found
+    kept: dict[str, Any] = {}
+    for key, value in found.items():
+        if key in _TIMES:
+            continue
+        if key in _IDS and isinstance(value, str):
+            value = ids.setdefault(value, f"compaction #{len(ids) + 1}")
+        kept[key] = comparable(value, ids)
+    return kept
+
+
+def shadow_differences(on: Tally, shadow: Tally) -> list[str]:
+    """What shadow mode did otherwise than it should over the same traffic as `on` (none: the
+    proof holds): a request it forwarded changed, a session whose records differ from on's."""
+    problems = []
+    for session, sent in sorted(shadow.sent.items()):
+        forwarded = shadow.forwarded.get(session, [])
+        changed = sum(a != b for a, b in zip(sent, forwarded, strict=False))
+        changed += abs(len(sent) - len(forwarded))
+        if changed:
+            problems.append(
+                f"{session}: {changed} of {len(sent)} requests forwarded otherwise than sent"
+            )
+    for session in sorted(on.records.keys() | shadow.records.keys()):
+        expected = comparable(on.records.get(session))
+        found = comparable(shadow.records.get(session))
+        if found != expected:
+            keys = _differing(expected, found)
+            problems.append(f"{session}: records differ from on's at {keys}")
+    return problems
+
+
+def _differing(expected: Any, found: Any, at: str = "") -> str:
+    """The first place where `found` differs from `expected`, as a path."""
+    if isinstance(expected, dict) and isinstance(found, dict):
+        for key in sorted(expected.keys() | found.keys()):
+            if expected.get(key) != found.get(key):
+                return _differing(expected.get(key), found.get(key), f"{at}.{key}")
+    if isinstance(expected, list) and isinstance(found, list) and len(expected) == len(found):
+        for index, (a, b) in enumerate(zip(expected, found, strict=True)):
+            if a != b:
+                return _differing(a, b, f"{at}[{index}]")
+    return f"{at or '.'} ({expected!r:.80} vs {found!r:.80})"
+
+
+def report_shadow(on: Tally, shadow: Tally, problems: list[str]) -> None:
+    requests = sum(len(sent) for sent in shadow.sent.values())
+    records = sum(len(found.get("records", [])) for found in on.records.values())
+    verdict = "holds" if not problems else f"FAILS ({len(problems)} problems)"
+    print(
+        f"  shadow proof {verdict}: {requests} requests in shadow, each forwarded as sent; "
+        f"{len(on.records)} sessions' records ({records} compaction records) compared with on's"
+    )
+    for problem in problems:
+        print(f"    {problem}")
 
 
 def report(name: str, window: int, wire: Wire, tally: Tally, reply_delay: float) -> None:
@@ -291,15 +447,26 @@ async def main_async(args: argparse.Namespace) -> int:
         f"summarizer delay {args.summary_delay}s, reply delay {args.reply_delay}s, "
         f"{args.per_source} conversations per source"
     )
+    if args.shadow:
+        print("shadow proof: on and shadow, no usage reported, nothing prepared ahead")
     dialects = list(WIRES) if args.dialect == "all" else [args.dialect]
+    failed = False
     for dialect in dialects:
         wire = WIRES[dialect]
         for name, window in SOURCES.items():
             if args.sources and not any(name.startswith(prefix) for prefix in args.sources):
                 continue
-            tally = await replay_source(name, window, wire, args)
-            report(name, window, wire, tally, args.reply_delay)
-    return 0
+            conversations = pick(corpus_dir() / name, args.per_source)
+            if not args.shadow:
+                tally = await replay_source(conversations, window, wire, args)
+                report(name, window, wire, tally, args.reply_delay)
+                continue
+            on, shadow = await replay_on_and_shadow(conversations, window, wire, args)
+            report(name, window, wire, on, args.reply_delay)
+            problems = shadow_differences(on, shadow)
+            report_shadow(on, shadow, problems)
+            failed = failed or bool(problems)
+    return 1 if failed else 0
 
 
 def main() -> int:
@@ -318,6 +485,11 @@ def main() -> int:
         choices=[*WIRES, "all"],
         default="chat",
         help="the API shape requests are sent in (default: chat)",
+    )
+    parser.add_argument(
+        "--shadow",
+        action="store_true",
+        help="replay each source again in compaction.mode shadow and check it against on",
     )
     return asyncio.run(main_async(parser.parse_args()))
 

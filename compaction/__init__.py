@@ -56,6 +56,7 @@ from compaction.messages import (
     join_summary,
     message_text,
     read_items,
+    strip_injected,
 )
 from compaction.offload import Inline, JsonArray, Offload, OffloadLost
 from compaction.settings import CompactionSettings
@@ -139,6 +140,7 @@ __all__ = [
     "read_items",
     "recall_note",
     "render_transcript",
+    "strip_injected",
     "summary_message",
     "summary_text",
 ]

@@ -272,6 +272,12 @@ class CompactionMetrics:
             "Estimated prompt tokens removed by compactions (each compaction counted once).",
             registry=r,
         )
+        self.pinned_overflow = Counter(
+            "compaction_proxy_pinned_overflow",
+            "Standing instructions of the user that a compaction had no room for in the "
+            "summary's pinned section (compaction.pinned_ratio): written to the memory file.",
+            registry=r,
+        )
         self.worker_replacements = Counter(
             "compaction_proxy_worker_replacements",
             "Worker pools replaced (proxy.compacting.workers), by reason: deadline (a worker "

@@ -326,7 +326,10 @@ class Conversations:
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
             result = await fallback(
-                self._run(req, compaction, llm=None), compaction, deadline.left_in_all()
+                self._run(req, compaction, llm=None),
+                compaction,
+                deadline.left_in_all(),
+                session_id=req.session_id,
             )
         if not isinstance(result, Checkpoint) and result.path == "unchanged":
             return await self._as_is(view, before, tokens)

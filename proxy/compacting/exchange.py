@@ -179,6 +179,45 @@ class CompactedExchange:
             self._calibration.observe(request.model, round(tokens / request.factor), prompt_tokens)
 
 
+class ExchangeFactory:
+    """Builds the CompactedExchange of a decision, over what every one of them shares: the one
+    place a decision becomes an exchange (full path and fast path alike)."""
+
+    def __init__(
+        self,
+        *,
+        conversations: Conversations,
+        calibration: Calibration,
+        learned: LearnedWindows,
+        metrics: CompactionMetrics,
+    ) -> None:
+        self._conversations = conversations
+        self._calibration = calibration
+        self._learned = learned
+        self._metrics = metrics
+
+    def build(
+        self,
+        request: ParsedRequest,
+        decision: Decision,
+        body: bytes,
+        full: Callable[[], Awaitable[ParsedRequest]] | None = None,
+    ) -> CompactedExchange:
+        """The exchange that forwards `body`, `decision`'s view of `request` (`full`: see
+        CompactedExchange)."""
+        return CompactedExchange(
+            request,
+            body=body,
+            tokens=decision.tokens_after,
+            headers=describe(request, decision),
+            conversations=self._conversations,
+            calibration=self._calibration,
+            learned=self._learned,
+            metrics=self._metrics,
+            full=full,
+        )
+
+
 class ShadowExchange:
     """A compaction computed and recorded (`computed`) whose request goes upstream as the
     client sent it (`original`, compaction.mode: shadow). The client is told `shadow` and what

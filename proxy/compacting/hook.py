@@ -30,9 +30,9 @@ from proxy.compacting.exchange import (
     SESSION,
     STATUS,
     CompactedExchange,
+    ExchangeFactory,
     ShadowExchange,
     UnparsedExchange,
-    describe,
 )
 from proxy.compacting.fast import BodyIndex, BodyIndexes, FastPath, parse_in_pieces
 from proxy.compacting.history import History, ListHistory
@@ -125,14 +125,19 @@ class CompactingHook:
             parse=parse_in_pieces,
             discovery=discovery,
         )
+        self._exchanges = ExchangeFactory(
+            conversations=conversations,
+            calibration=shared.calibration,
+            learned=shared.learned,
+            metrics=shared.metrics,
+        )
         self._fast = FastPath(
             indexes,
             builder=self._builder,
             conversations=conversations,
             precompute=precompute,
             metrics=shared.metrics,
-            calibration=shared.calibration,
-            learned=shared.learned,
+            exchanges=self._exchanges,
         )
         models = settings.models
         self._smallest_window = min(
@@ -251,16 +256,7 @@ class CompactingHook:
         else:
             spliced = self._fast.forwarded_body(request, decision.messages, index)
             forwarded = spliced or request.serialize(decision.messages)
-        return CompactedExchange(
-            request,
-            body=forwarded,
-            tokens=decision.tokens_after,
-            headers=describe(request, decision),
-            conversations=self._conversations,
-            calibration=self._calibration,
-            learned=self._learned,
-            metrics=self._metrics,
-        )
+        return self._exchanges.build(request, decision, forwarded)
 
 
 def build_hook(

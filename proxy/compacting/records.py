@@ -63,6 +63,7 @@ class _Session:
     tokens_forwarded: int = 0
     summarizer_calls: int = 0
     summarizer_failures: int = 0
+    pinned_overflow: int = 0
 
 
 class SessionRecords:
@@ -96,6 +97,9 @@ class SessionRecords:
             session.summarizer_calls += 1
         if record.get("errors"):
             session.summarizer_failures += 1
+        overflow = record.get("pinned_overflow")
+        if isinstance(overflow, int):
+            session.pinned_overflow += overflow
         while len(session.records) > self._per_session:
             session.records.popleft()
 
@@ -203,6 +207,9 @@ class SessionRecords:
             "tokens_saved": session.tokens_sent - session.tokens_forwarded,
             "summarizer_calls": session.summarizer_calls,
             "summarizer_failures": session.summarizer_failures,
+            # Standing instructions with no room in the summaries' pinned sections (in the
+            # memory file), over the session's compactions.
+            "pinned_overflow": session.pinned_overflow,
         }
 
 
@@ -246,8 +253,20 @@ def record_compaction(
     metrics.compactions.labels(reason=reason, path=result.path, dialect=request.dialect.name).inc()
     if result.path != "unchanged":
         metrics.tokens_saved.inc(max(0, result.tokens_before - result.tokens_after))
+    metrics.pinned_overflow.inc(result.pinned_overflow)
     verification = result.verification
     texts = records.preview_chars > 0  # 0: what conversations say stays out of /admin
+    receipt = {  # the dashboard's receipt, and the log line's
+        "summary": result.summary_text[:RECEIPT_SUMMARY_CHARS] if texts else "",
+        "memory_written": [
+            {
+                "type": item.type,
+                "content": item.content[:RECEIPT_PREVIEW_CHARS] if texts else "",
+            }
+            for item in result.memory_items[:RECEIPT_MEMORY_ITEMS]
+        ],
+        "diff": describe_diff(view.messages, result, texts=texts),
+    }
     records.add_record(
         request.session_id,
         {
@@ -276,19 +295,12 @@ def record_compaction(
             else None,
             "key_decisions_total": verification.key_decisions_total if verification else None,
             "moved_to_memory": verification.moved_to_memory if verification else None,
+            "pinned_overflow": result.pinned_overflow,
             "fits": fits,
             "waited": waited,
             "duration_ms": round(result.duration_s * 1000, 1),
             "errors": list(result.errors),
-            "summary": result.summary_text[:RECEIPT_SUMMARY_CHARS] if texts else "",
-            "memory_written": [
-                {
-                    "type": item.type,
-                    "content": item.content[:RECEIPT_PREVIEW_CHARS] if texts else "",
-                }
-                for item in result.memory_items[:RECEIPT_MEMORY_ITEMS]
-            ],
-            "diff": describe_diff(view.messages, result, texts=texts),
+            **receipt,
         },
     )
     # A summarizer that failed (the compaction fell back) is a warning, with why.
@@ -304,15 +316,7 @@ def record_compaction(
             "compaction_id": result.compaction_id,
             "waited": waited,
             "errors": list(result.errors),
-            "summary": result.summary_text[:RECEIPT_SUMMARY_CHARS] if texts else "",
-            "memory_written": [
-                {
-                    "type": item.type,
-                    "content": item.content[:RECEIPT_PREVIEW_CHARS] if texts else "",
-                }
-                for item in result.memory_items[:RECEIPT_MEMORY_ITEMS]
-            ],
-            "diff": describe_diff(view.messages, result, texts=texts),
+            **receipt,
         },
     )
 

@@ -2,13 +2,15 @@
 Selenium) against a proxy that compacted corpus conversations in all three dialects.
 
 Selenium's calls block: they run in a thread, so the proxy (on this test's event loop) answers.
-Screenshots of each page go to $COMPACTION_PROXY_SCREENSHOTS, or `screenshots/` under this
-test's tmp dir (docs/operations.md#dashboard).
+Screenshots of each page, cropped to what they show, go to `screenshots/` under this test's tmp
+dir, or to the folder $COMPACTION_PROXY_SCREENSHOTS names: `docs/images` refreshes the README's
+(docs/operations.md#dashboard).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -77,6 +79,31 @@ def text_of(browser: WebDriver, selector: str) -> str:
     return str(browser.find_element(By.CSS_SELECTOR, selector).text)
 
 
+# The page's box from the top of one element to the bottom of another (at most a height), across
+# the page's width.
+_REGION = """
+const [first, last] = [document.querySelector(arguments[0]), document.querySelector(arguments[1])];
+const top = Math.max(0, first.getBoundingClientRect().top + window.scrollY - 8);
+const bottom = last.getBoundingClientRect().bottom + window.scrollY + 8;
+return {x: 0, y: top, width: document.documentElement.clientWidth,
+        height: Math.min(bottom - top, arguments[2]), scale: 1};
+"""
+
+
+def save_region(
+    browser: WebDriver, path: Path, first: str, last: str | None = None, max_height: int = 800
+) -> None:
+    """A PNG of the page from the element `first` selects down to the one `last` does (default:
+    the same), below the fold too, cut at `max_height` pixels: one view per image, small enough
+    to commit."""
+    region = browser.execute_script(_REGION, first, last or first, max_height)
+    shot = browser.execute_cdp_cmd(  # chromium's own command
+        "Page.captureScreenshot",
+        {"format": "png", "clip": region, "captureBeyondViewport": True},
+    )
+    path.write_bytes(base64.b64decode(shot["data"]))
+
+
 def number(value: int | float) -> str:
     """As the page writes it (toLocaleString in en-US)."""
     return f"{value:,}"
@@ -138,7 +165,7 @@ async def test_the_dashboard_shows_what_the_proxy_did_in_a_real_browser(
         assert "401" in text_of(b, "#login-error")
         assert not b.find_element(By.ID, "sessions-view").is_displayed()
         assert "not-the-token" not in b.current_url
-        b.save_screenshot(str(screenshots / "login-refused.png"))
+        save_region(b, screenshots / "login-refused.png", "#login-view")
 
     await in_thread(refused, browser)
 
@@ -160,7 +187,7 @@ async def test_the_dashboard_shows_what_the_proxy_did_in_a_real_browser(
             ]
             assert figures["tokens_saved"] > 0
         assert TOKEN not in b.current_url
-        b.save_screenshot(str(screenshots / "sessions.png"))
+        save_region(b, screenshots / "sessions.png", "#sessions-view")
 
     await in_thread(session_list, browser)
 
@@ -194,7 +221,10 @@ async def test_the_dashboard_shows_what_the_proxy_did_in_a_real_browser(
         assert len(removed) == len(diff["removed"]) > 0 and len(added) == len(diff["added"]) > 0
         assert any("summary of earlier conversation" in item.text for item in added)
         assert text_of(b, "#memory").strip() not in ("", "(no memory file yet)")
-        b.save_screenshot(str(screenshots / "session.png"))
+        save_region(b, screenshots / "timeline.png", "#session-view h2", "#timeline")
+        save_region(b, screenshots / "receipt.png", ".receipt", ".receipt .memory-items")
+        diff_top, diff_end = ".receipt h5:nth-of-type(3)", ".receipt .diff"
+        save_region(b, screenshots / "diff.png", diff_top, diff_end, max_height=560)
 
     await in_thread(one_session, browser)
 
@@ -215,12 +245,9 @@ async def test_the_dashboard_shows_what_the_proxy_did_in_a_real_browser(
         wait_for(b, lambda b: requests_shown(b) >= before + 40)
         wait_for(b, lambda b: text_of(b, "#live-rps") not in ("–", "0.0"))
         assert text_of(b, "#live-state") == "healthy"
-        b.save_screenshot(str(screenshots / "live.png"))
+        save_region(b, screenshots / "live.png", "#live")
 
     await in_thread(moved, browser)
-    assert {p.name for p in screenshots.iterdir()} >= {
-        "login-refused.png",
-        "sessions.png",
-        "session.png",
-        "live.png",
-    }
+    names = ("login-refused", "sessions", "timeline", "receipt", "diff", "live")
+    for name in names:
+        assert (screenshots / f"{name}.png").read_bytes().startswith(b"\x89PNG"), name

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import re
 import socket
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -15,6 +17,7 @@ from tests.fakes.script import Script
 from tests.proxy.compacting.conftest import WINDOW, conversation_of, post
 
 TOKEN = "admin-secret"
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 async def test_inspect_shows_the_sessions_and_a_sessions_timeline_and_last_compaction(
@@ -82,3 +85,42 @@ def test_inspect_needs_a_token_and_a_reachable_proxy(capsys: pytest.CaptureFixtu
         assert main(args, {"COMPACTION_PROXY_ADMIN_TOKEN": "secret-value"}) == 1
     err = capsys.readouterr().err
     assert err.startswith("compaction-proxy inspect: cannot read") and "secret-value" not in err
+
+
+def _shape(line: str) -> str:
+    """A line of inspect's output less what changes from run to run: times, ids, figures,
+    and the padding that follows their widths."""
+    line = re.sub(r"\d{4}-\d\d-\d\dT[\d:.]+\+00:00", "TIME", line)
+    line = re.sub(r"\b[0-9a-f]{32}\b", "ID", line)
+    line = re.sub(r"\$?\d[\d,.]*%?", "N", line)
+    return " ".join(line.split())
+
+
+async def test_the_readme_shows_inspect_as_it_prints_a_compacted_session(
+    start: Any, script: Script, client: aiohttp.ClientSession
+) -> None:
+    """The README's example is current: its session (the scripted one below) printed today has
+    every line the README shows, in the same order, figures and times aside; the texts of the
+    summary, the memory items and the diff (indented, or a diff's - and + lines) are the
+    fakes', not checked."""
+    proxy = await start()
+    first = conversation_of(int(WINDOW * 1.2))
+    await post(client, proxy, first)
+    await post(client, proxy, conversation_of(int(WINDOW * 1.28), grow=first))
+    out = io.StringIO()
+    await inspect(proxy.url, TOKEN, "agent-1", out)
+    printed = iter([_shape(line) for line in out.getvalue().splitlines()])
+
+    readme = README.read_text(encoding="utf-8")
+    block = readme.split("$ compaction-proxy inspect agent-1\n", 1)[1].split("```", 1)[0]
+    shown = [
+        line
+        for line in block.splitlines()
+        if line.strip() and line != "..." and not line.startswith(("  ", "- [", "+ ["))
+    ]
+    assert len(shown) >= 12
+    # In order: each line the README shows is printed, after the one before it.
+    stale = [line for line in shown if _shape(line) not in printed]
+    assert not stale, (
+        f"README.md shows inspect lines it no longer prints, or not in this order: {stale}"
+    )
