@@ -41,14 +41,8 @@ from compaction_kit.probes import BehaviorProbe
 from compaction_kit.session import SeededSession
 
 from bench.facts import visible_text
-from compaction import ChatLLM, CompactionSettings, Compactor
-from compaction.checkpoints import (
-    CheckpointCache,
-    View,
-    checkpoint_after,
-    find_longest,
-    prefix_digests,
-)
+from bench.forwarding import Forwarder
+from compaction import ChatLLM, Compactor
 from compaction.types import Message, Purpose
 
 GENERIC_SUMMARY = "The user and the assistant worked through several items of the project."
@@ -163,27 +157,15 @@ async def replay(
 ) -> None:
     """The agent's requests, each the history up to a user or tool message, forwarded as the
     proxy would; the canaries probed in what the model receives at each growth mark."""
-    compactor = Compactor(settings=CompactionSettings(llm_timeout_s=5))
-    store = CheckpointCache()
-    digests = prefix_digests(messages, b"canaries")
+    forwarder = Forwarder(messages, seed=b"canaries", window=window, llm=llm)
     probe = BehaviorProbe()
     ends = [i + 1 for i, m in enumerate(messages) if m["role"] in ("user", "tool")]
     marks = {end: mark for mark, end in reached.items()}
     for end in ends:
-        prefix = messages[:end]
-        view = View.of(prefix, find_longest(store, digests[:end]))
-        forwarded = view.messages
-        if compactor.needs_compaction(compactor.estimate(forwarded), window):
-            compaction = await compactor.prepare(forwarded, window=window)
-            result = await compaction.run(llm=llm, session_id=None)
-            if result.path != "unchanged":
-                checkpoint = checkpoint_after(view, result, digests[:end])
-                if checkpoint is not None:
-                    store.put(checkpoint)
-                forwarded = result.messages
-                tally.compactions += 1
+        forwarded = await forwarder.forward(end)
+        tally.compactions += forwarded.result is not None
         if end in marks:
-            text = visible_text(forwarded)
+            text = visible_text(forwarded.messages)
             for canary in canaries:
                 tally.count(canary, marks[end], probe.probe(canary, text).survived)
 

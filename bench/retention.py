@@ -41,14 +41,7 @@ from bench.facts import (
     visible_text,
 )
 from bench.facts import flat as flatten
-from compaction import CompactionSettings, Compactor
-from compaction.checkpoints import (
-    CheckpointCache,
-    View,
-    checkpoint_after,
-    find_longest,
-    prefix_digests,
-)
+from bench.forwarding import Forwarder
 from compaction.types import Message, Purpose
 
 FILES = {
@@ -123,10 +116,8 @@ async def replay(conversation: dict[str, Any], window: int, lossy: bool) -> Tall
     messages: list[Any] = conversation["messages"]
     tools = conversation.get("tools") or None
     tally = Tally(conversations=1)
-    compactor = Compactor(settings=CompactionSettings(llm_timeout_s=5))
     llm = LossyLLM() if lossy else None
-    store = CheckpointCache()
-    digests = prefix_digests(messages, b"retention")
+    forwarder = Forwarder(messages, seed=b"retention", window=window, llm=llm, tools=tools)
     facts = [facts_of(m) for m in messages]
     task_index = next((i for i, m in enumerate(messages) if is_request(m)), None)
     words = task_words(messages[task_index]) if task_index is not None else set()
@@ -136,29 +127,21 @@ async def replay(conversation: dict[str, Any], window: int, lossy: bool) -> Tall
     last_summary = ""
     for end in ends:
         prefix = messages[:end]
-        view = View.of(prefix, find_longest(store, digests[:end]))
-        forwarded = view.messages
-        tokens = compactor.estimate(forwarded, tools)
-        if compactor.needs_compaction(tokens, window):
-            compaction = await compactor.prepare(forwarded, window=window, tools=tools)
-            result = await compaction.run(llm=llm, session_id=None)
-            if result.path != "unchanged":
-                checkpoint = checkpoint_after(view, result, digests[:end])
-                if checkpoint is not None:
-                    store.put(checkpoint)
-                forwarded = result.messages
-                memory += [item.content for item in result.memory_items]
-                applied += 1
-                tally.compactions += 1
-                tally.post_ratios.append(result.tokens_after / window)
-                last_summary = result.summary_text
-                kept_ids = {id(m) for m in forwarded}
-                folded = [i for i in range(end) if id(prefix[i]) not in kept_ids]
-                haystack = visible_text(forwarded) + "\n" + flatten("\n".join(memory))
-                _measure_folded(facts, folded, haystack, tally)
+        sent = await forwarder.forward(end)
+        forwarded, result = sent.messages, sent.result
+        if result is not None:
+            memory += [item.content for item in result.memory_items]
+            applied += 1
+            tally.compactions += 1
+            tally.post_ratios.append(result.tokens_after / window)
+            last_summary = result.summary_text
+            kept_ids = {id(m) for m in forwarded}
+            folded = [i for i in range(end) if id(prefix[i]) not in kept_ids]
+            haystack = visible_text(forwarded) + "\n" + flatten("\n".join(memory))
+            _measure_folded(facts, folded, haystack, tally)
         tally.requests += 1
         tally.invalid += not pairing_is_valid(forwarded)
-        if forwarded is not prefix:
+        if sent.changed:
             tally.compacted_requests += 1
             if task_index is not None and task_index < end:
                 present = any(m is messages[task_index] for m in forwarded)
