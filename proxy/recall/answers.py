@@ -12,6 +12,7 @@ from typing import get_args
 import orjson
 
 from proxy.archive import Archive, Found, Kind, search_session
+from proxy.archive.terms import query_terms
 
 DEFAULT_LIMIT = 5
 MAX_LIMIT = 20
@@ -21,6 +22,9 @@ CHARS_PER_TOKEN = 3
 MAX_ANSWER_TOKENS = 8000
 _KINDS: tuple[str, ...] = get_args(Kind)
 _CLIPPED = "\n[... clipped to fit the context window]"
+_GAP = "[...]"
+# Lines kept on each side of a line that holds a query word, when a result is cut to excerpts.
+_CONTEXT_LINES = 1
 
 
 @dataclass(frozen=True)
@@ -85,22 +89,69 @@ class Answers:
 
 
 def render(query: Query, found: list[Found], room_tokens: int) -> str:
-    """The results as one text, best first, clipped to `room_tokens`."""
+    """The results as one text, best first, within `room_tokens`. A result too long for the room
+    it has left is cut to the lines that hold the query's words (with a line either side), so an
+    answer deep in a long tool output still reaches the model."""
     if not found:
         return f"Nothing earlier matches {query.text!r}. Try other key words, or go on without it."
     room = max(0, min(room_tokens, MAX_ANSWER_TOKENS)) * CHARS_PER_TOKEN
+    terms = query_terms(query.text)
     parts = [f"{len(found)} earlier result(s) for {query.text!r}, best match first:"]
     used = len(parts[0])
     for number, item in enumerate(found, 1):
-        part = f"\n\n[{number}] {_origin(item)}:\n{item.text.strip()}"
-        if used + len(part) > room:
-            left = room - used - len(_CLIPPED)
-            if left > 80:
-                parts.append(part[:left] + _CLIPPED)
-            break
-        parts.append(part)
-        used += len(part)
+        head = f"\n\n[{number}] {_origin(item)}:\n"
+        text = item.text.strip()
+        left = room - used - len(head)
+        if len(text) > left:
+            text = excerpt(text, terms, left - len(_CLIPPED))
+            if len(text) <= 80:
+                break
+            text += _CLIPPED
+        parts.append(head + text)
+        used += len(head) + len(text)
     return "".join(parts)
+
+
+def excerpt(text: str, terms: list[str], budget: int) -> str:
+    """At most `budget` characters of `text`: its lines that hold the most query words first (a
+    line either side of each for context), in their order in the text, `[...]` where lines were
+    left out; the text's start when no line holds a query word."""
+    if budget <= 0:
+        return ""
+    lines = text.split("\n")
+    lowered = [line.lower() for line in lines]
+    scores = [sum(term in line for term in terms) for line in lowered]
+    if not any(scores):
+        return text[:budget]
+    kept: set[int] = set()
+    size = 0
+    for best in sorted(range(len(lines)), key=lambda i: (-scores[i], i)):
+        if not scores[best]:
+            break
+        window = range(max(0, best - _CONTEXT_LINES), min(len(lines), best + _CONTEXT_LINES + 1))
+        added = [i for i in window if i not in kept]
+        cost = sum(len(lines[i]) + len(_GAP) + 2 for i in added)
+        if size + cost > budget:
+            if not kept:  # one line longer than the room: its part around the first word found
+                return _around(lines[best], terms, budget)
+            continue
+        kept.update(added)
+        size += cost
+    pieces: list[str] = []
+    previous = -1
+    for i in sorted(kept):
+        if i != previous + 1:
+            pieces.append(_GAP)
+        pieces.append(lines[i])
+        previous = i
+    return "\n".join(pieces)[:budget]
+
+
+def _around(line: str, terms: list[str], budget: int) -> str:
+    lowered = line.lower()
+    at = min((lowered.find(term) for term in terms if term in lowered), default=0)
+    start = max(0, at - budget // 4)
+    return line[start : start + budget]
 
 
 def _origin(item: Found) -> str:
