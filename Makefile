@@ -99,7 +99,9 @@ bench: $(STAMP_BENCH) redis-server
 	$(BIN)/python -m bench.sqlite_writes
 	$(BIN)/python -m bench.adoption
 	$(BIN)/python -m bench.archive
+	$(BIN)/python -m bench.recall
 	$(BIN)/python -m bench.dashboard
+	$(BIN)/python -m bench.cost
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .e2e

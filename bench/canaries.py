@@ -2,7 +2,6 @@
 
     .venv/bin/python -m bench.canaries [--seeds 12] [--window 8000] [--growth 1 2 4]
         [--models none generic extractive] [--sessions random generated]
-        [--strategy summary|selective|hybrid]
 
 The canaries, their sessions and their probe are compaction-conformance-kit's (0.8.0, the
 `bench` extra): sessions of typed canaries planted in user turns (safety rules, hard
@@ -22,6 +21,9 @@ Summarizers: none (the library's code-built summary), generic (answers one gener
 an empty memory list), extractive (copies the start of what it was shown, up to its answer
 budget). Printed: survival per canary type and summarizer at each growth mark, and all types;
 compactions, and the requests they sent the summarizer (`--strategy`: compaction.strategy).
+
+`--http`: the same replay through the proxy over HTTP, in front of a fake upstream on loopback,
+in each of `--dialects` (chat, responses, anthropic): see bench/canaries_http.py.
 """
 
 from __future__ import annotations
@@ -40,14 +42,8 @@ from compaction_kit.probes import BehaviorProbe
 from compaction_kit.session import SeededSession
 
 from bench.facts import visible_text
-from compaction import ChatLLM, CompactionSettings, Compactor, Strategy
-from compaction.checkpoints import (
-    CheckpointCache,
-    View,
-    checkpoint_after,
-    find_longest,
-    prefix_digests,
-)
+from bench.forwarding import Forwarder
+from compaction import ChatLLM, Compactor, Strategy
 from compaction.types import Message, Purpose
 
 GENERIC_SUMMARY = "The user and the assistant worked through several items of the project."
@@ -164,28 +160,16 @@ async def replay(
 ) -> None:
     """The agent's requests, each the history up to a user or tool message, forwarded as the
     proxy would; the canaries probed in what the model receives at each growth mark."""
-    compactor = Compactor(settings=CompactionSettings(llm_timeout_s=5, strategy=strategy))
-    store = CheckpointCache()
-    digests = prefix_digests(messages, b"canaries")
+    forwarder = Forwarder(messages, seed=b"canaries", window=window, llm=llm, strategy=strategy)
     probe = BehaviorProbe()
     ends = [i + 1 for i, m in enumerate(messages) if m["role"] in ("user", "tool")]
     marks = {end: mark for mark, end in reached.items()}
     for end in ends:
-        prefix = messages[:end]
-        view = View.of(prefix, find_longest(store, digests[:end]))
-        forwarded = view.messages
-        if compactor.needs_compaction(compactor.estimate(forwarded), window):
-            compaction = await compactor.prepare(forwarded, window=window)
-            result = await compaction.run(llm=llm, session_id=None)
-            if result.path != "unchanged":
-                checkpoint = checkpoint_after(view, result, digests[:end])
-                if checkpoint is not None:
-                    store.put(checkpoint)
-                forwarded = result.messages
-                tally.compactions += 1
-                tally.model_calls += result.model_calls
+        forwarded = await forwarder.forward(end)
+        tally.compactions += forwarded.result is not None
+        tally.model_calls += forwarded.result.model_calls if forwarded.result else 0
         if end in marks:
-            text = visible_text(forwarded)
+            text = visible_text(forwarded.messages)
             for canary in canaries:
                 tally.count(canary, marks[end], probe.probe(canary, text).survived)
 
@@ -202,6 +186,27 @@ async def measure(args: argparse.Namespace) -> dict[str, Tally]:
                 await replay(
                     messages, canaries, reached, llm, args.window, tallies[name], args.strategy
                 )
+    return tallies
+
+
+async def measure_http(args: argparse.Namespace, dialect: str) -> dict[str, Tally]:
+    """As `measure`, each request sent through the proxy over HTTP in `dialect`."""
+    from bench.canaries_http import Conversation, replay_over_http
+    from bench.dialects import WIRES
+
+    tallies: dict[str, Tally] = {name: Tally() for name in args.models}
+    sizer = Compactor()
+    for name in args.models:
+        conversations: list[Conversation] = []
+        for kind in args.sessions:
+            for seed in range(1, args.seeds + 1):
+                session, canaries = SESSIONS[kind](seed)
+                messages, reached = grown(conversation(session), sizer, args.window, args.growth)
+                label = f"{dialect}-{name}-{kind}-{seed}"
+                conversations.append((label, messages, canaries, reached))
+        tallies[name].compactions = await replay_over_http(
+            conversations, WIRES[dialect], SUMMARIZERS[name](), args.window, tallies[name].count
+        )
     return tallies
 
 
@@ -226,12 +231,22 @@ def main() -> None:
     parser.add_argument("--growth", type=int, nargs="*", default=[1, 2, 4])
     parser.add_argument("--models", nargs="*", default=list(SUMMARIZERS), choices=SUMMARIZERS)
     parser.add_argument("--sessions", nargs="*", default=list(SESSIONS), choices=SESSIONS)
+    parser.add_argument("--http", action="store_true", help="through the proxy over HTTP")
+    parser.add_argument(
+        "--dialects", nargs="*", default=["chat", "responses", "anthropic"], help="with --http"
+    )
     parser.add_argument("--strategy", choices=["summary", "selective", "hybrid"], default="hybrid")
     args = parser.parse_args()
     args.growth = sorted(args.growth)
-    tallies = asyncio.run(measure(args))
-    print(f"strategy {args.strategy}")
-    print(report(tallies, args.growth, args.window))
+    if not args.http:
+        tallies = asyncio.run(measure(args))
+        print(f"strategy {args.strategy}")
+        print(report(tallies, args.growth, args.window))
+        return
+    for dialect in args.dialects:
+        print(f"through the proxy over HTTP, {dialect}")
+        tallies = asyncio.run(measure_http(args, dialect))
+        print(report(tallies, args.growth, args.window).replace("compactions", "summary calls"))
 
 
 if __name__ == "__main__":

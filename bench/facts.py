@@ -144,20 +144,28 @@ def _failure(text: str) -> str:
     """What a failed tool said, "" when it did not fail: judged by the outcome (a traceback, a
     non-zero exit status, a result labelled as an error), not by the look of any one line."""
     if _TRACEBACK in text:
-        return _exception_line(text[text.rindex(_TRACEBACK) + len(_TRACEBACK) :])
+        at = text.rindex(_TRACEBACK)
+        opening = text[text.rfind("\n", 0, at) + 1 : at]
+        return _exception_line(text[at + len(_TRACEBACK) :], opening)
     status = _exit_status(text)
     if status is not None:
         return _last_line(_printed(text)) if status != 0 else ""
     return _labelled_error(text)
 
 
-def _exception_line(frames: str) -> str:
+def _exception_line(frames: str, opening: str = "") -> str:
     """The exception that closes a traceback: the first unindented line after its frames shaped
-    as Python prints one, `package.Name: message` or a bare `Name` (no spaces before a colon)."""
-    for line in frames.splitlines():
+    as Python prints one, `package.Name: message` or a bare `Name` (no spaces before a colon,
+    no markup tag). A traceback printed with `opening` before every line (pytest's
+    `INTERNALERROR> `) is read without it, and ends where its lines stop carrying it."""
+    for line in frames.splitlines()[1 if opening.strip() else 0 :]:
+        if opening.strip():
+            if not line.startswith(opening.rstrip()):
+                return ""
+            line = line[len(opening) :]
         head = line.partition(":")[0]
         if line.strip() and not line[0].isspace() and head and " " not in head:
-            return line
+            return "" if head.startswith("<") else line
     return ""
 
 

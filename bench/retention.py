@@ -12,13 +12,14 @@ everything folded so far at each compaction):
 - task: share of compacted requests whose forwarded list still holds the first user request;
 - post: median size of the request just after a compaction, as a share of the window;
 - comp/conv, and conversations that compacted on most (over half) of their requests;
-- invalid: forwarded lists with a tool result without its call or a call without its result;
-- calls: requests sent to the summarizing model (summary and memory), and previews: compactions
-  that only reduced old tool outputs (`--strategy`: compaction.strategy, default hybrid).
+- invalid: forwarded lists with a tool result without its call or a call without its result.
 
     .venv/bin/python -m bench.retention [--per-source 40] [--windows 8000 32000]
         [--models none lossy] [--sources swe_mini tau] [--jobs 2] [--examples]
         [--strategy summary|selective|hybrid]
+
+Also printed: calls, the requests sent to the summarizing model (summary and memory), and prev,
+the compactions that only cut old tool outputs to previews (`--strategy`: compaction.strategy).
 """
 
 from __future__ import annotations
@@ -44,14 +45,8 @@ from bench.facts import (
     visible_text,
 )
 from bench.facts import flat as flatten
-from compaction import CompactionSettings, Compactor, Strategy
-from compaction.checkpoints import (
-    CheckpointCache,
-    View,
-    checkpoint_after,
-    find_longest,
-    prefix_digests,
-)
+from bench.forwarding import Forwarder
+from compaction import Strategy
 from compaction.types import Message, Purpose
 
 FILES = {
@@ -132,10 +127,10 @@ async def replay(
     messages: list[Any] = conversation["messages"]
     tools = conversation.get("tools") or None
     tally = Tally(conversations=1)
-    compactor = Compactor(settings=CompactionSettings(llm_timeout_s=5, strategy=strategy))
     llm = LossyLLM() if lossy else None
-    store = CheckpointCache()
-    digests = prefix_digests(messages, b"retention")
+    forwarder = Forwarder(
+        messages, seed=b"retention", window=window, llm=llm, tools=tools, strategy=strategy
+    )
     facts = [facts_of(m) for m in messages]
     task_index = next((i for i, m in enumerate(messages) if is_request(m)), None)
     words = task_words(messages[task_index]) if task_index is not None else set()
@@ -145,31 +140,23 @@ async def replay(
     last_summary = ""
     for end in ends:
         prefix = messages[:end]
-        view = View.of(prefix, find_longest(store, digests[:end]))
-        forwarded = view.messages
-        tokens = compactor.estimate(forwarded, tools)
-        if compactor.needs_compaction(tokens, window):
-            compaction = await compactor.prepare(forwarded, window=window, tools=tools)
-            result = await compaction.run(llm=llm, session_id=None)
-            if result.path != "unchanged":
-                checkpoint = checkpoint_after(view, result, digests[:end])
-                if checkpoint is not None:
-                    store.put(checkpoint)
-                forwarded = result.messages
-                memory += [item.content for item in result.memory_items]
-                applied += 1
-                tally.compactions += 1
-                tally.model_calls += result.model_calls
-                tally.previewed += result.path == "selective"
-                tally.post_ratios.append(result.tokens_after / window)
-                last_summary = result.summary_text
-                kept_ids = {id(m) for m in forwarded}
-                folded = [i for i in range(end) if id(prefix[i]) not in kept_ids]
-                haystack = visible_text(forwarded) + "\n" + flatten("\n".join(memory))
-                _measure_folded(facts, folded, haystack, tally)
+        sent = await forwarder.forward(end)
+        forwarded, result = sent.messages, sent.result
+        if result is not None:
+            memory += [item.content for item in result.memory_items]
+            applied += 1
+            tally.compactions += 1
+            tally.model_calls += result.model_calls
+            tally.previewed += result.path == "selective"
+            tally.post_ratios.append(result.tokens_after / window)
+            last_summary = result.summary_text
+            kept_ids = {id(m) for m in forwarded}
+            folded = [i for i in range(end) if id(prefix[i]) not in kept_ids]
+            haystack = visible_text(forwarded) + "\n" + flatten("\n".join(memory))
+            _measure_folded(facts, folded, haystack, tally)
         tally.requests += 1
         tally.invalid += not pairing_is_valid(forwarded)
-        if forwarded is not prefix:
+        if sent.changed:
             tally.compacted_requests += 1
             if task_index is not None and task_index < end:
                 present = any(m is messages[task_index] for m in forwarded)
@@ -227,7 +214,6 @@ def main() -> int:
         f"{'source window model':<22} conv   reqs comp/c  most   task  inv  post"
         f"  {'  '.join(k[:5].rjust(5) for k in KINDS)}  calls  prev"
     )
-    print(f"strategy {args.strategy}")
     overall = Tally()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for source in args.sources:

@@ -376,7 +376,13 @@ async def _drive(
 ) -> int:
     proxy = f"http://127.0.0.1:{prx}"
     await wait_ready(f"http://127.0.0.1:{up}/healthz")
-    await wait_ready(f"{proxy}/healthz")
+    for attempt in range(6):  # on a loaded machine the proxy can take longer than 10 s to start
+        try:
+            await wait_ready(f"{proxy}/healthz")
+            break
+        except RuntimeError:
+            if attempt == 5:
+                raise
     print(
         f"soak: {options.agents} agents (chat, Responses, Anthropic; half streaming, 1 stream in "
         f"{_CUT_EVERY} cut), {options.seconds} s, window {window} tokens, config.yaml "

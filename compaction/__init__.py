@@ -56,10 +56,11 @@ from compaction.messages import (
     join_summary,
     message_text,
     read_items,
+    strip_injected,
 )
 from compaction.offload import Inline, JsonArray, Offload, OffloadLost
 from compaction.settings import CompactionSettings, Strategy
-from compaction.summarize import is_substantive, summary_message, summary_text
+from compaction.summarize import is_substantive, recall_note, summary_message, summary_text
 from compaction.tokens import REPLY_PRIMING_TOKENS, HeuristicEstimator, estimate_request
 from compaction.transcript import render_transcript
 from compaction.types import (
@@ -69,6 +70,7 @@ from compaction.types import (
     MemoryItem,
     Message,
     Plan,
+    PrefixLLM,
     Purpose,
     Round,
     Segments,
@@ -110,6 +112,7 @@ __all__ = [
     "Offload",
     "OffloadLost",
     "Plan",
+    "PrefixLLM",
     "Purpose",
     "Round",
     "Segments",
@@ -138,7 +141,9 @@ __all__ = [
     "plan_key",
     "prefix_digests",
     "read_items",
+    "recall_note",
     "render_transcript",
+    "strip_injected",
     "summary_message",
     "summary_text",
 ]

@@ -49,7 +49,7 @@ from compaction.stages import (
     fold,
     make_plan,
 )
-from compaction.summarize import ask_both, build_memory_request, build_summary_request
+from compaction.summarize import Question, ask_summarizer, describe_kept
 from compaction.tokens import HeuristicEstimator, estimate_request
 from compaction.types import (
     ChatLLM,
@@ -379,18 +379,17 @@ class Compaction:
             return self._unchanged(attempt, "too little to fold: a summary would not be smaller")
         settings = compactor.settings
         summary_max_tokens = max(64, int(prepared.body_budget * LLM_SHARE))
-        summary_reply, memory_reply = await ask_both(
+        summary_reply, memory_reply, _ = await ask_summarizer(
             llm,
-            build_summary_request(
-                prepared.transcript,
+            Question(
+                transcript=prepared.transcript,
                 # The model updates its own text; code carries the ledger and key items forward.
                 previous_summary=(prepared.previous.lead or None) if prepared.previous else None,
-                max_tokens=summary_max_tokens,
+                summary_max_tokens=summary_max_tokens,
+                memory_max_tokens=settings.memory_max_tokens,
                 cjk=prepared.cjk,
+                kept=describe_kept(messages, plan.keep_from, self.shape),
             ),
-            summary_max_tokens,
-            build_memory_request(prepared.transcript, cjk=prepared.cjk),
-            settings.memory_max_tokens,
             timeout_s=settings.llm_timeout_s,
         )
         done = await compactor.offload.run(

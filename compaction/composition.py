@@ -22,7 +22,7 @@ from compaction.messages import Item, Shape
 from compaction.pinned import Pinned, render_pinned
 from compaction.sections import Body, read_body, render_sections, render_task
 from compaction.summarize import summary_text, unwrap_summary
-from compaction.text import clip_middle
+from compaction.text import clip_middle, collapse_spaces
 from compaction.types import MemoryItem, Message, ResultPath, TokenEstimator
 
 LLM_SHARE = 0.45
@@ -102,11 +102,8 @@ def compose_summary(
     """The summary body within `budget` tokens, plus the standing instructions within
     `pinned_budget`: "llm" with a model text, else "extractive", and "dropped" (a one-line note
     after the instructions) when not even the lead fits."""
-    pinned = render_pinned(
-        merge_instructions(previous.instructions if previous else (), ledger.instructions),
-        budget=pinned_budget,
-        estimator=estimator,
-        earlier_overflow=previous.pinned_overflow if previous else 0,
+    pinned = compose_pinned(
+        previous, ledger.instructions, budget=pinned_budget, estimator=estimator
     )
     if pinned.shown:  # a request the section quotes whole is not listed twice
         quoted_whole = {i.text for i in pinned.shown}
@@ -131,6 +128,9 @@ def compose_summary(
     if task:
         clipped = clip_to_tokens(task, int(budget * TASK_SHARE), estimator)
         task_text = render_task(clipped) if clipped else ""
+    if task_text and ledger.requests:  # the task, quoted whole, is not listed a second time
+        shown = collapse_spaces(task_text)
+        ledger = replace(ledger, requests=tuple(r for r in ledger.requests if r not in shown))
     parts = [p for p in (lead, task_text) if p]
     head = "\n\n".join(parts)
     if not lead or estimator.count_text(head) > budget:
@@ -142,6 +142,24 @@ def compose_summary(
     rendered = render_sections(ledger, tuple(items), estimator=estimator, max_tokens=room)
     body = _joined(pinned.text, head, rendered.text)
     return Composed(body, path, rendered.overflow, rendered.left_out, pinned.left_out)
+
+
+def compose_pinned(
+    previous: Body | None,
+    found: Sequence[Instruction],
+    *,
+    budget: int,
+    estimator: TokenEstimator,
+) -> Pinned:
+    """The pinned section of a new summary: the earlier summary's standing instructions carried
+    forward, then those `found` in the folded turns, within `budget` tokens (the earlier
+    overflow still counted)."""
+    return render_pinned(
+        merge_instructions(previous.instructions if previous else (), found),
+        budget=budget,
+        estimator=estimator,
+        earlier_overflow=previous.pinned_overflow if previous else 0,
+    )
 
 
 def _joined(*parts: str) -> str:

@@ -197,7 +197,8 @@ def build_ledger(
     prose = [
         item
         for item in chosen
-        if item.kind == "assistant" or (item.kind == "user" and not item.observation)
+        if item.kind == "assistant"
+        or (item.kind == "user" and not item.observation and not item.injected)
     ]  # item.is_prose, without two property calls per item
     mentions = scan([item.text for item in prose])
     paths = list(map(itemgetter(0), mentions))
@@ -220,7 +221,7 @@ def build_ledger(
                     calling.append((at, commands, named))
         elif item.observation:
             trail.answer(("shell",), item.text)
-        elif kind == "user":
+        elif kind == "user" and not item.injected:
             at += 1
     # An item's files: its prose's, its commands', its calls' arguments'.
     in_commands = iter(

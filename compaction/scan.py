@@ -12,7 +12,10 @@ from collections.abc import Iterable
 from compaction.messages import ToolCall
 from compaction.text import clip_end, collapse_spaces, is_collapsed
 
-REQUEST_CHARS = 300
+REQUEST_CHARS = 3000
+"""A user request is listed whole up to this long (whitespace collapsed): what the person asked
+is kept as they said it (a 2,555-character task given with `codex exec resume` was listed by its
+first 300 characters, its last sentence nowhere); only a pasted text is clipped."""
 COMMAND_CHARS = 160
 ERROR_CHARS = 200
 PATH_CHARS = 200
@@ -85,6 +88,7 @@ _TRACEBACK_END = re.compile(
     re.escape(_TRACEBACK_HEADER) + r"[^\n]*\n(?:(?:[ \t\r][^\n]*)?\n)*(\S[^\n]*)"
 )
 _TAIL_CHARS = 4000
+_PREFIXED_LINES = 2000  # of a traceback whose lines carry a prefix, the most read
 _DECORATION = "=-*~"
 _NOT_OUTPUT = re.compile(
     r"</?[\w-]+>$"  # a tag of the harness's own (`</output>`)
@@ -207,10 +211,32 @@ def first_error_line(text: str) -> str | None:
 
 def final_exception(text: str) -> str | None:
     """The exception that ended the last Python traceback of `text` (of a chained traceback, the
-    one raised last, not its cause): the first unindented line after the last frames."""
+    one raised last, not its cause): the first unindented line after the last frames. A
+    traceback whose header opens after a prefix (pytest's `INTERNALERROR> `) is read with that
+    prefix taken off each of its lines."""
     start = text.rfind(_TRACEBACK_HEADER)
-    found = _TRACEBACK_END.match(text, start) if start >= 0 else None
+    if start < 0:
+        return None
+    prefix = text[text.rfind("\n", 0, start) + 1 : start]
+    if prefix.strip():
+        text, start = _without_prefix(text[start:], prefix), 0
+    found = _TRACEBACK_END.match(text, start)
     return clip_end(collapse_spaces(found.group(1)), ERROR_CHARS) if found else None
+
+
+def _without_prefix(traceback: str, prefix: str) -> str:
+    """The lines of `traceback` that carry `prefix` (blank ones its bare form), up to the first
+    that does not, with the prefix taken off."""
+    bare = prefix.rstrip()
+    lines: list[str] = []
+    for line in traceback.split("\n", _PREFIXED_LINES)[1:]:
+        if line.startswith(prefix):
+            lines.append(line[len(prefix) :])
+        elif line.rstrip() == bare:
+            lines.append("")
+        else:
+            break
+    return "\n".join([_TRACEBACK_HEADER, *lines, ""])
 
 
 def last_output_line(text: str) -> str | None:

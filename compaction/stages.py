@@ -19,16 +19,19 @@ from typing import NamedTuple
 
 from compaction.composition import (
     body_budget,
+    compose_pinned,
     compose_summary,
     is_too_little,
     read_previous,
 )
 from compaction.extract import extract_memory_items
+from compaction.instructions import find_instructions
 from compaction.invariants import check_compacted
 from compaction.ledger import Ledger, build_ledger
 from compaction.mentions import MentionCache, scan_prose
 from compaction.messages import Item, Shape, read_items
 from compaction.offload import JobMessages
+from compaction.pinned import Pinned
 from compaction.plan import plan_compaction
 from compaction.sections import Body
 from compaction.segment import split
@@ -335,11 +338,17 @@ def drop_folded(
     estimator: TokenEstimator,
     compaction_id: str,
 ) -> CompactionResult:
-    """The last resort, at no cost that grows with the folded part: the folded messages left
-    out with a one-line note, checked like any result (the input unchanged if the check fails)."""
+    """The last resort, at a cost that grows with the count of folded messages and what the
+    user wrote in them, not with the tool output (a compaction of a view built on a checkpoint
+    folds about a window's worth; a first one of a long history, all of it): the folded messages
+    left out with a one-line note after the user's standing instructions (carried forward like
+    any summary does, see `carry_pinned`), checked like any result (the input unchanged if the
+    check fails)."""
     folded = len(plan.folded)
+    pinned = carry_pinned(messages, plan, shape=shape, estimator=estimator)
     note = f"{folded} earlier messages were omitted to fit the context window."
-    inserted = summary_message(note, shape)
+    body = "\n\n".join(part for part in (pinned.text, note) if part)
+    inserted = summary_message(body, shape)
     compacted = compacted_list(messages, plan, inserted)
     problems = check_compacted(messages, compacted, plan, shape=shape) if folded else ["nothing"]
     tokens_after = estimate_request(compacted, tools, estimator)
@@ -350,9 +359,9 @@ def drop_folded(
         reason=f"dropped {folded} messages: no summary in time" if ok else "nothing to drop",
         keep_from=plan.keep_from if ok else 0,
         prefix_len=plan.head_end + 1 + len(plan.pinned) if ok else 0,
-        summary_text=note if ok else "",
+        summary_text=body if ok else "",
         summary_message=inserted if ok else None,
-        memory_items=(),
+        memory_items=tuple(pinned.memory_items()) if ok else (),
         verification=None,
         tokens_before=plan.tokens_before,
         tokens_after=tokens_after if ok else plan.tokens_before,
@@ -361,4 +370,22 @@ def drop_folded(
         duration_s=0.0,
         folded_count=folded if ok else 0,
         errors=tuple(problems[:3]) if not ok else (),
+        pinned_overflow=len(pinned.left_out) if ok else 0,
+    )
+
+
+def carry_pinned(
+    messages: Sequence[Message], plan: Plan, *, shape: Shape, estimator: TokenEstimator
+) -> Pinned:
+    """The standing instructions a summary replacing `plan.folded` must hold: an earlier
+    summary's section carried forward, and what the user laid down in the folded turns, within
+    the plan's pinned budget (what has no room is left out, for the memory file, and counted)."""
+    folded = [messages[i] for i in plan.folded]
+    items = read_items(folded, shape)
+    _, previous = read_previous(folded, items, range(len(folded)), shape)
+    return compose_pinned(
+        previous,
+        find_instructions(items),
+        budget=plan.pinned_budget_tokens,
+        estimator=estimator,
     )

@@ -4,12 +4,19 @@ Builds the summary, update and memory-extraction requests from the prompt files 
 `compaction/prompts/`, asks the model with a timeout (judging whether the answer is usable), and
 wraps a summary body in the fixed framing that marks it
 (`summary_message`), byte-identically for the same body.
+
+Two kinds of request (`ask_summarizer`): standalone, a summary request and a memory request
+that each carry the folded transcript; or, when the summarizer can repeat the conversation's
+own last request (a `PrefixLLM`) and the window has room, one question asked as a final user
+turn after it (`cached.md`), whose answer carries the summary and the memory items: the
+provider's prompt cache covers the conversation, and only the question and the answer are new.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -19,21 +26,32 @@ from typing import Any
 from compaction.marker import SUMMARY_MARKER
 from compaction.messages import CHAT, Shape, message_text
 from compaction.text import CJK_LETTER
-from compaction.types import ChatLLM, Message, Purpose
+from compaction.types import ChatLLM, Message, PrefixLLM, Purpose
 
 __all__ = [
+    "MIN_CACHED_MEMORY_TOKENS",
+    "Question",
     "Reply",
     "ask",
     "ask_both",
+    "ask_summarizer",
+    "build_cached_question",
     "build_memory_request",
     "build_summary_request",
+    "describe_kept",
     "is_substantive",
     "load_prompt",
     "message_text",
+    "recall_note",
+    "split_answer",
     "summary_message",
     "summary_text",
     "unwrap_summary",
 ]
+
+MIN_CACHED_MEMORY_TOKENS = 256
+"""The least room for memory items that a cached question asks with; with less room left in
+the window after the conversation, the summarizer is asked standalone."""
 
 # ---------------------------------------------------------------- prompts
 
@@ -74,17 +92,57 @@ def build_memory_request(transcript: str, *, cjk: bool) -> list[Message]:
     ]
 
 
+def describe_kept(messages: Sequence[Message], keep_from: int, shape: Shape = CHAT) -> str:
+    """How the cached question names the messages that stay verbatim: how many, and the
+    opening words of the first one (a model counts messages badly)."""
+    count = len(messages) - keep_from
+    if count <= 0:
+        return "none of the messages"
+    opening = " ".join(shape.read(messages[keep_from]).text.split())[:80]
+    named = f"the last {count} messages" if count > 1 else "the last message"
+    return f'{named}, from the one that begins "{opening}",' if opening else named
+
+
+def build_cached_question(*, kept: str, previous_summary: bool, max_tokens: int, cjk: bool) -> str:
+    """The final user turn of a cached summary request (`cached.md`)."""
+    previous = (
+        "\nThe conversation opens with a summary of even earlier turns: produce ONE updated "
+        "summary that covers both, as if written fresh (newer information wins; keep every fact "
+        "of it that is still true).\n"
+        if previous_summary
+        else ""
+    )
+    return Template(load_prompt("cached")).substitute(
+        kept=kept, previous=previous, language=language_note(cjk), max_tokens=str(max_tokens)
+    )
+
+
 # ---------------------------------------------------------------- the summary message
 
 
 @cache
-def _framing() -> tuple[str, str]:
-    """The framing text before and after the summary body."""
-    framed = Template(load_prompt("framing")).safe_substitute(marker=SUMMARY_MARKER)
+def _framing(recall: bool = False) -> tuple[str, str]:
+    """The framing text before and after the summary body; `recall`: with the line saying that
+    the folded turns can be recalled (see recall_note)."""
+    note = f"{load_prompt('recall_note')}\n" if recall else ""
+    framed = Template(load_prompt("framing")).safe_substitute(marker=SUMMARY_MARKER, recall=note)
     before, after = framed.split("$summary", 1)
     if not before.startswith(SUMMARY_MARKER):
         raise ValueError("framing.md must start with the summary marker")
     return before, after
+
+
+@cache
+def recall_note() -> tuple[str, str]:
+    """(anchor, line): in a summary message's framing, the one line telling the model that the
+    folded turns can be recalled with the `recall` tool goes right after `anchor` (the end of
+    the framing's line before it). The proxy adds it to the summary of a request that carries
+    that tool; a summary without it is the framing as without recall, byte for byte."""
+    plain, _ = _framing()
+    with_note, _ = _framing(recall=True)
+    at = next(i for i, (a, b) in enumerate(zip(plain, with_note, strict=False)) if a != b)
+    line = with_note[at : at + len(with_note) - len(plain)]
+    return plain[max(0, at - 48) : at], line
 
 
 def summary_message(text: str, shape: Shape = CHAT) -> Any:
@@ -102,6 +160,7 @@ def summary_text(message: Any, shape: Shape = CHAT) -> str:
         return ""
     content = shape.read(message).text
     before, after = _framing()
+    content = content.replace(recall_note()[1], "", 1)
     if content.startswith(before) and content.endswith(after):
         return content[len(before) : len(content) - len(after)].strip()
     return content[len(SUMMARY_MARKER) :].strip()
@@ -148,9 +207,15 @@ async def ask(
     llm: ChatLLM, request: list[Message], *, purpose: Purpose, max_tokens: int, timeout_s: float
 ) -> Reply:
     """One call to the summarizing model; every failure becomes a Reply with an error."""
+    return await _asked(
+        lambda: llm.complete(request, purpose=purpose, max_tokens=max_tokens), purpose, timeout_s
+    )
+
+
+async def _asked(call: Callable[[], Awaitable[str]], purpose: Purpose, timeout_s: float) -> Reply:
     try:
         async with asyncio.timeout(timeout_s):
-            text = await llm.complete(request, purpose=purpose, max_tokens=max_tokens)
+            text = await call()
     except TimeoutError:
         return _failed(purpose, f"timed out after {timeout_s:g} s")
     except Exception as exc:  # any failure of the summarizer means: fall back
@@ -191,3 +256,95 @@ async def ask_both(
         ),
     )
     return summary, memory
+
+
+@dataclass(frozen=True)
+class Question:
+    """What one compaction asks its summarizer, in either kind of request."""
+
+    transcript: str
+    """The folded messages as text (what a standalone request carries)."""
+    previous_summary: str | None
+    """The model's part of the earlier summary being updated, if any."""
+    summary_max_tokens: int
+    memory_max_tokens: int
+    cjk: bool
+    kept: str
+    """The messages that stay verbatim, as the cached question names them (describe_kept)."""
+
+
+async def ask_summarizer(
+    llm: ChatLLM | None, question: Question, *, timeout_s: float
+) -> tuple[Reply, Reply, int]:
+    """The summary and the memory items, and how many model calls brought them: one cached
+    question when `llm` can ask after the conversation's own request and the window has room
+    for it, else two standalone requests asked concurrently (none without a model)."""
+    if llm is None:
+        none = Reply(None, None)
+        return none, none, 0
+    if isinstance(llm, PrefixLLM):
+        cached = await _ask_cached(llm, question, timeout_s)
+        if cached is not None:
+            return *cached, 1
+    summary, memory = await ask_both(
+        llm,
+        build_summary_request(
+            question.transcript,
+            previous_summary=question.previous_summary,
+            max_tokens=question.summary_max_tokens,
+            cjk=question.cjk,
+        ),
+        question.summary_max_tokens,
+        build_memory_request(question.transcript, cjk=question.cjk),
+        question.memory_max_tokens,
+        timeout_s=timeout_s,
+    )
+    return summary, memory, 2
+
+
+async def _ask_cached(
+    llm: PrefixLLM, question: Question, timeout_s: float
+) -> tuple[Reply, Reply] | None:
+    """The cached question's two replies; None when the window has too little room after the
+    conversation for it (a request near the window's end: standalone instead)."""
+    instruction = build_cached_question(
+        kept=question.kept,
+        previous_summary=question.previous_summary is not None,
+        max_tokens=question.summary_max_tokens,
+        cjk=question.cjk,
+    )
+    # A bound of the question's tokens that needs no estimator: no tokenizer counts fewer than
+    # one token for three characters of this prompt's prose.
+    room = llm.room_after_prefix - len(instruction) // 3 - question.summary_max_tokens
+    memory_max_tokens = min(question.memory_max_tokens, room)
+    if memory_max_tokens < MIN_CACHED_MEMORY_TOKENS:
+        return None
+    max_tokens = question.summary_max_tokens + memory_max_tokens
+    reply = await _asked(
+        lambda: llm.complete_after_prefix(instruction, purpose="summary", max_tokens=max_tokens),
+        "summary",
+        timeout_s,
+    )
+    if reply.text is None:
+        return reply, Reply(None, None)
+    summary, memory = split_answer(reply.text)
+    summary_reply = (
+        Reply(summary, None)
+        if is_substantive(summary)
+        else _failed("summary", "empty or nonsensical answer")
+    )
+    memory_reply = Reply(memory, None) if memory is not None else _failed("memory", "no <memory>")
+    return summary_reply, memory_reply
+
+
+_MEMORY_PART = re.compile(r"<memory>(.*?)(?:</memory>|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+def split_answer(text: str) -> tuple[str, str | None]:
+    """A cached question's answer as its summary (the `<summary>` part, or everything but the
+    memory part) and its memory part (None when it has none)."""
+    found = _MEMORY_PART.search(text)
+    if found is None:
+        return unwrap_summary(text), None
+    rest = text[: found.start()] + text[found.end() :]
+    return unwrap_summary(rest), found.group(1).strip()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from compaction.text import normalize
 
@@ -62,6 +62,23 @@ class ChatLLM(Protocol):
 
     async def complete(
         self, messages: list[Message], *, purpose: Purpose, max_tokens: int
+    ) -> str: ...
+
+
+@runtime_checkable
+class PrefixLLM(ChatLLM, Protocol):
+    """A ChatLLM that can also ask after the conversation's own request: the same model,
+    system, tools and messages as last forwarded, then `instruction` as a final user turn, so
+    the provider's prompt cache covers all but the question (compaction.summarize)."""
+
+    @property
+    def room_after_prefix(self) -> int:
+        """The tokens the window leaves after the conversation's request: for the question and
+        the answer."""
+        ...
+
+    async def complete_after_prefix(
+        self, instruction: str, *, purpose: Purpose, max_tokens: int
     ) -> str: ...
 
 

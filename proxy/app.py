@@ -18,12 +18,14 @@ from proxy.compacting.records import SessionRecords
 from proxy.compacting.stores.factory import build_backend
 from proxy.compacting.stores.roles import StateBackend
 from proxy.compacting.workers import Workers
+from proxy.heap import find_trim, trim_heap_every
 from proxy.http import admin, dashboard, handlers, keys
 from proxy.http.middleware import GET_ONLY, AnyTarget, unmatched, wrap_handler
 from proxy.http.upstream import Upstream
 from proxy.interception import Hook
 from proxy.loop_lag import watch_loop_lag
 from proxy.metrics import Metrics
+from proxy.recall import Recall
 from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks
 
@@ -56,6 +58,7 @@ def create_app(
     records = SessionRecords(
         max_sessions=settings.admin.max_sessions,
         records_per_session=settings.admin.records_per_session,
+        max_bytes=int(settings.admin.max_records_mb * 1024 * 1024),
         preview_chars=settings.admin.preview_chars,
     )
     app[keys.RECORDS] = records
@@ -82,6 +85,14 @@ def create_app(
             offload=app[WORKERS],
             archiving=Archiving(app[keys.ARCHIVE], app[keys.METRICS].archive, app[keys.TASKS])
             if settings.archive.enabled
+            else None,
+            recall=Recall(
+                app[keys.ARCHIVE],
+                settings.memory.dir,
+                settings.compaction.recall_max_rounds,
+                app[keys.METRICS].recall,
+            )
+            if settings.compaction.recall == "on" and settings.compaction.recall_max_rounds
             else None,
         )
         replacements = Replacements(store=store or state, state=state, llm_for=llm_for)
@@ -148,7 +159,13 @@ async def _archive_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _tasks_ctx(app: web.Application) -> AsyncIterator[None]:
-    app[keys.TASKS].spawn(watch_loop_lag(app[keys.METRICS].loop_lag), name="loop-lag")
+    app[keys.TASKS].spawn(
+        watch_loop_lag(app[keys.METRICS].loop_lag), name="loop-lag", lifelong=True
+    )
+    trim_s = app[keys.SETTINGS].server.heap_trim_s
+    trim = find_trim() if trim_s > 0 else None
+    if trim is not None:
+        app[keys.TASKS].spawn(trim_heap_every(trim_s, trim), name="heap-trim", lifelong=True)
     yield
     await app[keys.TASKS].close()
 

@@ -193,6 +193,7 @@ def _receipt(record: Mapping[str, Any]) -> list[str]:
         + (f" [{folded[0]}, {folded[1]})" if folded else ""),
         f"verification {record['quality'] or '-'} "
         f"({_n(record['key_decisions_preserved'])}/{_n(record['key_decisions_total'])} decisions)",
+        f"standing instructions without room {_n(record.get('pinned_overflow'))}",
     ]
     for error in record.get("errors") or ():
         lines.append(f"summarizer error: {error}")

@@ -12,7 +12,10 @@ one object that carries what this request needs from then on.
 2. `exchange.retry_after_error(status, body)` only when the upstream answers 400, 413 or 422 and
    its error body is at most 1 MiB (decompressed when it came gzip/deflate encoded); new bytes
    make the handler retry once with them, None relays the upstream's error unchanged.
-3. `exchange.observe(status, usage)` after the response was relayed to the client.
+3. `exchange.followup`, when not None, takes the upstream's 200 response before the client
+   sees it: it may call the upstream again (proxy.recall answers the model's calls to the tool
+   the hook added) and gives what the client receives (`Followed`).
+4. `exchange.observe(status, usage)` after the response was relayed to the client.
 
 The handler fails open around every call: an exception other than a `ProxyError` is logged and
 treated as "pass through" (the original body, no retry). The default hook is
@@ -21,7 +24,7 @@ proxy.compacting.hook.CompactingHook; tests pass in their own.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -64,6 +67,11 @@ class Exchange(Protocol):
     @property
     def wants_usage(self) -> bool: ...
 
+    @property
+    def followup(self) -> Followup | None:
+        """What takes the upstream's 200 response before the client (None: it is relayed)."""
+        ...
+
     async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
         """A new request body to retry once with after the upstream's error `body`, or None."""
         ...
@@ -71,6 +79,56 @@ class Exchange(Protocol):
     def observe(self, status: int, usage: Usage | None) -> None:
         """`usage` is the response's `usage` object when it was cheap to find, else None."""
         ...
+
+
+class Body(Protocol):
+    async def readany(self) -> bytes: ...
+
+
+class Response(Protocol):
+    """An upstream response as the relay and a followup read it: aiohttp's ClientResponse or
+    the wire client's (proxy.http.upstream)."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def headers(self) -> CIMultiDictProxy[str]: ...
+    @property
+    def content(self) -> Body: ...
+    def release(self) -> object: ...
+    def close(self) -> None: ...
+
+
+class Resend(Protocol):
+    """The upstream as a followup reaches it: the request's URL and headers, another body."""
+
+    async def send(self, body: bytes) -> Response: ...
+
+    def chunks(self, response: Response) -> AsyncIterable[bytes]: ...
+
+    async def read(self, response: Response) -> bytes:
+        """The whole body, decoded (UpstreamStreamCut or ProxyError when it fails)."""
+        ...
+
+
+@dataclass
+class Followed:
+    """What the client receives after a followup: `response`'s status and headers (those it
+    says are stale, Content-Length and Content-Encoding, are left out when `rewritten`), the
+    body from `chunks`, and `headers` to add. `usage` is the first response's (calibration reads
+    what the upstream counted of the request the hook sent)."""
+
+    response: Response
+    chunks: AsyncIterable[bytes]
+    rewritten: bool
+    headers: Mapping[str, str] = field(default_factory=dict)
+    usage: Usage | None = None
+
+
+class Followup(Protocol):
+    async def follow(self, first: Response, upstream: Resend) -> Followed: ...
 
 
 class Hook(Protocol):
@@ -87,6 +145,7 @@ class Passthrough:
     session_id: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     wants_usage: bool = False
+    followup: Followup | None = None
 
     async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
         return None

@@ -71,6 +71,7 @@ class Metrics:
         self.compaction = CompactionMetrics(r)
         self.state = StateMetrics(r)
         self.archive = ArchiveMetrics(r)
+        self.recall = RecallMetrics(r)
 
     def render(self) -> bytes:
         return generate_latest(_WithoutCreated(self.registry))
@@ -260,9 +261,21 @@ class CompactionMetrics:
             "Context-length errors from the upstream answered by compacting and retrying once.",
             registry=r,
         )
+        self.recall_refused = Counter(
+            "compaction_proxy_recall_refused",
+            "Compacted requests the upstream refused (400) with the recall tool, retried once "
+            "without it.",
+            registry=r,
+        )
         self.tokens_saved = Counter(
             "compaction_proxy_tokens_saved",
             "Estimated prompt tokens removed by compactions (each compaction counted once).",
+            registry=r,
+        )
+        self.pinned_overflow = Counter(
+            "compaction_proxy_pinned_overflow",
+            "Standing instructions of the user that a compaction had no room for in the "
+            "summary's pinned section (compaction.pinned_ratio): written to the memory file.",
             registry=r,
         )
         self.worker_replacements = Counter(
@@ -299,6 +312,40 @@ class ArchiveMetrics:
         self.failures = Counter(
             "compaction_proxy_archive_failures",
             "Archive writes that failed (the request went on).",
+            registry=r,
+        )
+
+
+class RecallMetrics:
+    """The `recall` tool (proxy.recall): the rounds the proxy answered, what they cost upstream,
+    the proxy's own time in them, and the rounds given up (the client got the response it would
+    have got without recall)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.rounds = Counter(
+            "compaction_proxy_recall_rounds",
+            "Recall calls answered by the proxy, each followed by one more upstream call.",
+            ("dialect",),
+            registry=r,
+        )
+        self.tokens = Counter(
+            "compaction_proxy_recall_tokens",
+            "Tokens the upstream reported for recall rounds (kind: input, output).",
+            ("kind",),
+            registry=r,
+        )
+        self.given_up = Counter(
+            "compaction_proxy_recall_given_up",
+            "Recall rounds given up (reason: upstream_error, unreadable, max_rounds, error).",
+            ("reason",),
+            registry=r,
+        )
+        self.round_seconds = Histogram(
+            "compaction_proxy_recall_round_seconds",
+            "The proxy's own time in one recall round (search, answer, next body), upstream "
+            "waits excluded.",
+            buckets=_LAG_BUCKETS,
             registry=r,
         )
 

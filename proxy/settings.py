@@ -48,6 +48,9 @@ class ServerSettings(_Section):
     max_body_mb: float = Field(default=64, gt=0)
     read_timeout_s: float = Field(default=60, gt=0)
     shutdown_timeout_s: float = Field(default=30, gt=0)
+    heap_trim_s: float = Field(default=30, ge=0)
+    """How often the C allocator's free memory is given back to the system (proxy.heap); 0:
+    never."""
 
     @property
     def max_body_bytes(self) -> int:
@@ -133,6 +136,10 @@ class CompactionSection(_Section):
     precompute_ratio: float = Field(default=0.7, ge=0, le=1)
     keep_recent_rounds: int = Field(default=_LIBRARY.keep_recent_rounds, gt=0)
     summary_model: str | None = None
+    summary_request: Literal["cached", "standalone"] = "cached"
+    """cached: the summary (and memory items) asked as a final turn after the conversation's
+    own request, which the provider's prompt cache already holds; standalone: the folded
+    transcript sent in a request of its own (always, with another summary_model)."""
     summary_max_tokens: int = Field(default=_LIBRARY.summary_max_tokens, gt=0)
     summary_timeout_s: float = Field(default=60, gt=0)
     failure_threshold: int = Field(default=3, gt=0)
@@ -145,12 +152,19 @@ class CompactionSection(_Section):
     strict_alternation: bool = _LIBRARY.strict_alternation
     pinned_ratio: float = Field(default=_LIBRARY.pinned_ratio, ge=0, lt=1)
     strategy: Strategy = _LIBRARY.strategy
+    recall: Literal["on", "off"] = "on"
+    """on: a compacted request carries the `recall` tool (proxy.recall), answered by the proxy
+    from the session's archive and memory items; off: compacted requests as without recall."""
+    recall_max_rounds: int = Field(default=3, ge=0, le=20)
+    """Upstream calls answered with a recall per client request at most (0: like `off`)."""
 
-    @field_validator("mode", mode="before")
+    @field_validator("mode", "recall", mode="before")
     @classmethod
     def _on_is_a_word(cls, value: object) -> object:
-        # YAML 1.1 reads a bare `on` as true.
-        return "on" if value is True else value
+        # YAML 1.1 reads a bare `on` as true, a bare `off` as false.
+        if value is True:
+            return "on"
+        return "off" if value is False else value
 
     @field_validator("target_ratio")
     @classmethod
@@ -192,6 +206,9 @@ class AdminSettings(_Section):
     token: str | None = None
     records_per_session: int = Field(default=50, gt=0)
     max_sessions: int = Field(default=10000, gt=0)
+    max_records_mb: float = Field(default=64, gt=0)
+    """What the sessions' records and timelines may hold in memory, estimated (MiB); beyond it
+    the least recently seen sessions go."""
     preview_chars: int = Field(default=400, ge=0)
 
     @field_validator("token")
@@ -209,6 +226,9 @@ class StateSettings(_Section):
     path: Path = Path("./workspace/state.sqlite3")
     redis_url: str | None = None
     redis_max_connections: int = Field(default=32, ge=1)
+    cached_checkpoints: int = Field(default=1024, gt=0)
+    """Checkpoints the sqlite and redis backends keep decoded in the process (least recently
+    used go first; a checkpoint not kept is read back from the backend when needed)."""
     timeout_s: float = Field(default=0.5, gt=0)
     retry_s: float = Field(default=5, gt=0)
 

@@ -25,19 +25,26 @@ class Reported(Exception):
 class BackgroundTasks:
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[object]] = set()
+        self._lifelong: set[asyncio.Task[object]] = set()
         self._closed = False
 
-    def spawn(self, coro: Coroutine[object, None, T], *, name: str) -> asyncio.Task[T]:
+    def spawn(
+        self, coro: Coroutine[object, None, T], *, name: str, lifelong: bool = False
+    ) -> asyncio.Task[T]:
+        """`lifelong`: runs for the app's whole life (a watcher), not work that waits."""
         if self._closed:
             coro.close()
             raise RuntimeError("background tasks are closed")
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
+        if lifelong:
+            self._lifelong.add(task)
         task.add_done_callback(self._finished)
         return task
 
     def _finished(self, task: asyncio.Task[object]) -> None:
         self._tasks.discard(task)
+        self._lifelong.discard(task)
         if task.cancelled():
             return
         error = task.exception()
@@ -49,6 +56,11 @@ class BackgroundTasks:
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+    @property
+    def queued(self) -> int:
+        """The tasks that are work waiting to be done: all but the lifelong ones."""
+        return len(self._tasks) - len(self._lifelong)
 
     @property
     def closed(self) -> bool:

@@ -27,6 +27,19 @@ def test_a_traceback_yields_the_exception_that_closes_it() -> None:
     assert errors == {"django.db.utils.OperationalError: no such table: book"}
 
 
+def test_a_traceback_behind_a_line_prefix_yields_its_exception_not_a_closing_tag() -> None:
+    output = (
+        "<returncode>3</returncode>\n<output_tail>\n"
+        "INTERNALERROR> Traceback (most recent call last):\n"
+        'INTERNALERROR>   File "xdist/dsession.py", line 209, in worker_errordown\n'
+        "INTERNALERROR>     self._active_nodes.remove(node)\n"
+        "INTERNALERROR> KeyError: <WorkerController gw1>\n\n"
+        "=== 2 failed in 0.66s ===\n\n</output_tail>"
+    )
+    errors = facts_of({"role": "user", "content": output}).by_kind["errors"]
+    assert errors == {"KeyError: <WorkerController gw1>"}
+
+
 def test_a_failed_command_yields_its_last_printed_line() -> None:
     output = (
         "<returncode>1</returncode>\n<output>\n/usr/bin/python3: No module named pytest\n</output>"

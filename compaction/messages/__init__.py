@@ -3,7 +3,8 @@
 A `Shape` turns one raw message (exactly as the caller sent it) into an `Item`, the neutral view
 (item.py), and builds the raw message that carries a summary. One module per API shape: `CHAT`
 (chat completions, the default everywhere), `RESPONSES` (the Responses API's input items) and
-`ANTHROPIC` (Anthropic Messages, with `join_summary` for the wire).
+`ANTHROPIC` (Anthropic Messages, with `join_summary` for the wire). What clients inject into a
+user turn (injected.py) is read here too: such context is never the person's request.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Iterable
 
 from compaction.messages.anthropic import ANTHROPIC, blocks_text, check_turns, join_summary
 from compaction.messages.chat import CHAT, LEGACY_CALL_PREFIX, is_message, message_text
+from compaction.messages.injected import INJECTED_TAGS, strip_injected
 from compaction.messages.item import (
     AUDIO_PART_TOKENS,
     FILE_PART_TOKENS,
@@ -36,6 +38,7 @@ __all__ = [
     "FILE_PART_TOKENS",
     "IMAGE_HIGH_TOKENS",
     "IMAGE_LOW_TOKENS",
+    "INJECTED_TAGS",
     "LEGACY_CALL_PREFIX",
     "MESSAGE_OVERHEAD_TOKENS",
     "OBSERVATION_PREFIXES",
@@ -55,6 +58,7 @@ __all__ = [
     "json_text",
     "message_text",
     "read_items",
+    "strip_injected",
 ]
 
 

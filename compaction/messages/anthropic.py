@@ -31,6 +31,7 @@ from compaction.messages.item import (
     is_user_summary,
     json_text,
     measure_value,
+    user_item,
     user_summary,
 )
 from compaction.types import Message
@@ -86,7 +87,7 @@ class AnthropicShape:
             if answers:
                 return Item("tool", text, answers=answers, label=role)
             observation = isinstance(content, str) and is_observation_text(text)
-            return Item("user", text, observation=observation, label=role)
+            return user_item(text, role, observation=observation)
         if role == "assistant":
             return Item("assistant", text, calls=_calls(content), label=role)
         return Item("other", text, label=role)

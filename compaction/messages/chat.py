@@ -21,6 +21,7 @@ from compaction.messages.item import (
     is_observation_text,
     is_user_summary,
     json_text,
+    user_item,
     user_summary,
 )
 from compaction.types import Message
@@ -74,15 +75,13 @@ class ChatShape:
         text = content if isinstance(content, str) else message_text(raw)
         if role == "user":
             if text is not content:  # parts: neither a summary nor an observation
-                return Item("user", text, label=role)
+                return user_item(text, role)
             if is_summary_text(text):
                 return Item("summary", text, label=role)
-            return _item(
-                Item, ("user", text, (), (), is_observation_text(text), False, False, role)
-            )
+            return user_item(text, role, observation=is_observation_text(text))
         if role == "assistant":
             calls = _calls(raw) if "tool_calls" in raw or "function_call" in raw else ()
-            return _item(Item, ("assistant", text, calls, (), False, False, False, role))
+            return _item(Item, ("assistant", text, calls, (), False, False, False, role, False))
         if role in _HEAD_ROLES:
             return Item("head", text, label=role)
         if role == "tool":

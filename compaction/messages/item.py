@@ -15,6 +15,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 import orjson
 
 from compaction.marker import is_summary_text
+from compaction.messages.injected import strip_injected
 from compaction.types import Message
 
 Kind = Literal["head", "user", "assistant", "tool", "summary", "other"]
@@ -92,6 +93,9 @@ class Item(NamedTuple):
     calls leaves the earlier calls unanswered."""
     label: str = ""
     """What a transcript calls it: the role or item type; "" for a malformed item."""
+    injected: bool = False
+    """A user turn holding only what the client injected (Codex's `<environment_context>`,
+    Claude Code's `<system-reminder>`…, see injected.py): context, no request of the person's."""
 
     @property
     def call_ids(self) -> tuple[str, ...]:
@@ -105,8 +109,9 @@ class Item(NamedTuple):
 
     @property
     def is_request(self) -> bool:
-        """Something the user wrote: not a summary, not a tool observation."""
-        return self.kind == "user" and not self.observation
+        """Something the user wrote: not a summary, not a tool observation, not only the
+        context a client injected."""
+        return self.kind == "user" and not self.observation and not self.injected
 
     @property
     def is_prose(self) -> bool:
@@ -142,6 +147,25 @@ class Shape(Protocol):
         `reduce(output text)`, each output of it when it holds several; None when `raw` carries
         no tool output (`raw` itself is never edited)."""
         ...
+
+
+_new = tuple.__new__
+
+
+def user_item(text: str, label: str, *, observation: bool = False) -> Item:
+    """A user turn's Item: a tool observation as it is; else the person's words without the
+    elements a client injected into them (a turn of injected context only keeps its text, as
+    context, and is no request)."""
+    # Built as a tuple of all fields (less Item's keyword handling): one per user turn.
+    if observation:
+        return _new(Item, ("user", text, (), (), True, False, False, label, False))
+    said = strip_injected(text)
+    if said == text:  # most turns: `said` is `text` itself
+        return _new(Item, ("user", text, (), (), False, False, False, label, False))
+    said = said.strip()
+    if not said:
+        return Item("user", text, label=label, injected=True)
+    return Item("user", said, label=label)
 
 
 def user_summary(text: str) -> Message:

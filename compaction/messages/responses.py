@@ -30,6 +30,7 @@ from compaction.messages.item import (
     is_observation_text,
     json_text,
     measure_value,
+    user_item,
 )
 from compaction.types import Message
 
@@ -142,7 +143,7 @@ class ResponsesShape:
         if role == "user":
             if self.is_summary(raw):
                 return Item("summary", text, label=role)
-            return Item("user", text, observation=is_observation_text(text), label=role)
+            return user_item(text, role, observation=is_observation_text(text))
         if role == "assistant":
             # The model's message and the calls after it are one turn (one reasoning item may
             # precede them all): glued to what follows, like the reasoning.

@@ -95,6 +95,13 @@ class Archive(Protocol):
         """Best matches first, at most `limit`."""
         ...
 
+    async def find(
+        self, session: str, query: str, *, tenant: str | None, limit: int
+    ) -> tuple[list[Found], set[str] | None]:
+        """`search`, and for a credential (`tenant`) its `compactions` too (None for the whole
+        session), in one trip to the backend where it can: what a recall round waits for."""
+        ...
+
     async def compactions(self, session: str, *, tenant: str | None) -> set[str]:
         """The compactions whose turns are archived for the session (and credential): scopes the
         memory items a search returns."""

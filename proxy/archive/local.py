@@ -73,5 +73,13 @@ class LocalArchive:
         )
         return [entry.found(score) for score, _, entry in best]
 
+    async def find(
+        self, session: str, query: str, *, tenant: str | None, limit: int
+    ) -> tuple[list[Found], set[str] | None]:
+        found = await self.search(session, query, tenant=tenant, limit=limit)
+        if tenant is None:
+            return found, None
+        return found, await self.compactions(session, tenant=tenant)
+
     async def compactions(self, session: str, *, tenant: str | None) -> set[str]:
         return {entry.compaction_id for entry in self._entries(session, tenant)}

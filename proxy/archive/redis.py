@@ -175,6 +175,14 @@ class RedisArchive:
             if raw is not None
         ]
 
+    async def find(
+        self, session: str, query: str, *, tenant: str | None, limit: int
+    ) -> tuple[list[Found], set[str] | None]:
+        found = await self.search(session, query, tenant=tenant, limit=limit)
+        if tenant is None:
+            return found, None
+        return found, await self.compactions(session, tenant=tenant)
+
     async def compactions(self, session: str, *, tenant: str | None) -> set[str]:
         found: set[str] = set()
         for each in await self._tenants(session, tenant):

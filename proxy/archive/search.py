@@ -28,8 +28,7 @@ async def search_session(
     terms = query_terms(query)
     if not terms or limit <= 0:
         return []
-    archived = await archive.search(session, query, tenant=tenant, limit=limit)
-    compactions = None if tenant is None else await archive.compactions(session, tenant=tenant)
+    archived, compactions = await archive.find(session, query, tenant=tenant, limit=limit)
     items = await asyncio.to_thread(
         search_memory, memory_dir, session, terms, compactions=compactions, limit=limit
     )

@@ -2,23 +2,37 @@
 same file; where this SQLite lacks FTS5, a LIKE scan of the session's turns, said once in the log.
 
 Every statement runs on the archive's own thread (its own connection to the file, WAL mode), so
-the event loop never waits for the disk. A search walks the index's matches best first (FTS5
-ranks them in its own index) and keeps those of its session (and credential) until it has its
-`limit`: it never returns another scope's turns. (A scope token in the index, intersected with
-the words, cost ten times more: its list holds every turn of the session.)
+the event loop never waits for the disk. The archive follows the file its path names: when the
+state store starts a new file (the old one deleted, or moved aside as corrupt) or an operator
+puts another in its place, the next statement reopens the path (one stat each time). What only the
+old file held is not copied over: the archive can be far larger than the store's rows, and a
+recall that finds less is a loss, never an error.
+
+Best first, from the index alone (one statement, cut to `limit` in SQL before a turn is read):
+the newest turns of the scope that hold every word of the query; when none holds all, those that
+hold the most of them among each word's newest RANKED, newest first at equal count. FTS5's bm25
+is not used: before it ranks a single row it counts every turn holding each word (0.5-2.5 ms at
+100k turns for common words, more than the rest of a search); the newest turn holding the words
+is also what a model asking about "the" error or "the" path most often means.
+
+A search walks the index's matches newest first and keeps those of its session (and credential)
+until it has enough: it never returns another scope's turns. (A scope token in the index,
+intersected with the words, cost ten times more: its list holds every turn of the session.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import hashlib
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from proxy.archive.entries import Entry, Found, Kind, Scope
 from proxy.archive.terms import query_terms, score_text
@@ -37,15 +51,53 @@ _TABLE = (
     "CREATE TABLE IF NOT EXISTS archive_sizes (session TEXT NOT NULL, tenant TEXT NOT NULL,"
     " bytes INTEGER NOT NULL, PRIMARY KEY (session, tenant))",
 )
+# The compactions whose turns each scope archived (read at every recall: listing them from the
+# turns read every turn of the session). A file from before it gets it filled once.
+_COMPACTIONS = (
+    "CREATE TABLE archive_compactions (session TEXT NOT NULL, tenant TEXT NOT NULL,"
+    " compaction_id TEXT NOT NULL, PRIMARY KEY (session, tenant, compaction_id)) WITHOUT ROWID",
+    "INSERT OR IGNORE INTO archive_compactions"
+    " SELECT DISTINCT session, tenant, compaction_id FROM archive",
+)
 _INDEX = (
     "CREATE VIRTUAL TABLE IF NOT EXISTS archive_fts USING fts5(text,"
     " content='archive', content_rowid='id', tokenize='unicode61 remove_diacritics 2')"
 )
 _COLUMNS = "a.idx, a.kind, a.text, a.body, a.compaction_id, a.at"
 RANKED = 200
-"""A search ranks (bm25) the newest this many turns of its scope that hold its words: ranking
-costs microseconds a turn, and a common word is held by tens of thousands (all of them ranked:
-15 ms at 100k turns). Scoring the texts in Python instead read them all: 70 ms."""
+"""When no turn holds every word: how many of each word's newest turns are counted."""
+
+
+@functools.lru_cache(maxsize=64)
+def _every_word(owners: int) -> str:
+    """The statement finding the newest turns that hold every word (one text per owner count,
+    so SQLite's statement cache prepares it once)."""
+    marks = ", ".join("?" * owners)
+    return (
+        f"SELECT {_COLUMNS} FROM (SELECT f.rowid AS id FROM archive_fts f"
+        " JOIN archive_owners o ON o.id = f.rowid"
+        f" WHERE archive_fts MATCH ? AND o.owner IN ({marks})"
+        " ORDER BY f.rowid DESC LIMIT ?) AS best JOIN archive a ON a.id = best.id"
+        " ORDER BY best.id DESC"
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _most_words(owners: int, words: int) -> str:
+    """The statement finding the turns that hold the most words, each word's newest RANKED
+    counted (parameters: per word its phrase, the owners and RANKED; then the limit)."""
+    marks = ", ".join("?" * owners)
+    each = (
+        "SELECT * FROM (SELECT f.rowid AS id FROM archive_fts f"
+        " JOIN archive_owners o ON o.id = f.rowid"
+        f" WHERE archive_fts MATCH ? AND o.owner IN ({marks}) ORDER BY f.rowid DESC LIMIT ?)"
+    )
+    hits = " UNION ALL ".join([each] * words)
+    return (
+        f"SELECT {_COLUMNS}, best.held FROM (SELECT id, count(*) AS held FROM ({hits})"
+        " GROUP BY id ORDER BY held DESC, id DESC LIMIT ?) AS best"
+        " JOIN archive a ON a.id = best.id ORDER BY best.held DESC, best.id DESC"
+    )
 
 
 def owner_of(session: str, tenant: str) -> int:
@@ -80,48 +132,92 @@ class SqliteArchive:
         self._clock = clock
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._connection: sqlite3.Connection | None = None  # the archive thread's only
+        # The file the connection reads (device, inode): another at the path means it was
+        # replaced.
+        self._identity: tuple[int, int] | None = None
 
     async def open(self) -> None:
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, "archive-sqlite")
-        await self._run(self._connect)
+        await self._run(lambda: None)  # connects
 
     async def close(self) -> None:
         if self._executor is None:
             return
-        await self._run(self._disconnect)
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._disconnect)
         self._executor.shutdown(wait=True)
         self._executor = None
 
     async def _run(self, work: Callable[[], T]) -> T:
+        """`work` on the archive's thread, against the file the path names now."""
         if self._executor is None:
             raise RuntimeError("the archive is not open")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+
+        def followed() -> T:
+            self._follow()
+            return work()
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, followed)
 
     def _connect(self) -> None:
         if self._connection is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Users' conversations verbatim: private to the proxy's user, whichever of the archive
+        # and the state store creates the file (SQLite gives its -wal and -shm the same mode).
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
         connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute("PRAGMA busy_timeout=5000")
-        for statement in _TABLE:
-            connection.execute(statement)
-        if self._want_full_text:
-            try:
-                connection.execute(_INDEX)
-                self.full_text = True
-            except sqlite3.OperationalError as exc:
-                log.warning(
-                    "archive search without a full-text index (this SQLite has no FTS5): LIKE",
-                    extra={"error": str(exc)},
-                )
+        try:
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA busy_timeout=5000")
+            for statement in _TABLE:
+                connection.execute(statement)
+            if not connection.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = 'archive_compactions'"
+            ).fetchone():
+                for statement in _COMPACTIONS:
+                    connection.execute(statement)
+            if self._want_full_text:
+                try:
+                    connection.execute(_INDEX)
+                    self.full_text = True
+                except sqlite3.OperationalError as exc:
+                    log.warning(
+                        "archive search without a full-text index (this SQLite has no FTS5): LIKE",
+                        extra={"error": str(exc)},
+                    )
+            stat = os.stat(self.path)
+        except BaseException:
+            connection.close()
+            raise
+        self._identity = (stat.st_dev, stat.st_ino)
         self._connection = connection
+
+    def _follow(self) -> None:
+        """Reopen the path when the file the connection reads is no longer the one it names
+        (deleted, moved aside, replaced). Closing the old connection is safe: SQLite neither
+        checkpoints nor deletes the -wal and -shm named after a path its file has left, so the
+        new file's stay whole."""
+        if self._connection is None:  # an earlier reopening failed: try again
+            self._connect()
+            return
+        try:
+            stat = os.stat(self.path)
+            moved = (stat.st_dev, stat.st_ino) != self._identity
+        except FileNotFoundError:
+            moved = True
+        if not moved:
+            return
+        self._disconnect()
+        self._connect()
+        log.warning("the state file was replaced: the archive follows the new one",
+                    extra={"path": str(self.path)})  # fmt: skip
 
     def _disconnect(self) -> None:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+            self._identity = None
 
     def _db(self) -> sqlite3.Connection:
         if self._connection is None:
@@ -158,6 +254,11 @@ class SqliteArchive:
                         "INSERT INTO archive_fts (rowid, text) VALUES (?, ?)",
                         (cursor.lastrowid, entry.text),
                     )
+            db.executemany(
+                "INSERT OR IGNORE INTO archive_compactions (session, tenant, compaction_id)"
+                " VALUES (?, ?, ?)",
+                {(scope.session, scope.tenant, entry.compaction_id) for entry in entries},
+            )
             db.execute(
                 "INSERT INTO archive_sizes (session, tenant, bytes) VALUES (?, ?, ?)"
                 " ON CONFLICT (session, tenant) DO UPDATE SET bytes = bytes + excluded.bytes",
@@ -222,40 +323,37 @@ class SqliteArchive:
         terms = query_terms(query)
         if not terms:
             return []
+        return await self._run(lambda: self._found(session, tenant, terms, limit))
+
+    def _found(self, session: str, tenant: str | None, terms: list[str], limit: int) -> list[Found]:
         if self.full_text:
-            return await self._run(lambda: self._match(session, tenant, terms, limit))
-        return await self._run(lambda: self._scan(session, tenant, terms, limit))
+            return self._match(session, tenant, terms, limit)
+        return self._scan(session, tenant, terms, limit)
 
     def _match(self, session: str, tenant: str | None, terms: list[str], limit: int) -> list[Found]:
-        """bm25 order among the newest RANKED turns of the scope holding every term; when none
-        does, holding any."""
+        """The newest turns holding every term; when none does, those holding the most. The
+        score: how many of the query's terms a turn holds."""
         owners = self._owners(session, tenant)
         if not owners:
             return []
-        marks = ", ".join("?" * len(owners))
         phrases = ['"' + term.replace('"', '""') + '"' for term in terms]
-        rows: list[Any] = []
-        for joiner in (" AND ", " OR "):
-            rows = (
-                self._db()
-                .execute(
-                    # Ranked and cut to `limit` before the turns are read: joined first, all
-                    # RANKED turns' texts would be (6 ms instead of 3 at 100k turns).
-                    f"SELECT {_COLUMNS}, best.rank FROM (SELECT id, rank FROM"
-                    " (SELECT f.rowid AS id, f.rank AS rank"
-                    " FROM archive_fts f JOIN archive_owners o ON o.id = f.rowid"
-                    f" WHERE archive_fts MATCH ? AND o.owner IN ({marks})"
-                    " ORDER BY f.rowid DESC LIMIT ?) ORDER BY rank LIMIT ?) AS best"
-                    " JOIN archive a ON a.id = best.id ORDER BY best.rank",
-                    (joiner.join(phrases), *owners, RANKED, limit),
-                )
-                .fetchall()
-            )
-            if rows or len(terms) == 1:
-                break
+        db = self._db()
+        every = db.execute(
+            _every_word(len(owners)), (" AND ".join(phrases), *owners, limit)
+        ).fetchall()
+        if every or len(terms) == 1:
+            held = float(len(terms))
+            return [
+                Found(_kind(kind), index, held, text, body, compaction_id, at)
+                for index, kind, text, body, compaction_id, at in every
+            ]
+        parameters: list[object] = []
+        for phrase in phrases:
+            parameters += [phrase, *owners, RANKED]
+        most = db.execute(_most_words(len(owners), len(terms)), (*parameters, limit)).fetchall()
         return [
-            Found(_kind(kind), index, -rank, text, body, compaction_id, at)
-            for index, kind, text, body, compaction_id, at, rank in rows
+            Found(_kind(kind), index, float(count), text, body, compaction_id, at)
+            for index, kind, text, body, compaction_id, at, count in most
         ]
 
     def _owners(self, session: str, tenant: str | None) -> list[int]:
@@ -287,15 +385,25 @@ class SqliteArchive:
         scored.sort(key=lambda found: (-found.score, -(found.index or 0)))
         return scored[:limit]
 
+    async def find(
+        self, session: str, query: str, *, tenant: str | None, limit: int
+    ) -> tuple[list[Found], set[str] | None]:
+        terms = query_terms(query)
+
+        def both() -> tuple[list[Found], set[str] | None]:
+            found = self._found(session, tenant, terms, limit) if terms else []
+            return found, None if tenant is None else self._compactions(session, tenant)
+
+        return await self._run(both)
+
     async def compactions(self, session: str, *, tenant: str | None) -> set[str]:
+        return await self._run(lambda: self._compactions(session, tenant))
+
+    def _compactions(self, session: str, tenant: str | None) -> set[str]:
         where = "session = ?" + ("" if tenant is None else " AND tenant = ?")
         params = (session,) if tenant is None else (session, tenant)
-        rows = await self._run(
-            lambda: (
-                self._db()
-                .execute(f"SELECT DISTINCT compaction_id FROM archive WHERE {where}", params)
-                .fetchall()
-            )
+        rows = self._db().execute(
+            f"SELECT compaction_id FROM archive_compactions WHERE {where}", params
         )
         return {compaction_id for (compaction_id,) in rows}
 

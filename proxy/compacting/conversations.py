@@ -42,7 +42,7 @@ from proxy.compacting.flight import (
     wait_shielded,
 )
 from proxy.compacting.history import History, ListHistory, raw_tokens
-from proxy.compacting.llm_client import LLMFactory
+from proxy.compacting.llm_client import LLMFactory, Prefix
 from proxy.compacting.records import SessionRecords, folded_range, record_compaction
 from proxy.compacting.request import Decision, ParsedRequest
 from proxy.compacting.reserve_writes import ReserveWrites
@@ -326,7 +326,10 @@ class Conversations:
             if isinstance(exc, TimeoutError):
                 self._metrics.summary_timeouts.inc()
             result = await fallback(
-                self._run(req, compaction, llm=None), compaction, deadline.left_in_all()
+                self._run(req, compaction, llm=None),
+                compaction,
+                deadline.left_in_all(),
+                session_id=req.session_id,
             )
         if not isinstance(result, Checkpoint) and result.path == "unchanged":
             return await self._as_is(view, before, tokens)
@@ -379,7 +382,8 @@ class Conversations:
         if await self._cooldowns.is_cooling(cooldown_key):
             self._metrics.cooldown_skips.inc()
         else:
-            llm = self._llm_for(req.summarizer(summary_model))
+            prefix = self._prefix(req, view, compaction, reason)
+            llm = self._llm_for(req.summarizer(summary_model, prefix))
         # A precomputed compaction may never be applied: its memory items wait in its checkpoint.
         result = await self._run(req, compaction, llm=llm, flush=reason != "precompute")
         if llm is not None and result.path not in ("unchanged", "selective"):
@@ -410,6 +414,19 @@ class Conversations:
             waited=waited,
         )
         return result
+
+    def _prefix(
+        self, req: ParsedRequest, view: View, compaction: Compaction, reason: str
+    ) -> Prefix | None:
+        """The request a cached summary request repeats: the view being compacted, as it goes
+        (or went) upstream. None where the cache cannot help: another summary model (its own
+        cache), or a view the upstream refused as too long (`reason` "overflow")."""
+        options = self._options
+        if options.summary_request != "cached" or reason == "overflow":
+            return None
+        if options.summary_model not in (None, req.model):
+            return None
+        return Prefix(req.payload, view.messages, req.window - compaction.plan.tokens_before)
 
     async def _run(
         self, req: ParsedRequest, compaction: Compaction, *, llm: ChatLLM | None, flush: bool = True

@@ -32,6 +32,7 @@ from typing import Any, TypeGuard
 
 import aiohttp
 import orjson
+from cachetools import LRUCache
 from yarl import URL
 
 log = logging.getLogger(__name__)
@@ -61,17 +62,20 @@ class WindowDiscovery:
         timeout_s: float,
         wait_s: float,
         spawn: Callable[[Coroutine[Any, Any, Window | None], str], asyncio.Task[Window | None]],
+        max_models: int = 1024,
     ) -> None:
         """`session`: the app's ClientSession, once it is open; `timeout_s` bounds each call,
         `wait_s` how long a request waits for its model's lookup; `spawn(coro, name)` runs the
-        lookup as a background task the app owns (BackgroundTasks.spawn)."""
+        lookup as a background task the app owns (BackgroundTasks.spawn); `max_models`
+        (models.max_models) models' answers are kept, the least recently asked go first (a
+        client names any model it likes: one entry each, kept for ever, was a leak)."""
         self._session = session
         self._base = URL(base_url.rstrip("/"))
         self._root = self._base.parent if self._base.path.endswith("/v1") else self._base
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._wait_s = wait_s
         self._spawn = spawn
-        self._found: dict[str, Window | None] = {}
+        self._found: LRUCache[str, Window | None] = LRUCache(max_models)
         self._pending: dict[str, asyncio.Task[Window | None]] = {}
         self._absent: set[str] = set()
 
@@ -88,7 +92,7 @@ class WindowDiscovery:
         looked up once with the caller's credentials `headers`; concurrent callers wait for
         that one lookup, none longer than `wait_s`."""
         if model in self._found:
-            return self._found[model]
+            return self._found[model]  # (and now the most recently asked)
         lookup = self._pending.get(model)
         if lookup is None:
             lookup = self._spawn(self._look_up(model, headers), f"window discovery: {model}")

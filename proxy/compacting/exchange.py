@@ -16,8 +16,9 @@ from proxy.compacting.conversations import Conversations
 from proxy.compacting.history import ListHistory
 from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.request import Decision, ParsedRequest
-from proxy.interception import Exchange, Passthrough
+from proxy.interception import Exchange, Followup, Passthrough
 from proxy.metrics import CompactionMetrics
+from proxy.recall import Recall
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,46 @@ class CompactedExchange:
         self._learned = learned
         self._metrics = metrics
         self._retried = False
+        self._recall: Recall | None = None
+        self._followup: Followup | None = None
+        self._plain: tuple[bytes, int] | None = None
+        """The body and estimate before the recall tool was added."""
 
     @property
     def body(self) -> bytes:
+        return self._body
+
+    @property
+    def followup(self) -> Followup | None:
+        return self._followup
+
+    def offer_recall(self, recall: Recall) -> None:
+        """Send the request with the recall tool (proxy.recall), and answer its calls; a retry
+        carries it too."""
+        self._recall = recall
+        self._equip()
+
+    def _equip(self) -> None:
+        if self._recall is None:
+            return
+        equipped = self._recall.equip(self._request, self._body, self._tokens)
+        if equipped is not None:
+            self._plain = (self._body, self._tokens)
+            self._body, self._followup = equipped.body, equipped.rounds
+            self._tokens += equipped.added_tokens
+
+    def _without_recall(self, status: int) -> bytes | None:
+        """The request without the recall tool, after an upstream refused it with a 400 that is
+        not about its length (a backend without tool calling): once, and never again for it."""
+        if status != 400 or self._followup is None or self._plain is None:
+            return None
+        (self._body, self._tokens), self._followup = self._plain, None
+        self._recall, self._retried = None, True
+        self._metrics.recall_refused.inc()
+        log.info(
+            "upstream refused the request with the recall tool; retrying once without it",
+            extra={"session": self._request.session_id},
+        )
         return self._body
 
     @property
@@ -79,7 +117,7 @@ class CompactedExchange:
             return None
         overflow = parse_overflow(status, body)
         if overflow is None:
-            return None
+            return self._without_recall(status)
         if self._full is not None:
             self._request, self._full = await self._full(), None
         request = self._request
@@ -115,11 +153,12 @@ class CompactedExchange:
         self._request, self._tokens, self._body = harder, decision.tokens_after, retry
         self._headers = describe(harder, decision)  # the headers tell what went out last
         self._retried = True
+        self._equip()
         log.info(
             "upstream reported a context overflow; retrying once compacted",
             extra={"session": request.session_id, "tokens_after": decision.tokens_after},
         )
-        return retry
+        return self._body
 
     @property
     def tokens_before(self) -> int:
@@ -186,6 +225,7 @@ class ShadowExchange:
     original's estimate, and an error is relayed: nothing is retried in shadow."""
 
     wants_usage = True
+    followup = None
 
     def __init__(self, computed: CompactedExchange, original: bytes) -> None:
         self._computed = computed
@@ -252,6 +292,10 @@ class UnparsedExchange:
     @property
     def wants_usage(self) -> bool:
         return self._current.wants_usage
+
+    @property
+    def followup(self) -> Followup | None:
+        return self._current.followup
 
     async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
         if not isinstance(self._current, Passthrough):

@@ -46,6 +46,7 @@ from proxy.compacting.stores.roles import StateBackend
 from proxy.http.upstream import Upstream
 from proxy.interception import Exchange, Passthrough, RequestContext
 from proxy.metrics import CompactionMetrics
+from proxy.recall import Recall
 from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks
 
@@ -75,6 +76,9 @@ class Shared:
     offload: Offload | None = None
     archiving: Archiving | None = None
     """Archives each compaction's folded turns (proxy.compacting.archiving); None: not kept."""
+    recall: Recall | None = None
+    """Offers compacted requests the `recall` tool (proxy.recall); None: `compaction.recall`
+    off."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,7 @@ class CompactingHook:
         self._conversations = conversations
         self._precompute = precompute
         self._metrics = shared.metrics
+        self._recall = shared.recall
         self._calibration = shared.calibration
         self._learned = shared.learned
         self._builder = RequestBuilder(
@@ -195,6 +200,8 @@ class CompactingHook:
         if status in ("applied", "reused"):
             if self._options.mode == "shadow":
                 shown, status = ShadowExchange(exchange, body), "shadow"
+            elif self._recall is not None:
+                exchange.offer_recall(self._recall)
             if self._dumps is not None:
                 meta = {"route": ctx.route, "path": ctx.path, **shown.headers}
                 self._dumps.dump(Dump(exchange.session_id, body, exchange.body, meta, ctx.headers))
@@ -292,6 +299,7 @@ def build_hook(
             timeout_s=settings.upstream.connect_timeout_s,
             wait_s=settings.models.discover_timeout_s,
             spawn=lambda lookup, name: shared.tasks.spawn(lookup, name=name),
+            max_models=settings.models.max_models,
         )
     dumps = None
     if settings.logging.dump_dir is not None:

@@ -1,9 +1,13 @@
 """The library's ChatLLM implemented over the configured upstream, in the request's dialect.
 
 Summary and memory-extraction calls go to the dialect's endpoint (`chat/completions`,
-`responses`, or Anthropic's `messages`), non-streaming, without tools, at a low temperature (where
-the model allows one), with the caller's own credentials and an `X-Compaction-Purpose` header so
-operators can tell their cost apart. They never reach the client.
+`responses`, or Anthropic's `messages`), non-streaming, with the caller's own credentials and an
+`X-Compaction-Purpose` header so operators can tell their cost apart. They never reach the
+client. A standalone call carries no tools and asks at a low temperature (where the model allows
+one). A cached call (`compaction.summary_request: cached`, a `PrefixLLM`) repeats the
+conversation's request as forwarded (model, system, tools, every field but the streaming and
+the answer's length) and adds its question as a final user turn, so the provider's prompt cache
+covers the conversation.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from compaction import ChatLLM, Message, Purpose
 from proxy.compacting.dialects import Dialect
@@ -65,6 +71,18 @@ class ModelParameters:
 
 
 @dataclass(frozen=True)
+class Prefix:
+    """A conversation's request as it is forwarded: a cached summary request repeats it."""
+
+    payload: Mapping[str, object]
+    """The request's fields as the client sent them."""
+    messages: list[Message]
+    """Its list as forwarded (the view the compaction folds), before the dialect's wire form."""
+    room: int
+    """The tokens its window leaves after it (PrefixLLM.room_after_prefix)."""
+
+
+@dataclass(frozen=True)
 class LLMRequest:
     """What a summarizer for one request is built from: the model to ask and the caller's own
     credentials (`credential`: the Authorization the client sent, not one the proxy injected;
@@ -77,6 +95,8 @@ class LLMRequest:
     """The API shape of the request: its summaries are asked in the same shape."""
     query: str = ""
     """The request's raw query string: the upstream may need it (Azure OpenAI's api-version)."""
+    prefix: Prefix | None = None
+    """The conversation's request, for a cached summary request (None: standalone only)."""
 
 
 # The summarizer factory the compacting hook is given (`llm_for`): tests and other transports
@@ -93,6 +113,14 @@ class UpstreamLLMFactory:
         self._parameters = ModelParameters()
 
     def __call__(self, request: LLMRequest) -> ChatLLM:
+        if request.prefix is not None:
+            return CachedUpstreamLLM(
+                self._upstream,
+                request,
+                request.prefix,
+                timeout_s=self._timeout_s,
+                parameters=self._parameters,
+            )
         return UpstreamLLM(
             self._upstream, request, timeout_s=self._timeout_s, parameters=self._parameters
         )
@@ -123,10 +151,17 @@ class UpstreamLLM:
             self._headers["Authorization"] = credential
 
     async def complete(self, messages: list[Message], *, purpose: Purpose, max_tokens: int) -> str:
+        return await self._ask(
+            lambda refused: self._dialect.summary_body(self._model, messages, max_tokens, refused),
+            purpose,
+        )
+
+    async def _ask(self, body_for: Callable[[set[str]], bytes], purpose: Purpose) -> str:
+        """The text of the answer to the body `body_for` builds without the parameters the
+        model refused (learned, and asked again, as often as a new one is refused)."""
         headers = {**self._headers, "X-Compaction-Purpose": purpose}
         for _ in range(len(_ADAPTABLE) + 1):  # each parameter learned once
-            refused = self._parameters.refused(self._model)
-            body = self._dialect.summary_body(self._model, messages, max_tokens, refused)
+            body = body_for(self._parameters.refused(self._model))
             status, answer = await self._upstream.post_json(
                 self._url, body, headers, self._timeout_s
             )
@@ -138,3 +173,37 @@ class UpstreamLLM:
         if text is None:
             raise SummarizerError(f"the {self._dialect.name} summarizer answer holds no text")
         return text
+
+
+class CachedUpstreamLLM(UpstreamLLM):
+    """An UpstreamLLM that can also ask after the conversation's own request (a PrefixLLM)."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        request: LLMRequest,
+        prefix: Prefix,
+        *,
+        timeout_s: float,
+        parameters: ModelParameters,
+    ) -> None:
+        super().__init__(upstream, request, timeout_s=timeout_s, parameters=parameters)
+        self._prefix = prefix
+
+    @property
+    def room_after_prefix(self) -> int:
+        return self._prefix.room
+
+    async def complete_after_prefix(
+        self, instruction: str, *, purpose: Purpose, max_tokens: int
+    ) -> str:
+        prefix, dialect = self._prefix, self._dialect
+        listed = dialect.wire(prefix.messages)
+        return await self._ask(
+            lambda refused: orjson.dumps(
+                dialect.cached_summary_body(
+                    prefix.payload, listed, instruction, max_tokens, refused
+                )
+            ),
+            purpose,
+        )

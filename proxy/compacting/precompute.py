@@ -8,15 +8,28 @@ at 68k); preparing starts as far before it as `precompute_ratio` is before `trig
 a client asking a large `max_tokens` is prepared for as early, relative to its trigger.
 A conversation for which a check found nothing to do is left quiet until its history grew past
 what could change that.
+
+Past the ratio, preparing waits until the conversation is on course to reach its trigger soon:
+at its largest growth of its last few requests, within `LEAD_REQUESTS` requests, or within
+`SUMMARY_MARGIN` times what a compaction prepared ahead takes, at the quickest pace of its last
+few requests. A summary prepared for a conversation that ends before its trigger is paid for
+nothing (at 8k, a tenth of such a conversation's cost); one started that far ahead is ready when
+the trigger comes, so no request waits on it. What a compaction takes is learned from those
+that ran (until the first, a third of `summary_timeout_s`). A conversation seen for the first time past the ratio has no pace yet: it is prepared
+for, as before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 from cachetools import LRUCache
 
-from compaction import View, plan_key
+from compaction import CompactionResult, View, plan_key
 from proxy.compacting.conversations import Conversations
 from proxy.compacting.history import ListHistory
 from proxy.compacting.request import ParsedRequest
@@ -26,26 +39,93 @@ from proxy.tasks import BackgroundTasks
 # Growth (share of the window) after which a conversation with nothing to fold is checked again.
 _RECHECK_GROWTH = 0.02
 
+LEAD_REQUESTS = 2
+"""How many requests ahead of its trigger, at its recent growth, a conversation is prepared for
+however quick its summaries."""
+
+SUMMARY_MARGIN = 3.0
+"""How many times what a compaction takes, at the conversation's pace, it is prepared ahead."""
+
+_STEPS_KEPT = 3
+"""The steps remembered per conversation: its largest growth and quickest pace count."""
+
+_SUMMARY_DECAY = 0.9
+"""What a compaction takes is its longest recent duration, decaying by this much each time."""
+
+
+class _Step(NamedTuple):
+    tokens: int
+    seconds: float
+
+
+class _Course(NamedTuple):
+    """A conversation's latest estimate, when it came, and its last steps to it."""
+
+    tokens: int
+    at: float
+    steps: tuple[_Step, ...]
+
+
 MIN_PRECOMPUTE_TARGET_RATIO = 0.35
 """However early a reserve is prepared, it never folds the request below this share."""
 
 
 class Precompute:
     def __init__(
-        self, options: CompactionSection, conversations: Conversations, tasks: BackgroundTasks
+        self,
+        options: CompactionSection,
+        conversations: Conversations,
+        tasks: BackgroundTasks,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._options = options
+        self._clock = clock
+        self._summary_s = options.summary_timeout_s / 3
+        self._summary_seen = False
         self._conversations = conversations
         self._tasks = tasks
         # Per conversation: a raw-estimate range [from, to) in which a precompute has been shown
         # to find nothing to do (a shorter, edited or other conversation falls outside it).
         self._quiet: LRUCache[bytes, tuple[int, int]] = LRUCache(options.checkpoint_max_entries)
+        # Per conversation: its latest estimate and its last steps (proxy-wide: LRU-bounded).
+        self._courses: LRUCache[bytes, _Course] = LRUCache(options.checkpoint_max_entries)
 
     def would_start(self, request: ParsedRequest, forwarded_tokens: int, raw_tokens: int) -> bool:
         """True when `after_forwarding` would start preparing (it needs the parsed messages)."""
-        return forwarded_tokens >= self._threshold(request) and not self._is_quiet(
-            request, raw_tokens
-        )
+        steps = self._follow(request, raw_tokens)
+        if forwarded_tokens < self._threshold(request) or self._is_quiet(request, raw_tokens):
+            return False
+        if not steps:
+            return True
+        growth = max(step.tokens for step in steps)
+        pace = min(step.seconds for step in steps)
+        left = math.ceil((trigger(self._options, request) - forwarded_tokens) / growth)
+        return left <= LEAD_REQUESTS or left * pace <= SUMMARY_MARGIN * self._summary_s
+
+    def _follow(self, request: ParsedRequest, raw_tokens: int) -> tuple[_Step, ...]:
+        """The conversation's last steps, its latest estimate noted (once per request: asked
+        again for the same estimate, nothing moves)."""
+        key, now = _conversation_key(request), self._clock()
+        course = self._courses.get(key)
+        if course is None or raw_tokens < course.tokens:  # new here, or not a continuation
+            self._courses[key] = _Course(raw_tokens, now, ())
+            return ()
+        if raw_tokens > course.tokens:
+            step = _Step(raw_tokens - course.tokens, now - course.at)
+            course = _Course(raw_tokens, now, (*course.steps, step)[-_STEPS_KEPT:])
+            self._courses[key] = course
+        return course.steps
+
+    def _learn(self, task: asyncio.Task[object]) -> None:
+        """What a compaction prepared ahead took, if it asked a model."""
+        if task.cancelled() or task.exception() is not None:
+            return
+        result = task.result()
+        if not isinstance(result, CompactionResult) or result.path != "llm":
+            return
+        decayed = self._summary_s * _SUMMARY_DECAY if self._summary_seen else 0.0
+        self._summary_s = max(result.duration_s, decayed)
+        self._summary_seen = True
 
     def after_forwarding(
         self, request: ParsedRequest, forwarded_tokens: int, raw_tokens: int
@@ -95,10 +175,13 @@ class Precompute:
         key = plan_key(view, compaction.plan, digests)
         if key is not None and await conversations.stored(digests, key) is not None:
             return  # prepared already
-        if conversations.start(request, view, compaction, digests, "precompute") is None:
+        task = conversations.start(request, view, compaction, digests, "precompute")
+        if task is None:
             # Nothing new to fold yet (the recent rounds are all there is): look again once the
             # conversation grew a little, not on every request.
             self._quiet_for(request, raw_tokens, _RECHECK_GROWTH * request.window)
+        else:
+            task.add_done_callback(self._learn)
 
     def _target_ratio(self, request: ParsedRequest, tokens: int) -> float:
         """The target minus the growth still to come before the trigger: applied then, the

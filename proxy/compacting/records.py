@@ -1,9 +1,9 @@
 """The records of compactions: each counted in the metrics, kept for /admin, logged once.
 
 `SessionRecords` keeps per-session counters and compaction records for /admin (built in
-app.create_app, read by proxy.http.admin), bounded in both directions: at most `max_sessions`
-sessions (least recently seen evicted first) and `records_per_session` records each (oldest
-dropped first). Records are plain JSON-able dicts. Each session also keeps a timeline of its
+app.create_app, read by proxy.http.admin), bounded three ways: at most `max_sessions` sessions
+and `max_bytes` of them all (least recently seen evicted first), `records_per_session` records
+each (oldest dropped first). Records are plain JSON-able dicts. Each session also keeps a timeline of its
 last hooked requests (as many as records) and running totals (tokens as sent and as forwarded,
 summarizer calls and failures) for the dashboard (proxy.http.dashboard), which pages through
 them with `page`.
@@ -46,6 +46,11 @@ RECEIPT_SUMMARY_CHARS = 8000
 RECEIPT_MEMORY_ITEMS = 50
 RECEIPT_DIFF_MESSAGES = 40
 RECEIPT_PREVIEW_CHARS = 240
+# What the records hold in memory, estimated without walking them (tracemalloc, CPython 3.11): a
+# timeline entry ~630 B; a compaction record about twice its JSON (a 40-message diff's previews
+# and a receipt's summary: 10-50 KB); a session's counters ~1 KB.
+_TIMELINE_ENTRY_BYTES = 640
+_SESSION_BYTES = 1024
 
 
 @dataclass(slots=True)
@@ -55,7 +60,9 @@ class _Session:
     requests: int = 0
     records_total: int = 0
     records: deque[Record] = field(default_factory=deque)
+    record_sizes: deque[int] = field(default_factory=deque)
     timeline: deque[Record] = field(default_factory=deque)
+    size: int = _SESSION_BYTES
     dialect: str | None = None
     model: str | None = None
     window: int | None = None
@@ -63,6 +70,7 @@ class _Session:
     tokens_forwarded: int = 0
     summarizer_calls: int = 0
     summarizer_failures: int = 0
+    pinned_overflow: int = 0
 
 
 class SessionRecords:
@@ -71,12 +79,15 @@ class SessionRecords:
         *,
         max_sessions: int,
         records_per_session: int,
+        max_bytes: int | None = None,
         preview_chars: int = 400,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.preview_chars = preview_chars
         """How much of each summary a record shows (admin.preview_chars; 0: none)."""
         self._max_sessions = max_sessions
+        self._max_bytes = max_bytes
+        self._held = 0  # the sessions' estimated sizes, summed
         self._per_session = records_per_session
         self._clock = clock
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
@@ -88,7 +99,10 @@ class SessionRecords:
 
     def add_record(self, session_id: str, record: Record) -> None:
         session = self._session(session_id)
+        size = 2 * len(orjson.dumps(record, default=repr))
         session.records.append(record)
+        session.record_sizes.append(size)
+        self._grow(session, size)
         session.records_total += 1
         session.model = record.get("model") or session.model
         session.window = record.get("window") or session.window
@@ -96,8 +110,13 @@ class SessionRecords:
             session.summarizer_calls += 1
         if record.get("errors"):
             session.summarizer_failures += 1
+        overflow = record.get("pinned_overflow")
+        if isinstance(overflow, int):
+            session.pinned_overflow += overflow
         while len(session.records) > self._per_session:
             session.records.popleft()
+            self._grow(session, -session.record_sizes.popleft())
+        self._evict()
 
     def add_request(self, session_id: str, entry: Record) -> None:
         """One hooked request's line in the session's timeline: its `dialect` (the route's API
@@ -114,8 +133,11 @@ class SessionRecords:
         overhead = entry.get("overhead_ms")
         if isinstance(overhead, int | float):
             self._overheads.append(float(overhead))
-        while len(session.timeline) > self._per_session:
+        if len(session.timeline) > self._per_session:
             session.timeline.popleft()
+        else:
+            self._grow(session, _TIMELINE_ENTRY_BYTES)
+            self._evict()
 
     def page(
         self,
@@ -179,12 +201,29 @@ class SessionRecords:
         session = self._sessions.get(session_id)
         if session is None:
             session = self._sessions[session_id] = _Session(first_seen=now, last_seen=now)
+            self._held += session.size
             while len(self._sessions) > self._max_sessions:
-                self._sessions.popitem(last=False)
+                self._forget_oldest()
         else:
             session.last_seen = now
             self._sessions.move_to_end(session_id)
         return session
+
+    def _grow(self, session: _Session, size: int) -> None:
+        session.size += size
+        self._held += size
+
+    def _evict(self) -> None:
+        """The least recently seen sessions go while all of them hold more than max_bytes (the
+        one just seen stays, whatever its size)."""
+        if self._max_bytes is None:
+            return
+        while self._held > self._max_bytes and len(self._sessions) > 1:
+            self._forget_oldest()
+
+    def _forget_oldest(self) -> None:
+        _, session = self._sessions.popitem(last=False)
+        self._held -= session.size
 
     @staticmethod
     def _summary(session_id: str, session: _Session) -> Record:
@@ -203,6 +242,9 @@ class SessionRecords:
             "tokens_saved": session.tokens_sent - session.tokens_forwarded,
             "summarizer_calls": session.summarizer_calls,
             "summarizer_failures": session.summarizer_failures,
+            # Standing instructions with no room in the summaries' pinned sections (in the
+            # memory file), over the session's compactions.
+            "pinned_overflow": session.pinned_overflow,
         }
 
 
@@ -246,6 +288,7 @@ def record_compaction(
     metrics.compactions.labels(reason=reason, path=result.path, dialect=request.dialect.name).inc()
     if result.path != "unchanged":
         metrics.tokens_saved.inc(max(0, result.tokens_before - result.tokens_after))
+    metrics.pinned_overflow.inc(result.pinned_overflow)
     verification = result.verification
     texts = records.preview_chars > 0  # 0: what conversations say stays out of /admin
     receipt = {  # the dashboard's receipt, and the log line's
@@ -290,6 +333,7 @@ def record_compaction(
             else None,
             "key_decisions_total": verification.key_decisions_total if verification else None,
             "moved_to_memory": verification.moved_to_memory if verification else None,
+            "pinned_overflow": result.pinned_overflow,
             "fits": fits,
             "waited": waited,
             "duration_ms": round(result.duration_s * 1000, 1),

@@ -22,7 +22,7 @@ from proxy.compacting.calibration import Calibration
 from proxy.compacting.dialects import Dialect
 from proxy.compacting.discovery import WindowDiscovery
 from proxy.compacting.identity import is_injected, named_session
-from proxy.compacting.llm_client import LLMRequest
+from proxy.compacting.llm_client import LLMRequest, Prefix
 from proxy.compacting.overflow import LearnedWindows
 from proxy.interception import RequestContext
 from proxy.settings import ModelsSettings
@@ -109,10 +109,13 @@ class ParsedRequest:
         ms at 50 MiB)."""
         return self.array if messages is self.messages else None
 
-    def summarizer(self, model: str) -> LLMRequest:
+    def summarizer(self, model: str, prefix: Prefix | None = None) -> LLMRequest:
         """What this request's summarizer is built from: `model`, the caller's credentials, the
-        dialect to ask in, the query string its upstream needs."""
-        return LLMRequest(model, self.credential, self.auth_headers, self.dialect, self.query)
+        dialect to ask in, the query string its upstream needs, and the conversation's request
+        a cached summary request repeats (`prefix`; None: standalone)."""
+        return LLMRequest(
+            model, self.credential, self.auth_headers, self.dialect, self.query, prefix
+        )
 
     def serialize(self, messages: list[Message]) -> bytes:
         """The request with its list replaced; every other field as sent, in its place."""

@@ -115,8 +115,8 @@ async def api_live(request: web.Request) -> web.Response:
     figures = read_live_figures(app[keys.METRICS])
     figures["in_flight"] -= 1  # this request, in flight while it answers
     figures["overhead_ms"] = app[keys.RECORDS].overhead_quantiles()
-    # The event-loop lag watcher runs for the app's whole life (proxy.app): not a compaction.
-    figures["background_tasks"] = max(0, len(app[keys.TASKS]) - 1)
+    # The watchers run for the app's whole life (proxy.app): not work that waits.
+    figures["background_tasks"] = max(0, app[keys.TASKS].queued)
     return _json(figures)
 
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterable, Mapping
 from datetime import UTC, datetime
 
 from aiohttp import web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from proxy.errors import InvalidPath, ProxyError, UpstreamStreamCut
@@ -28,9 +29,17 @@ from proxy.http.encodings import decode_body
 from proxy.http.headers import upstream_request_headers
 from proxy.http.relay import relay
 from proxy.http.sessions import resolve_session_id
-from proxy.http.upstream import Response
+from proxy.http.upstream import Body, Response
 from proxy.http.usage import UsageProbe
-from proxy.interception import Exchange, Hook, Passthrough, RequestContext
+from proxy.interception import (
+    Exchange,
+    Followup,
+    Hook,
+    Passthrough,
+    RequestContext,
+    Resend,
+    Usage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +117,11 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
             response = await _send(request, "POST", url, headers, retry)
             already_read = b""
 
+    followup = exchange.followup
+    if followup is not None and response.status == 200:
+        return await _relay_followed(request, exchange, followup, response, body, overhead_ms,
+                                     _Resend(request, url, headers))  # fmt: skip
+
     # Only an exchange that will use `usage` pays for the (cheap) probe.
     probe = (
         None
@@ -133,6 +147,98 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
             session, timeline_entry(info.route, body, exchange, status, overhead_ms)
         )
     return relayed
+
+
+async def _relay_followed(
+    request: web.Request,
+    exchange: Exchange,
+    followup: Followup,
+    first: Response,
+    body: bytes,
+    overhead_ms: float,
+    resend: Resend,
+) -> web.StreamResponse:
+    """Relay what the exchange's followup makes of the upstream's first response."""
+    app = request.app
+    info = request[keys.REQUEST_INFO]
+    followed = await followup.follow(first, resend)
+    said = {**exchange.headers, **followed.headers}
+    relayed = await relay(
+        request,
+        _Rewritten(followed.response) if followed.rewritten else followed.response,
+        followed.chunks,
+        info=info,
+        metrics=app[keys.METRICS],
+        extra_headers=said,
+    )
+    _observe_usage(exchange, followed.response.status, followed.usage)
+    session = exchange.session_id
+    if session is not None:
+        said.update(followed.headers)  # a stream's followup tells its rounds once it is over
+        entry = timeline_entry(info.route, body, exchange, followed.response.status, overhead_ms)
+        entry.update(_recall_fields(said))
+        app[keys.RECORDS].add_request(session, entry)
+    return relayed
+
+
+class _Resend:
+    """The upstream for a followup: the request's URL and headers, waits counted as upstream
+    waits."""
+
+    def __init__(self, request: web.Request, url: URL, headers: CIMultiDict[str]) -> None:
+        self._request = request
+        self._url = url
+        self._headers = headers
+
+    async def send(self, body: bytes) -> Response:
+        return await _send(self._request, "POST", self._url, self._headers, body)
+
+    def chunks(self, response: Response) -> AsyncIterable[bytes]:
+        return self._request.app[keys.UPSTREAM].chunks(response)
+
+    async def read(self, response: Response) -> bytes:
+        info = self._request[keys.REQUEST_INFO]
+        started = time.perf_counter()
+        try:
+            read, complete = await self._request.app[keys.UPSTREAM].read_bounded(
+                response, self._request.app[keys.SETTINGS].server.max_body_bytes
+            )
+        finally:
+            info.upstream_wait_s += time.perf_counter() - started
+        decoded = decode_body(read, response.headers.get("Content-Encoding", ""))
+        if not complete or decoded is None:
+            raise UpstreamStreamCut("closed", partial=read)
+        return decoded
+
+
+class _Rewritten:
+    """An upstream response whose body a followup rewrote: its length and encoding headers no
+    longer hold (the body is relayed decoded, its length unknown until written)."""
+
+    def __init__(self, response: Response) -> None:
+        self._response = response
+        headers = CIMultiDict(response.headers)
+        for name in ("Content-Length", "Content-Encoding"):
+            headers.popall(name, None)
+        self.headers = CIMultiDictProxy(headers)
+
+    @property
+    def status(self) -> int:
+        return self._response.status
+
+    @property
+    def reason(self) -> str | None:
+        return self._response.reason
+
+    @property
+    def content(self) -> Body:
+        return self._response.content
+
+    def release(self) -> object:
+        return self._response.release()
+
+    def close(self) -> None:
+        self._response.close()
 
 
 # The informational headers a hook's exchange adds (named by proxy.compacting.exchange, which
@@ -161,6 +267,17 @@ def timeline_entry(
         "compaction_id": said.get(_COMPACTION),
         "upstream_status": status,
         "overhead_ms": round(overhead_ms, 2),
+    }
+
+
+_RECALL_ROUNDS, _RECALL_TOKENS = "x-compaction-recall-rounds", "x-compaction-recall-tokens"
+
+
+def _recall_fields(said: Mapping[str, str]) -> dict[str, object]:
+    """The timeline's recall fields: rounds the proxy answered, tokens they cost upstream."""
+    return {
+        "recall_rounds": _int_or_none(said.get(_RECALL_ROUNDS)) or 0,
+        "recall_tokens": _int_or_none(said.get(_RECALL_TOKENS)) or 0,
     }
 
 
@@ -256,8 +373,12 @@ async def _retry_after_error(exchange: Exchange, status: int, body: bytes) -> by
 
 
 def _observe(exchange: Exchange, status: int, probe: UsageProbe | None) -> None:
+    _observe_usage(exchange, status, probe.usage() if probe is not None else None)
+
+
+def _observe_usage(exchange: Exchange, status: int, usage: Usage | None) -> None:
     try:
-        exchange.observe(status, probe.usage() if probe is not None else None)
+        exchange.observe(status, usage)
     except Exception:
         log.exception("hook failed in observe")
 

@@ -15,11 +15,11 @@ import contextlib
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from typing import NoReturn, Protocol
+from typing import NoReturn
 
 import aiohttp
 import orjson
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.errors import (
@@ -33,27 +33,12 @@ from proxy.http.egress import open_clients
 from proxy.http.encodings import decode_body
 from proxy.http.targets import build_url, is_anthropic_tail
 from proxy.http.wire import WireError, WirePool
+
+# The response protocols live beside the hook's (a followup reads upstream responses too).
+from proxy.interception import Body as Body
+from proxy.interception import Response as Response
 from proxy.metrics import Metrics
 from proxy.settings import UpstreamSettings
-
-
-class Body(Protocol):
-    async def readany(self) -> bytes: ...
-
-
-class Response(Protocol):
-    """An upstream response as the relay reads it: aiohttp's ClientResponse or wire's."""
-
-    @property
-    def status(self) -> int: ...
-    @property
-    def reason(self) -> str | None: ...
-    @property
-    def headers(self) -> CIMultiDictProxy[str]: ...
-    @property
-    def content(self) -> Body: ...
-    def release(self) -> object: ...
-    def close(self) -> None: ...
 
 
 class Upstream:

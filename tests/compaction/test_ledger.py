@@ -203,6 +203,29 @@ def test_an_exception_not_named_error_closes_its_traceback() -> None:
     assert ledger.trail == ("(an earlier call) → exit 0; StopIteration",)
 
 
+# pytest prints an internal error's traceback with a prefix on every line.
+INTERNAL_ERROR = (
+    "replacing crashed worker gw1\n"
+    "INTERNALERROR> Traceback (most recent call last):\n"
+    'INTERNALERROR>   File "/testbed/src/_pytest/main.py", line 191, in wrap_session\n'
+    "INTERNALERROR>     session.exitstatus = doit(config, session) or 0\n"
+    "INTERNALERROR>\n"
+    'INTERNALERROR>   File "xdist/dsession.py", line 209, in worker_errordown\n'
+    "INTERNALERROR>     self._active_nodes.remove(node)\n"
+    "INTERNALERROR> KeyError: <WorkerController gw1>\n\n"
+    "============================== 2 failed in 0.66s ===============================\n"
+)
+
+
+def test_a_traceback_behind_a_line_prefix_keeps_its_exception() -> None:
+    ledger = _ledger(
+        [user(f"<returncode>3</returncode>\n<output_tail>\n{INTERNAL_ERROR}</output_tail>")]
+    )
+    assert ledger.trail == (
+        "(an earlier call) → exit 3; KeyError: <WorkerController gw1>; 2 failed in 0.66s",
+    )
+
+
 def test_an_error_line_and_a_different_last_line_are_both_kept() -> None:
     output = "error: could not build wheel\nnote: see the log above\nbuild failed after 3 steps\n"
     ledger = _ledger([user(f"<returncode>2</returncode>\n<output>\n{output}</output>")])

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from compaction.messages import Item
 from compaction.scan import (
+    REQUEST_CHARS,
     command_key,
     error_lines,
     fenced_commands,
@@ -99,13 +100,13 @@ def _command_key_by_lines(command: str) -> str:
 
 def _first_lines_whole(text: str) -> str:
     """first_lines as it was: the whole opening collapsed."""
-    return clip_end(collapse_spaces(text[:1200]), 300)
+    return clip_end(collapse_spaces(text[: 4 * REQUEST_CHARS]), REQUEST_CHARS)
 
 
 _LINES = st.lists(
     st.sampled_from(
         ["ls", "cat <<'EOF' > a.py", " ", "  ", "\n", "\r\n", "\r", "\x0b", "\x1c", "\x1f", "\u2028",
-         "\xa0", "\t", "x" * 70, "word " * 30, "é"]
+         "\xa0", "\t", "x" * 70, "word " * 30, "é", "y " * 400]
     ),
     max_size=40,
 ).map("".join)  # fmt: skip

@@ -49,6 +49,21 @@ def test_compaction_mode_is_on_or_shadow_as_yaml_and_the_environment_write_it(
         load_settings(write(tmp_path, "compaction:\n  mode: dry\n"), {}, {})
 
 
+def test_recall_is_on_with_three_rounds_by_default_and_yaml_may_write_it_bare(
+    tmp_path: Path,
+) -> None:
+    section = load_settings(None, {}, {}).compaction
+    assert (section.recall, section.recall_max_rounds) == ("on", 3)
+    # Bare `on` / `off` are YAML 1.1 booleans: they still mean the words.
+    text = "compaction:\n  recall: off\n  recall_max_rounds: 1\n"
+    section = load_settings(write(tmp_path, text), {}, {}).compaction
+    assert (section.recall, section.recall_max_rounds) == ("off", 1)
+    environ = {"COMPACTION_PROXY__COMPACTION__RECALL": "on"}
+    assert load_settings(write(tmp_path, text), environ, {}).compaction.recall == "on"
+    with pytest.raises(SettingsError, match=r"compaction\.recall"):
+        load_settings(write(tmp_path, "compaction:\n  recall: maybe\n"), {}, {})
+
+
 def test_the_repository_config_yaml_loads_and_lists_every_key() -> None:
     from_file = load_settings(str(ROOT / "config.yaml"), {}, {})
     text = (ROOT / "config.yaml").read_text()

@@ -92,6 +92,20 @@ class Dialect(Protocol):
         out the parameters in `refused` that the model turned down before."""
         ...
 
+    def cached_summary_body(
+        self,
+        payload: Mapping[str, object],
+        listed: list[Message],
+        instruction: str,
+        max_tokens: int,
+        refused: set[str],
+    ) -> JsonObject:
+        """A cached summary request: the request `payload` with its list `listed` (as
+        forwarded, in wire form) and `instruction` as a final user turn; every field that
+        makes up the prompt (model, system, tools, tool choice, cache markers) as sent, the
+        streaming off and the answer's length `max_tokens`."""
+        ...
+
     def summary_text(self, answer: object) -> str | None:
         """The summarizer's text in `answer`, None when the answer has none."""
         ...

@@ -76,6 +76,28 @@ class AnthropicMessages(ItemsDialect):
             payload["temperature"] = 0.2
         return orjson.dumps(payload)
 
+    def cached_summary_body(
+        self,
+        payload: Mapping[str, object],
+        listed: list[Message],
+        instruction: str,
+        max_tokens: int,
+        refused: set[str],
+    ) -> JsonObject:
+        # Every breakpoint stays where the client placed it: the prefix up to the last one is
+        # read from the cache; the question carries none (nothing after it is asked again).
+        body = {key: value for key, value in payload.items() if key not in ("stream", "max_tokens")}
+        question = {"role": "user", "content": [{"type": "text", "text": instruction}]}
+        body["messages"] = [*listed, question]
+        choice = payload.get("tool_choice")
+        if isinstance(choice, Mapping) and choice.get("type") in ("any", "tool"):
+            body["tool_choice"] = {"type": "auto"}  # a forced call would answer with a call
+        # Extended thinking, kept so the cached prefix holds: max_tokens must exceed its budget.
+        thinking = payload.get("thinking")
+        budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None
+        body["max_tokens"] = max_tokens + (budget if isinstance(budget, int) else 0)
+        return body
+
     def summary_text(self, answer: object) -> str | None:
         content = answer.get("content") if isinstance(answer, dict) else None
         if not isinstance(content, list):

@@ -20,6 +20,17 @@ from proxy.compacting.dialects.payload import (
 from proxy.compacting.identity import without_markers
 
 _HEAD_ROLES = ("system", "developer")
+# Fields of the agent's request that shape its answer, not its prompt: a cached summary request
+# leaves them out (a structured-output schema would hold the summary to the agent's format).
+_ANSWER_FIELDS = (
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "response_format",
+    "prediction",
+)
 
 
 class ChatCompletions(ItemsDialect):
@@ -60,6 +71,23 @@ class ChatCompletions(ItemsDialect):
             payload["temperature"] = 0.2
         payload["max_completion_tokens" if "max_tokens" in refused else "max_tokens"] = max_tokens
         return orjson.dumps(payload)
+
+    def cached_summary_body(
+        self,
+        payload: Mapping[str, object],
+        listed: list[Message],
+        instruction: str,
+        max_tokens: int,
+        refused: set[str],
+    ) -> JsonObject:
+        body = {key: value for key, value in payload.items() if key not in _ANSWER_FIELDS}
+        body["messages"] = [*listed, {"role": "user", "content": instruction}]
+        body["stream"] = False
+        if payload.get("tool_choice") not in (None, "auto", "none"):
+            body["tool_choice"] = "none"  # a forced call would answer with a call, not text
+        newer = "max_completion_tokens" in payload or "max_tokens" in refused
+        body["max_completion_tokens" if newer else "max_tokens"] = max_tokens
+        return body
 
     def summary_text(self, answer: object) -> str | None:
         choices = answer.get("choices") if isinstance(answer, dict) else None

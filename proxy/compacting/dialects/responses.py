@@ -29,6 +29,10 @@ _HEAD_ROLES = ("system", "developer")
 _KEPT_UPSTREAM = ("previous_response_id", "conversation")
 
 
+# Fields of the agent's request that shape its answer, not its prompt: a cached summary request
+# leaves them out (a structured-output format would hold the summary to the agent's format).
+_ANSWER_FIELDS = ("stream", "stream_options", "max_output_tokens", "background", "text")
+
 # Output tokens a reasoning model may spend thinking on top of the summary (billed only if used).
 _REASONING_ROOM = 4096
 
@@ -92,6 +96,29 @@ class ResponsesAPI(ItemsDialect):
             payload["reasoning"] = {"effort": "low"}
             payload["max_output_tokens"] = max_tokens + _REASONING_ROOM
         return orjson.dumps(payload)
+
+    def cached_summary_body(
+        self,
+        payload: Mapping[str, object],
+        listed: list[Message],
+        instruction: str,
+        max_tokens: int,
+        refused: set[str],
+    ) -> JsonObject:
+        body = {key: value for key, value in payload.items() if key not in _ANSWER_FIELDS}
+        question = {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": instruction}],
+        }
+        body["input"] = [*listed, question]
+        body["stream"] = False
+        choice = payload.get("tool_choice")
+        if choice not in (None, "auto", "none"):
+            body["tool_choice"] = "none"  # a forced call would answer with a call, not text
+        room = _REASONING_ROOM if isinstance(payload.get("reasoning"), Mapping) else 0
+        body["max_output_tokens"] = max_tokens + room
+        return body
 
     def summary_text(self, answer: object) -> str | None:
         output = answer.get("output") if isinstance(answer, dict) else None

@@ -73,7 +73,8 @@ class BodyIndex:
     count: int
     fingerprint: tuple[Payload, str] | None = None
     """The opening as its dialect reads it (Dialect.opening: head, tool names, first user
-    message) and its fingerprint: unchanged opening, same fingerprint, no hashing."""
+    message) from this body's fields and `opening`, and its fingerprint: unchanged opening, same
+    fingerprint, no hashing."""
 
     @property
     def size(self) -> int:
@@ -114,6 +115,14 @@ class Continuation:
     fields: Payload
     added: list[Message]
     tail: Items
+
+    @property
+    def fields_unchanged(self) -> bool:
+        """Its fields are the known request's: the bytes after its items array are the same
+        (those before it always are: recognition compared them)."""
+        known = self.index
+        after = memoryview(self.body)[self.tail.close + 1 :]
+        return after == memoryview(known.body)[known.items.close + 1 :]
 
 
 class BodyIndexes:

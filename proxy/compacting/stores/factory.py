@@ -16,10 +16,11 @@ from proxy.tasks import BackgroundTasks
 LEASE_TTL_S = 10.0
 
 
-def build_local(options: CompactionSection) -> LocalStore:
-    """The process's own state, bounded like the checkpoints of `options`."""
+def build_local(options: CompactionSection, max_entries: int | None = None) -> LocalStore:
+    """The process's own state, bounded like the checkpoints of `options` (or to `max_entries`
+    when it is only the cache in front of a backend that keeps them all)."""
     return LocalStore(
-        options.checkpoint_max_entries,
+        min(options.checkpoint_max_entries, max_entries or options.checkpoint_max_entries),
         options.checkpoint_ttl_s,
         failure_threshold=options.failure_threshold,
         failure_cooldown_s=options.failure_cooldown_s,
@@ -31,14 +32,18 @@ def build_backend(
 ) -> StateBackend:
     """The backend `state.backend` names, guarded unless it lives in the process; its background
     work (writing back after an outage) runs in `tasks`."""
-    local = build_local(options)
     if state.backend == "memory":
-        return local
+        return build_local(options)
+    # The guard's fallback cache holds what this process wrote or read: as many as the
+    # backend's own decoded cache, not the backend's whole table (10,000 checkpoints of ~9 KB
+    # and more each, which the file or Redis keeps anyway).
+    local = build_local(options, state.cached_checkpoints)
     remote: StateBackend
     if state.backend == "sqlite":
         remote = SqliteStore(
             state.path,
             max_entries=options.checkpoint_max_entries,
+            cached=state.cached_checkpoints,
             ttl_s=options.checkpoint_ttl_s,
             failure_threshold=options.failure_threshold,
             failure_cooldown_s=options.failure_cooldown_s,
@@ -49,6 +54,7 @@ def build_backend(
         remote = RedisStore(
             state.redis_url,
             ttl_s=options.checkpoint_ttl_s,
+            cached=state.cached_checkpoints,
             failure_threshold=options.failure_threshold,
             failure_cooldown_s=options.failure_cooldown_s,
             lease_ttl_s=min(options.summary_timeout_s, LEASE_TTL_S),

@@ -39,13 +39,12 @@ from compaction import CHECKPOINT_VERSION, Checkpoint
 from proxy.compacting.cooldown import FORGET_FAILURES_AFTER_S
 from proxy.compacting.stores import redis_scripts as scripts
 from proxy.compacting.stores.redis_notices import RECHECK_S, Notices
-from proxy.compacting.stores.roles import Lease
+from proxy.compacting.stores.roles import CACHED_CHECKPOINTS, Lease
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
 PREFIX = "compaction-proxy:"
-_CACHED_CHECKPOINTS = 1024
 
 
 class Unreachable(ConnectionError):
@@ -94,6 +93,7 @@ class RedisStore:
         url: str,
         *,
         ttl_s: float,
+        cached: int = CACHED_CHECKPOINTS,
         failure_threshold: int,
         failure_cooldown_s: float,
         lease_ttl_s: float,
@@ -114,7 +114,7 @@ class RedisStore:
         self.channel = f"{prefix}done"
         self._client: aioredis.Redis | None = None
         self._scripts: dict[str, AsyncScript] = {}
-        self._cache: LRUCache[bytes, Checkpoint] = LRUCache(_CACHED_CHECKPOINTS)
+        self._cache: LRUCache[bytes, Checkpoint] = LRUCache(cached)
         self._notices: Notices | None = None
         self._tasks = tasks
         self._recheck_s = recheck_s

@@ -18,6 +18,10 @@ from typing import Protocol
 
 from compaction import CheckpointStore, ItemClaims
 
+CACHED_CHECKPOINTS = 1024
+"""Checkpoints a persistent or shared backend keeps decoded in the process, unless
+`state.cached_checkpoints` says otherwise."""
+
 
 class Lease(Protocol):
     """The right to compute one checkpoint, held by one process at a time until released. A

@@ -18,13 +18,10 @@ from cachetools import LRUCache
 
 from compaction import Checkpoint
 from proxy.compacting.cooldown import Cooldown, CooldownState
-from proxy.compacting.stores.roles import Lease, LocalLease
+from proxy.compacting.stores.roles import CACHED_CHECKPOINTS, Lease, LocalLease
 from proxy.compacting.stores.sqlite_file import StateFile
 from proxy.metrics import StateMetrics
 
-# Checkpoints read back from the file and kept decoded (never more than max_entries, the most the
-# file keeps); the keys of all of them stay in memory.
-_CACHED_CHECKPOINTS = 1024
 _PRUNE_EVERY_S = 60.0
 
 
@@ -37,6 +34,7 @@ class SqliteStore:
         *,
         max_entries: int,
         ttl_s: float,
+        cached: int = CACHED_CHECKPOINTS,
         failure_threshold: int,
         failure_cooldown_s: float,
         metrics: StateMetrics,
@@ -50,9 +48,11 @@ class SqliteStore:
         self._cooldown = Cooldown(failure_threshold, failure_cooldown_s, clock)
         self._index: dict[bytes, tuple[int, float]] = {}
         self._forwarded: dict[str, float] = {}  # compaction id -> expiry, oldest first
-        # A reserve's checkpoint carries its memory items (~10 KB and more): a cache larger than
-        # the file would keep checkpoints whose keys are already forgotten.
-        self._cache: LRUCache[bytes, Checkpoint] = LRUCache(min(_CACHED_CHECKPOINTS, max_entries))
+        # Checkpoints read back from the file or written, kept decoded: `cached` of them (a
+        # reserve's carries its memory items, ~10 KB and more), never more than the file keeps
+        # (a larger cache would keep checkpoints whose keys are already forgotten). The keys of
+        # all of them stay in memory.
+        self._cache: LRUCache[bytes, Checkpoint] = LRUCache(min(cached, max_entries))
         self._lease = LocalLease()
         self._file = StateFile(self.path, max_entries=max_entries, metrics=metrics, clock=clock)
         self._pruned_at = 0.0

@@ -184,6 +184,7 @@ function receipt(record) {
       el("div", {}, el("dt", {}, "folded"), el("dd", { className: "receipt-folded" }, `${number(record.folded_messages)} messages` + (record.folded_range ? ` [${record.folded_range[0]}, ${record.folded_range[1]})` : ""))),
       el("div", {}, el("dt", {}, "verification"), el("dd", { className: "receipt-grade" }, `${grade} (${number(record.key_decisions_preserved)} / ${number(record.key_decisions_total)} decisions)`)),
       el("div", {}, el("dt", {}, "memory items"), el("dd", {}, number(record.memory_items))),
+      el("div", {}, el("dt", {}, "standing instructions without room"), el("dd", { className: "receipt-pinned-overflow" }, number(record.pinned_overflow))),
       el("div", {}, el("dt", {}, "took (ms)"), el("dd", {}, number(record.duration_ms))),
     ),
     record.errors && record.errors.length ? el("p", { className: "error" }, "summarizer: " + record.errors.join("; ")) : null,
@@ -210,6 +211,7 @@ async function renderSession(sessionId) {
     ["tokens saved", number(found.tokens_saved)], ["money saved", money(found.money_saved)],
     ["window / trigger", `${number(found.window)} / ${number(found.trigger)}`],
     ["summarizer calls / failures", `${number(found.summarizer_calls)} / ${number(found.summarizer_failures)}`],
+    ["standing instructions in memory only", number(found.pinned_overflow)],
     ["last activity", found.last_seen],
   ];
   $("#session-summary").replaceChildren(...facts.map(([name, value]) => el("div", {}, el("dt", {}, name), el("dd", {}, value))));

@@ -116,3 +116,34 @@ async def test_a_query_without_words_finds_nothing(make_archive: MakeArchive) ->
     await archive.add(ALICE, [entry(1, "something")])
     assert await archive.search("agent-1", " -- !! ", tenant=None, limit=10) == []
     assert await archive.search("agent-1", 'quote " AND OR NEAR(', tenant=None, limit=10) == []
+
+
+async def test_when_no_turn_holds_every_word_the_one_holding_most_ranks_first(
+    make_archive: MakeArchive,
+) -> None:
+    archive = make_archive()
+    await archive.open()
+    await archive.add(
+        ALICE,
+        [
+            entry(1, "the budget cap is 500 dollars"),
+            entry(2, "a budget meeting"),
+            entry(3, "rules for exceeding"),
+            entry(4, "another budget note"),
+        ],
+    )
+    found = await archive.search("agent-1", "budget cap exceeding rule", tenant=None, limit=2)
+    assert found[0].index == 1 and found[0].score > found[1].score
+
+
+async def test_find_gives_the_search_and_the_credentials_compactions_at_once(
+    make_archive: MakeArchive,
+) -> None:
+    archive = make_archive()
+    await archive.open()
+    await archive.add(ALICE, [entry(1, "alice AZURE42", compaction_id="ca")])
+    await archive.add(MALLORY, [entry(1, "mallory AZURE42", compaction_id="cm")])
+    found, compactions = await archive.find("agent-1", "AZURE42", tenant=ALICE.tenant, limit=5)
+    assert [item.text for item in found] == ["alice AZURE42"] and compactions == {"ca"}
+    found, compactions = await archive.find("agent-1", "AZURE42", tenant=None, limit=5)
+    assert len(found) == 2 and compactions is None

@@ -37,8 +37,15 @@ def script(upstream: FakeUpstream) -> Script:
 @pytest.fixture
 def start(start_proxy: StartProxy, tmp_path: Path) -> Callable[..., Awaitable[RunningProxy]]:
     """A proxy with a small window, memory under tmp_path, and an admin token; `parts` go to
-    create_app (`store=`, `llm_for=`), `sections` override settings."""
+    create_app (`store=`, `llm_for=`), `sections` override settings. What compaction forwards is
+    tested as without recall (`recall: off` is that, byte for byte); the recall tool's additions
+    are tested in tests/proxy/recall/."""
+    return small_window_proxies(start_proxy, tmp_path, recall="off")
 
+
+def small_window_proxies(
+    start_proxy: StartProxy, tmp_path: Path, *, recall: str
+) -> Callable[..., Awaitable[RunningProxy]]:
     async def run(parts: dict[str, Any] | None = None, **sections: Any) -> RunningProxy:
         settings: dict[str, dict[str, Any]] = {
             "models": {"default_context_window": WINDOW},
@@ -46,6 +53,7 @@ def start(start_proxy: StartProxy, tmp_path: Path) -> Callable[..., Awaitable[Ru
                 "keep_recent_rounds": 2,
                 "summary_max_tokens": 300,
                 "precompute_ratio": 0,
+                "recall": recall,
             },
             "memory": {"dir": str(tmp_path / "memory")},
             "admin": {"token": "admin-secret"},

@@ -196,3 +196,26 @@ async def test_receipts_keep_conversation_text_out_when_previews_are_off(
     assert record["memory_written"] and all(i["content"] == "" for i in record["memory_written"])
     diff = record["diff"]
     assert diff["removed"] and all(i["preview"] == "" and i["chars"] > 0 for i in diff["removed"])
+
+
+async def test_standing_instructions_without_room_are_counted_in_record_session_and_metric(
+    start: Any, script: Script, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    proxy = await start(compaction={"pinned_ratio": 0.02})
+    rules = [f"Never rename the table orders_{i} without a migration note." for i in range(12)]
+    said: list[dict[str, Any]] = [{"role": "system", "content": "You are a database assistant."}]
+    for rule in rules:
+        said += [{"role": "user", "content": rule}, {"role": "assistant", "content": "Noted."}]
+    await post(client, proxy, conversation_of(int(WINDOW * 1.2), grow=[*said, said[-1]]))
+    found = await get_json(client, proxy, "sessions/agent-1")
+    (record,) = found["records"]
+    assert record["path"] == "llm" and record["pinned_overflow"] > 0
+    assert found["pinned_overflow"] == record["pinned_overflow"]
+    page = await get_json(client, proxy, "sessions")
+    assert page["sessions"][0]["pinned_overflow"] == record["pinned_overflow"]
+    assert f"- ({record['pinned_overflow']} more had no room here" in record["summary"]
+    written = (tmp_path / "memory" / "agent-1" / "compaction_flush.jsonl").read_text()
+    assert sum(rule in written for rule in rules) >= record["pinned_overflow"]
+    async with client.get(f"{proxy.url}/metrics") as response:
+        metrics = await response.text()
+    assert f"compaction_proxy_pinned_overflow_total {float(record['pinned_overflow'])}" in metrics

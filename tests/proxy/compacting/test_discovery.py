@@ -135,6 +135,25 @@ async def test_one_listing_call_per_model_across_many_requests(
     assert lookups(upstream) == ["/v1/models", "/v1/models"]  # one per model, never again
 
 
+async def test_the_answers_of_at_most_max_models_models_are_kept(
+    start: Any, script: Script, upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    # A client names any model it likes: one answer each, kept for ever, grew without bound.
+    models = ("gpt-a", "gpt-b", "gpt-c")
+    listing = {"data": [{"id": model, "max_model_len": _PUBLISHED} for model in models]}
+    upstream.default = publishing(upstream.default, listing=listing, ollama=None)
+    proxy = await start(
+        models={"default_context_window": _DEFAULT, "discover": True, "max_models": 2}
+    )
+    messages = conversation_of(int(_PUBLISHED * 1.5))
+    for turn, model in enumerate((*models, "gpt-c", "gpt-a")):
+        # A session each: a request the proxy already knows is not parsed (nor looked up) again.
+        response = await post(client, proxy, messages, model=model, session=f"agent-{turn}")
+        assert response.status == 200
+    # gpt-c, just asked, was remembered; gpt-a, the least recently asked of three, was not.
+    assert lookups(upstream) == ["/v1/models"] * 4
+
+
 async def test_a_404_listing_is_asked_once_and_is_no_error(
     start: Any, script: Script, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:

@@ -22,6 +22,31 @@ def test_session_records_are_bounded() -> None:
     assert records.get("b") is None
 
 
+def test_the_records_of_all_sessions_are_bounded_in_bytes_least_recently_seen_first() -> None:
+    # Counts alone bounded nothing useful: a compaction's record with its receipt and diff is
+    # 10-60 KB, so 10,000 sessions of 50 records each could hold tens of GB.
+    receipt = {"summary": "s" * 10_000}  # ~20 KB held, estimated
+    records = SessionRecords(max_sessions=100, records_per_session=50, max_bytes=100_000)
+    for sid in ("a", "b", "c", "d"):
+        records.add_record(sid, receipt)
+    assert [s["session_id"] for s in records.list()["sessions"]] == ["d", "c", "b", "a"]
+    records.add_record("a", receipt)  # seen again, it holds more: b, least recently seen, goes
+    assert [s["session_id"] for s in records.list()["sessions"]] == ["a", "d", "c"]
+    records.add_record("e", receipt)
+    assert [s["session_id"] for s in records.list()["sessions"]] == ["e", "a", "d"]
+    for _ in range(10):  # one session alone past the bound keeps itself, the others go
+        records.add_record("e", receipt)
+    assert [s["session_id"] for s in records.list()["sessions"]] == ["e"]
+    for n in range(1000):  # its oldest records make room as before; nothing grows past them
+        records.add_request("e", {"dialect": "chat", "n": n})
+    found = records.get("e")
+    assert found is not None and found["records_kept"] == 11
+    timeline = records.timeline("e")
+    assert timeline is not None and len(timeline) == 50 and timeline[-1]["n"] == 999
+    records.add_request("f", {"dialect": "chat"})
+    assert [s["session_id"] for s in records.list()["sessions"]] == ["f"]
+
+
 def test_a_page_of_sessions_is_sorted_filtered_and_bounded() -> None:
     now = [1000.0]
     records = SessionRecords(max_sessions=100, records_per_session=3, clock=lambda: now[0])

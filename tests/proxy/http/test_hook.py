@@ -64,6 +64,7 @@ class RecordingExchange:
     session_id: str
     headers: dict[str, str] = field(default_factory=lambda: {"x-compaction-status": "applied"})
     wants_usage: bool = True
+    followup: None = None
 
     async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
         self.hook.errors.append((status, body))

@@ -24,11 +24,13 @@ from compaction.marker import SUMMARY_MARKER
 from proxy.compacting.applied import AppliedCompactions
 from proxy.compacting.conversations import stored_under
 from proxy.compacting.flight import run_once_everywhere
+from proxy.compacting.stores.factory import build_backend
 from proxy.compacting.stores.local import LocalStore
 from proxy.compacting.stores.redis import RedisStore
 from proxy.compacting.stores.sqlite import SqliteStore
 from proxy.compacting.stores.sqlite_file import StateFile
 from proxy.metrics import StateMetrics
+from proxy.settings import CompactionSection, StateSettings
 from proxy.tasks import BackgroundTasks
 from tests import factories as f
 from tests.proxy.state.conftest import RedisServer
@@ -125,6 +127,29 @@ async def test_the_sqlite_store_keeps_no_more_checkpoints_in_memory_than_the_fil
     assert sum(ref() is not None for ref in alive) == 3  # the three newest, as in the file
     assert await store.longest(DIGESTS) == _checkpoint(7)
     await store.close()
+
+
+async def test_a_guarded_backend_keeps_state_cached_checkpoints_in_memory_and_reads_the_rest(
+    tmp_path: Path,
+) -> None:
+    # The guard's fallback cache was bounded by compaction.checkpoint_max_entries (10,000 by
+    # default): every checkpoint the process wrote or read stayed decoded in it, RSS rising
+    # through the whole 10-minute soak while the file kept them anyway.
+    state = StateSettings(path=tmp_path / "state.sqlite3", cached_checkpoints=3)
+    tasks = BackgroundTasks()
+    backend = build_backend(state, CompactionSection(), StateMetrics(CollectorRegistry()), tasks)
+    await backend.open()
+    alive = []
+    for cut in range(1, 8):
+        checkpoint = _checkpoint(cut)
+        alive.append(weakref.ref(checkpoint))
+        await backend.put(checkpoint)
+    del checkpoint
+    gc.collect()
+    assert sum(ref() is not None for ref in alive) == 3
+    assert await backend.longest(DIGESTS[:2]) == _checkpoint(2)  # read back from the file
+    await backend.close()
+    await tasks.close()
 
 
 async def test_concurrent_sqlite_writes_all_land(tmp_path: Path) -> None:

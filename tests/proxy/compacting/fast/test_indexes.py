@@ -116,6 +116,24 @@ async def test_a_body_that_does_not_continue_the_known_one_is_not_recognized() -
     assert known.recognize(key, other_model, "messages") is None
 
 
+async def test_a_continuation_says_whether_its_fields_are_the_known_ones() -> None:
+    # What the fast path reads a conversation's opening from (Dialect.opening) besides its first
+    # items: the fields around the list. Unchanged, the opening is not read again.
+    first = long_history(3)
+    known, key = await learned(first, temperature=0.2)
+    for body, same in [
+        (chat(grown(first, 1), temperature=0.2), True),
+        (chat(first, temperature=0.2), True),
+        (chat([*first[:-2], f.user("other")], temperature=0.2), True),  # took back its last items
+        (chat(grown(first, 1), temperature=0.3), False),
+        (chat(grown(first, 1), temperature=0.2, tools=[{"name": "t"}]), False),
+        (chat(grown(first, 1)), False),
+    ]:
+        seen = known.recognize(key, body, "messages")
+        assert seen is not None and seen.fields_unchanged is same, (body[-60:], same)
+        assert (seen.fields == {"model": "m", "messages": [], "temperature": 0.2}) is same
+
+
 async def test_a_body_that_took_back_its_last_items_is_recognized_up_to_them() -> None:
     first = long_history(12)
     known, key = await learned(first)

@@ -1,0 +1,20 @@
+"""The `recall` tool: a compacted request carries it, and the proxy answers the model's calls to
+it from the session's archive and memory items, then calls the upstream again; the client never
+sees a recall call.
+
+- tools: the tool as each dialect declares it, and a compacted body equipped with it (the tool
+  after the client's tools, fixed bytes; the summary's recall line);
+- answers: a call's arguments read as a query, searched in the request's own session and
+  credential, rendered best first and clipped to the room left in the window;
+- turns: a whole response's recall calls per dialect, taken out or answered into the request;
+- rounds: the rounds of one request (a proxy.interception.Followup);
+- equipping: which compacted requests carry the tool (`Recall`, built once per app).
+"""
+
+from __future__ import annotations
+
+from proxy.recall.equipping import Recall
+from proxy.recall.rounds import PROXY_MS, ROUNDS, TOKENS, RecallRounds
+from proxy.recall.tools import NAME
+
+__all__ = ["NAME", "PROXY_MS", "ROUNDS", "TOKENS", "Recall", "RecallRounds"]

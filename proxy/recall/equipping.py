@@ -1,0 +1,60 @@
+"""The app's recall: which compacted requests carry the `recall` tool, and the rounds that
+answer its calls (one RecallRounds per request)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from proxy.archive import Archive
+from proxy.compacting.request import ParsedRequest
+from proxy.metrics import RecallMetrics
+from proxy.recall.answers import Answers
+from proxy.recall.rounds import Budget, RecallRounds
+from proxy.recall.streams import stream_for
+from proxy.recall.tools import added_text, equip, has_own_recall
+
+# What the upstream may still write when the request names no output bound: this much, and at
+# most this share of the window.
+_DEFAULT_OUTPUT_TOKENS = 4096
+_DEFAULT_OUTPUT_SHARE = 8
+# Recall results fill the window up to this share of it, never to the brim.
+_FILL_RATIO = 0.95
+
+
+@dataclass(frozen=True)
+class Equipped:
+    body: bytes
+    rounds: RecallRounds
+    added_tokens: int
+    """What the tool and the summary's recall line add to the request's estimate."""
+
+
+@dataclass(frozen=True)
+class Recall:
+    archive: Archive
+    memory_dir: Path
+    max_rounds: int
+    metrics: RecallMetrics
+
+    def equip(self, request: ParsedRequest, body: bytes, tokens: int) -> Equipped | None:
+        """The compacted `body` of `request` (estimated at `tokens`) with the recall tool, and
+        the rounds that answer it; None: it goes out as it is (the client has its own `recall`,
+        a stream of a dialect not handled, a body the tool cannot be placed in)."""
+        payload = request.payload
+        streamed = payload.get("stream") is True
+        if has_own_recall(payload) or (streamed and stream_for(request.dialect.name) is None):
+            return None
+        equipped = equip(body, payload, request.dialect.name)
+        if equipped is None:
+            return None
+        added = request.estimator.count_text(added_text(request.dialect.name))
+        tokens += added
+        answers = Answers(self.archive, self.memory_dir, request.session_id, request.tenant.hex())
+        reserve = request.max_output_tokens or min(
+            _DEFAULT_OUTPUT_TOKENS, request.window // _DEFAULT_OUTPUT_SHARE
+        )
+        room = int(request.window * _FILL_RATIO) - tokens - reserve
+        budget = Budget(room_tokens=max(0, room), max_rounds=self.max_rounds)
+        rounds = RecallRounds(request.dialect.name, equipped, answers, budget, self.metrics)
+        return Equipped(equipped, rounds, added)

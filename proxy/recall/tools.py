@@ -1,0 +1,149 @@
+"""The `recall` tool as each dialect declares it, and a compacted request equipped with it.
+
+The tool's bytes are fixed (one JSON text per dialect, built once): appended after the client's
+own tools, they keep the forwarded `tools` array byte-stable from one request to the next, so
+upstream prompt caches keep hitting. The summary message gains one line saying the folded turns
+can be recalled (its text is the library's, compaction.recall_note). Equipping works on the
+forwarded bytes with C-speed searches; a body it cannot place with certainty goes out as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from compaction import SUMMARY_MARKER, recall_note
+from proxy.compacting.splice import locate_field
+
+NAME = "recall"
+
+DESCRIPTION = (
+    "Get back, word for word, earlier turns of this conversation that were condensed into the "
+    "summary to fit the context window: what the user or you wrote, tools' outputs (file "
+    "contents, command output, errors) and remembered facts, decisions, preferences and todos. "
+    "Call it whenever you need an exact detail the summary does not give (a number, a name, a "
+    "path, a value, a quote) instead of guessing. Results come best match first, each saying "
+    "which turn it came from."
+)
+
+PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "query": {
+            "type": "string",
+            "description": "A few key words of what to find (names, identifiers, distinctive "
+            "terms), not a whole question.",
+        },
+        "kind": {
+            "type": "string",
+            "enum": ["message", "tool_output", "memory"],
+            "description": "Only this kind: message (what the user or assistant wrote), "
+            "tool_output (a tool's result), memory (a remembered fact, decision, preference or "
+            "todo). Omit to search all.",
+        },
+        "limit": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 20,
+            "description": "How many results at most (default 5).",
+        },
+    },
+    "required": ["query"],
+    "additionalProperties": False,
+}
+
+# Each dialect's own tool shape, serialized once: the same bytes on every request.
+TOOL_BYTES: Mapping[str, bytes] = {
+    "chat": orjson.dumps(
+        {
+            "type": "function",
+            "function": {"name": NAME, "description": DESCRIPTION, "parameters": PARAMETERS},
+        }
+    ),
+    "responses": orjson.dumps(
+        {
+            "type": "function",
+            "name": NAME,
+            "description": DESCRIPTION,
+            "parameters": PARAMETERS,
+            "strict": False,
+        }
+    ),
+    "anthropic": orjson.dumps(
+        {"name": NAME, "description": DESCRIPTION, "input_schema": PARAMETERS}
+    ),
+}
+
+# How far past the summary marker the framing's line about tools may lie.
+_FRAMING_SPAN = 4096
+
+
+def has_own_recall(payload: Mapping[str, object]) -> bool:
+    """True when the client declares a tool named `recall` itself: then the proxy neither adds
+    its own nor answers any call to it."""
+    tools = payload.get("tools")
+    if not isinstance(tools, list):
+        return False
+    for tool in tools:
+        if not isinstance(tool, dict):
+            continue
+        function = tool.get("function")
+        named = function.get("name") if isinstance(function, dict) else tool.get("name")
+        if named == NAME:
+            return True
+    return False
+
+
+def added_text(dialect: str) -> str:
+    """What equipping adds to a request of `dialect`: the tool and the summary's line."""
+    return TOOL_BYTES[dialect].decode() + recall_note()[1]
+
+
+def equip(body: bytes, payload: Mapping[str, object], dialect: str) -> bytes | None:
+    """The compacted request `body` (its fields, list aside, those of `payload`, in order) with
+    the recall tool after the client's tools and the recall line in its summary; None when
+    either cannot be placed with certainty (the body then goes out unequipped)."""
+    tool = TOOL_BYTES.get(dialect)
+    if tool is None:
+        return None
+    noted = _with_note(body)
+    if noted is None:
+        return None
+    return _with_tool(noted, payload, tool)
+
+
+def _with_note(body: bytes) -> bytes | None:
+    marker = orjson.dumps(SUMMARY_MARKER)[1:-1]
+    start = body.find(marker)
+    if start < 0:
+        return None
+    anchor, line = (orjson.dumps(text)[1:-1] for text in recall_note())
+    at = body.find(anchor, start, start + _FRAMING_SPAN)
+    if at < 0:
+        return None
+    at += len(anchor)
+    return b"".join((body[:at], line, body[at:]))
+
+
+def _with_tool(body: bytes, payload: Mapping[str, object], tool: bytes) -> bytes | None:
+    tools = payload.get("tools")
+    if "tools" not in payload:
+        close = body.rstrip().rfind(b"}")
+        if close < 0:
+            return None
+        opened = body[:close].rstrip()
+        comma = b"" if opened.endswith(b"{") else b","
+        return b"".join((opened, comma, b'"tools":[', tool, b"]", body[close:]))
+    span = locate_field(body, payload, "tools")
+    if span is None:
+        return None
+    value = body[span.start : span.end]
+    if tools is None:
+        return span.replace(body, b"[" + tool + b"]")
+    if not isinstance(tools, list) or not value.endswith(b"]"):
+        return None
+    inner = value[:-1].rstrip()
+    comma = b"," if tools else b""
+    return span.replace(body, b"".join((inner, comma, tool, b"]")))
