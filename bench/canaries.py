@@ -19,7 +19,8 @@ a canary survives when every probe that applies to it passes.
 
 Summarizers: none (the library's code-built summary), generic (answers one generic sentence and
 an empty memory list), extractive (copies the start of what it was shown, up to its answer
-budget). Printed: survival per canary type and summarizer at each growth mark, and all types.
+budget). Printed: survival per canary type and summarizer at each growth mark, and all types;
+compactions, and the requests they sent the summarizer (`--strategy`: compaction.strategy).
 
 `--http`: the same replay through the proxy over HTTP, in front of a fake upstream on loopback,
 in each of `--dialects` (chat, responses, anthropic): see bench/canaries_http.py.
@@ -42,7 +43,7 @@ from compaction_kit.session import SeededSession
 
 from bench.facts import visible_text
 from bench.forwarding import Forwarder
-from compaction import ChatLLM, Compactor
+from compaction import ChatLLM, Compactor, Strategy
 from compaction.types import Message, Purpose
 
 GENERIC_SUMMARY = "The user and the assistant worked through several items of the project."
@@ -136,6 +137,7 @@ class Tally:
     held: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
     total: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
     compactions: int = 0
+    model_calls: int = 0
 
     def count(self, canary: Canary, mark: int, survived: bool) -> None:
         for kind in (canary.type.value, "all"):
@@ -154,16 +156,18 @@ async def replay(
     llm: ChatLLM | None,
     window: int,
     tally: Tally,
+    strategy: Strategy = "hybrid",
 ) -> None:
     """The agent's requests, each the history up to a user or tool message, forwarded as the
     proxy would; the canaries probed in what the model receives at each growth mark."""
-    forwarder = Forwarder(messages, seed=b"canaries", window=window, llm=llm)
+    forwarder = Forwarder(messages, seed=b"canaries", window=window, llm=llm, strategy=strategy)
     probe = BehaviorProbe()
     ends = [i + 1 for i, m in enumerate(messages) if m["role"] in ("user", "tool")]
     marks = {end: mark for mark, end in reached.items()}
     for end in ends:
         forwarded = await forwarder.forward(end)
         tally.compactions += forwarded.result is not None
+        tally.model_calls += forwarded.result.model_calls if forwarded.result else 0
         if end in marks:
             text = visible_text(forwarded.messages)
             for canary in canaries:
@@ -179,7 +183,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Tally]:
             messages, reached = grown(conversation(session), sizer, args.window, args.growth)
             for name in args.models:
                 llm = SUMMARIZERS[name]()
-                await replay(messages, canaries, reached, llm, args.window, tallies[name])
+                await replay(
+                    messages, canaries, reached, llm, args.window, tallies[name], args.strategy
+                )
     return tallies
 
 
@@ -214,6 +220,7 @@ def report(tallies: dict[str, Tally], marks: list[int], window: int) -> str:
             cells = "".join(f" {100 * tally.share(kind, mark):9.1f}%" for mark in marks)
             lines.append(f"{name:<11} {kind:<16}{cells}")
         lines.append(f"{name:<11} {'compactions':<16} {tally.compactions:>10}")
+        lines.append(f"{name:<11} {'model calls':<16} {tally.model_calls:>10}")
     return "\n".join(lines)
 
 
@@ -228,10 +235,12 @@ def main() -> None:
     parser.add_argument(
         "--dialects", nargs="*", default=["chat", "responses", "anthropic"], help="with --http"
     )
+    parser.add_argument("--strategy", choices=["summary", "selective", "hybrid"], default="hybrid")
     args = parser.parse_args()
     args.growth = sorted(args.growth)
     if not args.http:
         tallies = asyncio.run(measure(args))
+        print(f"strategy {args.strategy}")
         print(report(tallies, args.growth, args.window))
         return
     for dialect in args.dialects:

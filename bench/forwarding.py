@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compaction import ChatLLM, CompactionResult, CompactionSettings, Compactor, Tools
+from compaction import ChatLLM, CompactionResult, CompactionSettings, Compactor, Strategy, Tools
 from compaction.checkpoints import (
     CheckpointCache,
     View,
@@ -41,12 +41,13 @@ class Forwarder:
         window: int,
         llm: ChatLLM | None,
         tools: Tools = None,
+        strategy: Strategy = "hybrid",
     ) -> None:
         self._messages = messages
         self._window = window
         self._llm = llm
         self._tools = tools
-        self._compactor = Compactor(settings=CompactionSettings(llm_timeout_s=5))
+        self._compactor = Compactor(settings=CompactionSettings(llm_timeout_s=5, strategy=strategy))
         self._store = CheckpointCache()
         self._digests = prefix_digests(messages, seed)
 

@@ -16,6 +16,10 @@ everything folded so far at each compaction):
 
     .venv/bin/python -m bench.retention [--per-source 40] [--windows 8000 32000]
         [--models none lossy] [--sources swe_mini tau] [--jobs 2] [--examples]
+        [--strategy summary|selective|hybrid]
+
+Also printed: calls, the requests sent to the summarizing model (summary and memory), and prev,
+the compactions that only cut old tool outputs to previews (`--strategy`: compaction.strategy).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from bench.facts import (
 )
 from bench.facts import flat as flatten
 from bench.forwarding import Forwarder
+from compaction import Strategy
 from compaction.types import Message, Purpose
 
 FILES = {
@@ -67,6 +72,8 @@ class Tally:
     requests: int = 0
     compactions: int = 0
     compacted_requests: int = 0
+    model_calls: int = 0
+    previewed: int = 0
     task_present: int = 0
     invalid: int = 0
     mostly_compacting: int = 0
@@ -81,6 +88,8 @@ class Tally:
             "requests",
             "compactions",
             "compacted_requests",
+            "model_calls",
+            "previewed",
             "task_present",
             "invalid",
             "mostly_compacting",
@@ -112,12 +121,16 @@ def _measure_folded(facts: list[Facts], folded: list[int], haystack: str, tally:
         tally.kept[kind] += sum(1 for fact in wanted if flatten(fact) in haystack)
 
 
-async def replay(conversation: dict[str, Any], window: int, lossy: bool) -> Tally:
+async def replay(
+    conversation: dict[str, Any], window: int, lossy: bool, strategy: Strategy = "hybrid"
+) -> Tally:
     messages: list[Any] = conversation["messages"]
     tools = conversation.get("tools") or None
     tally = Tally(conversations=1)
     llm = LossyLLM() if lossy else None
-    forwarder = Forwarder(messages, seed=b"retention", window=window, llm=llm, tools=tools)
+    forwarder = Forwarder(
+        messages, seed=b"retention", window=window, llm=llm, tools=tools, strategy=strategy
+    )
     facts = [facts_of(m) for m in messages]
     task_index = next((i for i, m in enumerate(messages) if is_request(m)), None)
     words = task_words(messages[task_index]) if task_index is not None else set()
@@ -133,6 +146,8 @@ async def replay(conversation: dict[str, Any], window: int, lossy: bool) -> Tall
             memory += [item.content for item in result.memory_items]
             applied += 1
             tally.compactions += 1
+            tally.model_calls += result.model_calls
+            tally.previewed += result.path == "selective"
             tally.post_ratios.append(result.tokens_after / window)
             last_summary = result.summary_text
             kept_ids = {id(m) for m in forwarded}
@@ -155,7 +170,7 @@ async def replay(conversation: dict[str, Any], window: int, lossy: bool) -> Tall
     return tally
 
 
-def _job(args: tuple[dict[str, Any], int, bool]) -> Tally:
+def _job(args: tuple[dict[str, Any], int, bool, Strategy]) -> Tally:
     return asyncio.run(replay(*args))
 
 
@@ -177,7 +192,7 @@ def row(name: str, t: Tally) -> str:
     return (
         f"{name:<22} {t.conversations:4} {t.requests:6} {t.compactions / max(t.conversations, 1):6.1f}"
         f" {t.mostly_compacting:5} {_pct(t.task_present, t.compacted_requests)} {t.invalid:4}"
-        f" {post:5.2f}  {retention}"
+        f" {post:5.2f}  {retention} {t.model_calls:6} {t.previewed:5}"
     )
 
 
@@ -189,6 +204,7 @@ def main() -> int:
     parser.add_argument("--sources", nargs="*", default=list(FILES))
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--examples", action="store_true", help="print one final summary each")
+    parser.add_argument("--strategy", choices=["summary", "selective", "hybrid"], default="hybrid")
     args = parser.parse_args()
     if not has_corpus():
         print(f"corpus not found at {corpus_dir()} (set {CORPUS_ENV})", file=sys.stderr)
@@ -196,7 +212,7 @@ def main() -> int:
     started = time.perf_counter()
     print(
         f"{'source window model':<22} conv   reqs comp/c  most   task  inv  post"
-        f"  {'  '.join(k[:5].rjust(5) for k in KINDS)}"
+        f"  {'  '.join(k[:5].rjust(5) for k in KINDS)}  calls  prev"
     )
     overall = Tally()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
@@ -204,7 +220,7 @@ def main() -> int:
             conversations = sample(corpus_dir() / FILES[source], args.per_source)
             for window in args.windows:
                 for model in args.models:
-                    jobs = [(c, window, model == "lossy") for c in conversations]
+                    jobs = [(c, window, model == "lossy", args.strategy) for c in conversations]
                     tally = Tally()
                     for part in pool.map(_job, jobs, chunksize=4):
                         tally.add(part)

@@ -59,7 +59,7 @@ from compaction.messages import (
     strip_injected,
 )
 from compaction.offload import Inline, JsonArray, Offload, OffloadLost
-from compaction.settings import CompactionSettings
+from compaction.settings import CompactionSettings, Strategy
 from compaction.summarize import is_substantive, recall_note, summary_message, summary_text
 from compaction.tokens import REPLY_PRIMING_TOKENS, HeuristicEstimator, estimate_request
 from compaction.transcript import render_transcript
@@ -117,6 +117,7 @@ __all__ = [
     "Round",
     "Segments",
     "Shape",
+    "Strategy",
     "TokenEstimator",
     "ToolCall",
     "Tools",

@@ -20,7 +20,9 @@ from typing import Any, Protocol, overload
 import orjson
 from cachetools import TTLCache
 
-from compaction.types import CompactionResult, MemoryItem, Message, Plan, as_memory_type
+from compaction.messages import Shape
+from compaction.tokens import HeuristicEstimator
+from compaction.types import CompactionResult, MemoryItem, Message, Plan, Preview, as_memory_type
 
 _DIGEST_SIZE = 16
 
@@ -98,17 +100,20 @@ class DigestPrefix(Sequence[bytes]):
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """`messages[:cut]` of a conversation becomes head + summary + pinned messages.
+    """`messages[:cut]` of a conversation becomes head + summary + pinned messages + run.
 
-    Only the summary message is stored; head and pinned messages are taken from each request
-    (their content is the same by the digest), so the agent's own bytes go upstream.
+    Only the summary message and the previews are stored; head, pinned and run messages are
+    taken from each request (their content is the same by the digest), so the agent's own bytes
+    go upstream. The run is `messages[resume:cut]` with each preview (compaction.selective) in
+    its message's place: empty for a summary alone (`resume` None: the cut), the whole
+    reduced span for previews alone (no summary, nothing pinned, `head_end == resume`).
     """
 
     key: bytes
     cut: int
     head_end: int
     pinned: tuple[int, ...]
-    summary_message: Message
+    summary_message: Message | None
     compaction_id: str
     path: str
     parent: bytes | None = None
@@ -118,25 +123,74 @@ class Checkpoint:
     memory_items: tuple[MemoryItem, ...] = ()
     """A reserve's memory items, written to the memory file when it is applied, not before (a
     conversation that never reaches the trigger must not leave memory behind)."""
+    previews: tuple[Preview, ...] = ()
+    """Messages of the run replaced by their previews, by index in the original list, in order."""
+    resume: int | None = None
+    """Where the run starts in the original list (None: at the cut, no run)."""
+
+    @property
+    def run_start(self) -> int:
+        return self.cut if self.resume is None else self.resume
+
+    @property
+    def run_offset(self) -> int:
+        """Where the run starts in the view: after the head, the summary and the pinned."""
+        return self.head_end + (self.summary_message is not None) + len(self.pinned)
 
     def apply(self, messages: Sequence[Message]) -> list[Message]:
         """The compacted view of a request whose first `cut` messages match this checkpoint."""
-        return [
-            *messages[: self.head_end],
-            self.summary_message,
-            *(messages[i] for i in self.pinned),
-            *messages[self.cut :],
-        ]
+        if not self.previews:
+            return [
+                *messages[: self.head_end],
+                *([] if self.summary_message is None else [self.summary_message]),
+                *(messages[i] for i in self.pinned),
+                *messages[self.run_start :],
+            ]
+        view = [*messages[: self.head_end]]
+        if self.summary_message is not None:
+            view.append(self.summary_message)
+        view += (messages[i] for i in self.pinned)
+        start = self.run_start
+        for index, preview in self.previews:
+            view += messages[start:index]
+            view.append(preview)
+            start = index + 1
+        view += messages[start:]
+        return view
 
     @property
     def prefix_len(self) -> int:
         """Length of what replaces messages[:cut] in the view."""
-        return self.head_end + 1 + len(self.pinned)
+        return self.run_offset + self.cut - self.run_start
+
+    def position(self, index: int) -> int | None:
+        """The original index view message `index` stands for (a preview: the message it
+        reduces); None for the summary message."""
+        if index < self.head_end:
+            return index
+        offset = self.run_offset
+        if index < offset:
+            pinned = index - self.head_end - (self.summary_message is not None)
+            return None if pinned < 0 else self.pinned[pinned]
+        return self.run_start + index - offset
+
+    def preview_tokens(self, shape: Shape) -> int:
+        """What its previews cost at calibration 1 in `shape`: the estimate of a view reads it
+        on every request, so it is counted once per checkpoint object and shape (kept in the
+        instance's dict, outside the fields that compare and serialize)."""
+        counted: dict[int, int] = self.__dict__.setdefault("_preview_tokens", {})
+        found = counted.get(id(shape))
+        if found is None:
+            estimator = HeuristicEstimator(shape=shape)
+            found = sum(estimator.count_message(message) for _, message in self.previews)
+            counted[id(shape)] = found
+        return found
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict (digests in hex) that `from_json` reads back, tagged with a version."""
-        return {
-            "version": CHECKPOINT_VERSION,
+        """A JSON-able dict (digests in hex) that `from_json` reads back, tagged with a version
+        (a checkpoint with previews is of the later one: an older reader misses it)."""
+        data: dict[str, Any] = {
+            "version": CHECKPOINT_VERSION if not self.previews else PREVIEWS_VERSION,
             "key": self.key.hex(),
             "cut": self.cut,
             "head_end": self.head_end,
@@ -148,12 +202,19 @@ class Checkpoint:
             "precomputed": self.precomputed,
             "memory_items": [[i.type, i.content] for i in self.memory_items],
         }
+        if self.previews:
+            data["previews"] = [[i, message] for i, message in self.previews]
+            data["resume"] = self.run_start
+        return data
 
     @classmethod
     def from_json(cls, data: object) -> Checkpoint:
         """The checkpoint `to_json` wrote; ValueError for another version or malformed data (a
         store treats that as a miss)."""
-        if not isinstance(data, dict) or data.get("version") != CHECKPOINT_VERSION:
+        if not isinstance(data, dict) or data.get("version") not in (
+            CHECKPOINT_VERSION,
+            PREVIEWS_VERSION,
+        ):
             raise ValueError("not a checkpoint of a known version")
         try:
             checkpoint = cls(
@@ -170,15 +231,35 @@ class Checkpoint:
                     MemoryItem(as_memory_type(str(t)), str(c))
                     for t, c in data.get("memory_items", [])
                 ),
+                previews=tuple((_non_negative(i), m) for i, m in data.get("previews", [])),
+                resume=_non_negative(data["resume"]) if "resume" in data else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed checkpoint: {exc}") from exc
-        if not isinstance(checkpoint.summary_message, dict) or checkpoint.cut <= 0:
-            raise ValueError("malformed checkpoint: no summary message or an empty prefix")
+        if checkpoint.cut <= 0 or not _is_replacement(checkpoint):
+            raise ValueError("malformed checkpoint: no summary message or preview, or none fits")
+        if (data["version"] == PREVIEWS_VERSION) != bool(checkpoint.previews):
+            raise ValueError("malformed checkpoint: previews under the wrong version")
         return checkpoint
 
 
+def _is_replacement(checkpoint: Checkpoint) -> bool:
+    """A summary message, or previews (dicts, in order, inside the run), or both."""
+    summary = checkpoint.summary_message
+    if summary is None and not checkpoint.previews:
+        return False
+    if summary is not None and not isinstance(summary, dict):
+        return False
+    indices = [i for i, _ in checkpoint.previews]
+    return all(isinstance(m, dict) for _, m in checkpoint.previews) and (
+        indices == sorted(set(indices))
+        and all(checkpoint.run_start <= i < checkpoint.cut for i in indices)
+    )
+
+
 CHECKPOINT_VERSION = 1
+PREVIEWS_VERSION = 2
+"""A checkpoint with previews (`Checkpoint.previews`); one without keeps version 1."""
 
 
 def _non_negative(value: object) -> int:
@@ -279,17 +360,19 @@ class View:
         return cls(base.apply(original) if base else original, base)
 
     def original_index(self, index: int) -> int | None:
-        """Where view message `index` sits in the original list; None for the summary message."""
+        """Where view message `index` sits in the original list; None for a message that is
+        not the original's (the summary, a preview)."""
         if self.base is None:
             return index
-        base = self.base
-        if index < base.head_end:
-            return index
-        if index == base.head_end:
+        found = self.base.position(index)
+        if found is None or (self.base.previews and found in dict(self.base.previews)):
             return None
-        if index < base.prefix_len:
-            return base.pinned[index - base.head_end - 1]
-        return base.cut + index - base.prefix_len
+        return found
+
+    def position(self, index: int) -> int | None:
+        """The original index view message `index` stands for (a preview: the message it
+        reduces); None for the summary message."""
+        return index if self.base is None else self.base.position(index)
 
 
 def checkpoint_after(
@@ -303,13 +386,16 @@ def checkpoint_after(
 
     `digests` are the prefix digests of the original list the view was built from.
     """
-    if result.summary_message is None or result.path == "unchanged":
+    if result.path == "unchanged":
         return None
-    cut = view.original_index(result.keep_from)
-    if cut is None or cut <= 0 or cut > len(digests):
+    if result.previews:
+        return _previewed(view, result, digests, precomputed=precomputed)
+    if result.summary_message is None:
         return None
-    if view.base is not None and result.keep_from < view.base.prefix_len:
+    keep = _kept_from(view, result.keep_from, digests)
+    if keep is None:
         return None
+    cut, carried = keep
     # Built in C: the view of a long history holds hundreds of thousands of messages.
     by_identity = dict(zip(map(id, view.messages), range(len(view.messages)), strict=True))
     prefix = result.messages[: result.prefix_len]
@@ -335,17 +421,85 @@ def checkpoint_after(
         parent=view.base.key if view.base is not None else None,
         precomputed=precomputed,
         memory_items=result.memory_items if precomputed else (),
+        previews=carried,
+        resume=view.position(result.keep_from) if carried else None,
     )
+
+
+def _kept_from(
+    view: View, keep_from: int, digests: Sequence[bytes]
+) -> tuple[int, tuple[Preview, ...]] | None:
+    """The cut of a summary that keeps `view[keep_from:]`, and the base's previews it keeps
+    (they stay in place: the cut then reaches past them); None when it cannot be recorded."""
+    base = view.base
+    if base is not None and keep_from < base.run_offset:
+        return None
+    kept = view.position(keep_from)
+    if kept is None or kept <= 0 or kept > len(digests):
+        return None
+    carried = tuple(p for p in base.previews if p[0] >= kept) if base is not None else ()
+    cut = max(base.cut, kept) if base is not None and carried else kept
+    return (cut, carried) if cut <= len(digests) else None
+
+
+def _previewed(
+    view: View, result: CompactionResult, digests: Sequence[bytes], *, precomputed: bool
+) -> Checkpoint | None:
+    """The checkpoint of a selective result: the base's summary and previews, and the new ones."""
+    found = _preview_extent(view, [i for i, _ in result.previews], digests)
+    if found is None:
+        return None
+    cut, positions = found
+    base = view.base
+    previews = dict(base.previews) if base is not None else {}
+    previews.update(zip(positions, (m for _, m in result.previews), strict=True))
+    if base is not None and base.summary_message is not None:
+        head_end, summary, pinned, resume = (
+            base.head_end, base.summary_message, base.pinned, base.run_start,
+        )  # fmt: skip
+    else:
+        head_end = resume = min(previews)
+        summary, pinned = None, ()
+    return Checkpoint(
+        key=digests[cut - 1],
+        cut=cut,
+        head_end=head_end,
+        pinned=pinned,
+        summary_message=summary,
+        compaction_id=result.compaction_id,
+        path=result.path,
+        parent=base.key if base is not None else None,
+        precomputed=precomputed,
+        previews=tuple(sorted(previews.items(), key=lambda p: p[0])),
+        resume=resume,
+    )
+
+
+def _preview_extent(
+    view: View, indices: Sequence[int], digests: Sequence[bytes]
+) -> tuple[int, list[int]] | None:
+    """The cut of a checkpoint that previews view messages `indices`, and their original
+    positions; None when it cannot be recorded (a preview of the base's summary or pinned)."""
+    base = view.base
+    if not indices:
+        return None
+    if base is not None and base.summary_message is not None and indices[0] < base.run_offset:
+        return None
+    positions = [view.position(i) for i in indices]
+    known = [p for p in positions if p is not None]
+    if len(known) != len(positions):
+        return None
+    cut = max(base.cut if base is not None else 0, max(known) + 1)
+    return (cut, known) if 0 < cut <= len(digests) else None
 
 
 def plan_key(view: View, plan: Plan, digests: Sequence[bytes]) -> bytes | None:
     """The key of the checkpoint carrying out `plan` on `view` would have (`digests`: those of
     the original list); None when it folds nothing new."""
+    if plan.previews:
+        found = _preview_extent(view, [i for i, _ in plan.previews], digests)
+        return digests[found[0] - 1] if found is not None else None
     if plan.keep_from <= plan.head_end or not plan.folded:
         return None
-    if view.base is not None and plan.keep_from < view.base.prefix_len:
-        return None
-    cut = view.original_index(plan.keep_from)
-    if cut is None or not 0 < cut <= len(digests):
-        return None
-    return digests[cut - 1]
+    keep = _kept_from(view, plan.keep_from, digests)
+    return digests[keep[0] - 1] if keep is not None else None

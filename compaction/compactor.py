@@ -16,6 +16,8 @@ Paths, in order of preference:
   tool trail, files, values), the earlier summary's entries merged in, and the extracted items.
 - "dropped": not even the extractive summary fits its budget; a one-line note says how many
   messages were left out.
+- "selective": the plan reduced old tool outputs to previews (compaction.selective, chosen when
+  planning with `strategy` selective or hybrid), which reach the target without a summary.
 - "unchanged": nothing to fold, no gain, a failed check, or an internal error; the input as is.
 """
 
@@ -28,11 +30,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from compaction.composition import LLM_SHARE
+from compaction.invariants import check_compacted
 from compaction.memory import MemoryWriter, write_items
 from compaction.mentions import MentionCache
 from compaction.messages import CHAT, Shape
 from compaction.offload import Inline, JobMessages, JsonArray, Offload, OffloadLost
 from compaction.plan import should_compact
+from compaction.selective import apply_previews
 from compaction.settings import CompactionSettings
 from compaction.stages import (
     FinishJob,
@@ -195,6 +199,7 @@ class Compactor:
             strict_alternation=self.settings.strict_alternation,
             pinned_budget_tokens=int(window * self.settings.pinned_ratio),
             keep_reading=keep_reading,
+            strategy=self.settings.strategy,
         )
 
     def shape_of(self, estimator: TokenEstimator) -> Shape:
@@ -297,6 +302,37 @@ class Compaction:
             errors=(*attempt.errors, *errors),
         )
 
+    def _previewed(self, attempt: _Attempt) -> CompactionResult:
+        """A selective plan carried out: its previews in place, checked like any result."""
+        plan, messages = self.plan, self.messages
+        compacted = apply_previews(messages, plan.previews)
+        problems = check_compacted(messages, compacted, plan, shape=self.shape)
+        if problems:
+            logger.warning("previewed list failed its check: %s", "; ".join(problems))
+            return self._unchanged(attempt, "check failed: " + "; ".join(problems[:3]))
+        tokens_after = estimate_request(compacted, self.tools, self.estimator)
+        if tokens_after >= plan.tokens_before:
+            return self._unchanged(attempt, "previews would not make the request smaller")
+        end = plan.previews[-1][0] + 1
+        return CompactionResult(
+            messages=compacted,
+            path="selective",
+            reason=f"reduced {len(plan.previews)} old tool outputs to previews",
+            keep_from=end,
+            prefix_len=end,
+            summary_text="",
+            summary_message=None,
+            memory_items=(),
+            verification=None,
+            tokens_before=plan.tokens_before,
+            tokens_after=tokens_after,
+            fits=tokens_after <= plan.target_tokens,
+            compaction_id=attempt.compaction_id,
+            duration_s=self.compactor.clock() - attempt.started,
+            errors=tuple(attempt.errors),
+            previews=plan.previews,
+        )
+
     def _job_messages(self) -> JobMessages:
         if self._sent is None:
             self._sent = JobMessages.of(self.messages, crossing=self.compactor.crossing)
@@ -316,6 +352,10 @@ class Compaction:
         flush_memory: bool,
     ) -> CompactionResult:
         compactor, plan, messages = self.compactor, self.plan, self.messages
+        if plan.previews:
+            return self._previewed(attempt)
+        if not plan.summarize:
+            llm = None  # strategy "selective": no model call, the summary is built by code
         folded = plan.folded
         if not folded:
             return self._unchanged(attempt, plan.note or "nothing to fold")
@@ -400,4 +440,5 @@ class Compaction:
             folded_count=len(folded),
             errors=tuple(attempt.errors),
             pinned_overflow=done.pinned_overflow,
+            model_calls=0 if llm is None else 2,
         )

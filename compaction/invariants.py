@@ -68,6 +68,8 @@ def check_compacted(
     original: Sequence[Message], compacted: Sequence[Message], plan: Plan, *, shape: Shape = CHAT
 ) -> list[str]:
     """What is wrong with `compacted` as the result of applying `plan` to `original`."""
+    if plan.previews:
+        return _check_previewed(original, compacted, plan, shape)
     if plan.keep_from == plan.head_end and not plan.pinned:
         expected: list[Message] = list(original)
         problems = _check_same(expected, compacted, "unchanged")
@@ -84,6 +86,27 @@ def check_compacted(
     start = len(head) + 1
     problems += _check_same(pinned, compacted[start : start + len(pinned)], "pinned")
     problems += _check_same(tail, compacted[start + len(pinned) :], "kept tail")
+    return problems + _new_pairing_problems(original, compacted, shape)
+
+
+def _check_previewed(
+    original: Sequence[Message], compacted: Sequence[Message], plan: Plan, shape: Shape
+) -> list[str]:
+    """A selective plan: every message the original object but the previews, each in its
+    message's place with the same tool call ids."""
+    if len(compacted) != len(original):
+        return [f"expected {len(original)} messages (previews in place), got {len(compacted)}"]
+    previewed = dict(plan.previews)
+    problems = [
+        f"message {i}: not the original object"
+        for i, (want, got) in enumerate(zip(original, compacted, strict=True))
+        if i not in previewed and want is not got
+    ]
+    for index, message in previewed.items():
+        if compacted[index] is not message:
+            problems.append(f"message {index}: expected its preview")
+        elif shape.read(message).answers != shape.read(original[index]).answers:
+            problems.append(f"message {index}: its preview answers other calls")
     return problems + _new_pairing_problems(original, compacted, shape)
 
 

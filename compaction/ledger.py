@@ -117,7 +117,7 @@ class _Trail:
             self._call("", "(an earlier call)")
             index = len(self.calls) - 1
             del self.pending[""]
-        self.outcomes[index] = _outcome(text)
+        self.outcomes[index] = outcome_of(text)
 
     def entries(self) -> tuple[str, ...]:
         trail = (f"{c} → {o}" if o else c for c, o in zip(self.calls, self.outcomes, strict=True))
@@ -143,7 +143,7 @@ def _short(value: object) -> str:
     return clip_end(collapse_spaces(text), 60)
 
 
-def _outcome(result: str) -> str:
+def outcome_of(result: str) -> str:
     """Exit status, error and ids of a tool result; "ok" when it says nothing else.
 
     The error is the exception that ended a Python traceback (of a chained one, the last raised),

@@ -7,6 +7,7 @@ CompactionSettings, so a default changes in one place.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 TRIGGER_RATIO = 0.85
 """Compact when the request reaches this share of the context window."""
@@ -41,6 +42,13 @@ PINNED_RATIO = 0.10
 """The user's standing instructions may take this share of the window in the summary message
 (on top of the summary's own budget); what exceeds it goes to the memory file, counted."""
 
+Strategy = Literal["summary", "selective", "hybrid"]
+"""How a compaction makes room: `summary` folds old turns into a summary message; `selective`
+reduces old tool outputs to previews (compaction.selective), no model call; `hybrid` reduces
+first and summarizes only when the previews alone do not reach the target."""
+
+STRATEGY: Strategy = "hybrid"
+
 LLM_TIMEOUT_S = 60.0
 """How long one summarizer call may take before the compaction falls back."""
 
@@ -58,3 +66,4 @@ class CompactionSettings:
     llm_timeout_s: float = LLM_TIMEOUT_S
     strict_alternation: bool = STRICT_ALTERNATION
     pinned_ratio: float = PINNED_RATIO
+    strategy: Strategy = STRATEGY

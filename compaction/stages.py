@@ -14,7 +14,7 @@ import gc
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from compaction.composition import (
@@ -35,7 +35,8 @@ from compaction.pinned import Pinned
 from compaction.plan import plan_compaction
 from compaction.sections import Body
 from compaction.segment import split
-from compaction.settings import CompactionSettings
+from compaction.selective import choose_previews
+from compaction.settings import CompactionSettings, Strategy
 from compaction.summarize import summary_message
 from compaction.text import is_cjk_dominant
 from compaction.tokens import count_messages, estimate_request
@@ -46,6 +47,7 @@ from compaction.types import (
     Message,
     Plan,
     ResultPath,
+    Segments,
     TokenEstimator,
     Tools,
     Verification,
@@ -86,6 +88,7 @@ class PlanJob:
     keep_reading: bool = False
     """Return the Items read and the tokens counted, for the run that follows (in process
     only: sent back from another process they would cost more than reading them again)."""
+    strategy: Strategy = "summary"
 
 
 class Reading(NamedTuple):
@@ -116,7 +119,9 @@ def make_plan(job: PlanJob) -> Planned:
 
 def _make_plan(job: PlanJob) -> Planned:
     messages = job.messages.load()
-    items = read_items(messages, job.shape) if job.keep_reading else None
+    # The selective pass reads the Items too: read once, for the segments and for it.
+    reads = job.keep_reading or job.strategy != "summary"
+    items = read_items(messages, job.shape) if reads else None
     counts = count_messages(messages, job.estimator)
     segments = split(
         messages, job.estimator, job.tools, shape=job.shape, items=items, counts=counts
@@ -131,7 +136,42 @@ def _make_plan(job: PlanJob) -> Planned:
         strict_alternation=job.strict_alternation,
         pinned_budget_tokens=job.pinned_budget_tokens,
     )
-    return Planned(plan, Reading(items, counts) if items is not None else None)
+    if (
+        items is not None
+        and job.strategy != "summary"
+        and segments.total_tokens > plan.target_tokens
+    ):
+        plan = _select(job, plan, messages, items, counts, segments)
+    if job.strategy == "selective" and not plan.previews:
+        plan = replace(plan, summarize=False)
+    return Planned(plan, Reading(items, counts) if job.keep_reading and items is not None else None)
+
+
+def _select(
+    job: PlanJob,
+    plan: Plan,
+    messages: Sequence[Message],
+    items: Sequence[Item],
+    counts: Sequence[int],
+    segments: Segments,
+) -> Plan:
+    """The selective plan when previews alone reach the plan's target; else `plan` (the
+    summary; for `strategy: selective`, built without a model call)."""
+    previews, after = choose_previews(
+        messages,
+        items,
+        counts,
+        segments,
+        shape=job.shape,
+        estimator=job.estimator,
+        target=plan.target_tokens,
+    )
+    if previews and after <= plan.target_tokens:
+        return replace(
+            plan, keep_from=plan.head_end, pinned=(), quoted=(), note="", fits=True,
+            previews=previews,
+        )  # fmt: skip
+    return plan
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,14 @@ def as_memory_type(kind: str) -> MemoryType:
 Quality = Literal["good", "acceptable", "poor"]
 """How much of the key information a summary kept: the verification's grade."""
 
-ResultPath = Literal["llm", "extractive", "dropped", "unchanged"]
+ResultPath = Literal["llm", "extractive", "dropped", "selective", "unchanged"]
 """How a compaction produced its result: the LLM summary, the extractive fallback built by code,
-dropping the oldest blocks, or nothing changed (not needed, not possible, or a failed check)."""
+dropping the oldest blocks, old tool outputs reduced to previews (compaction.selective, no
+summary), or nothing changed (not needed, not possible, or a failed check)."""
+
+Preview = tuple[int, Message]
+"""Message `index` of a list, and the message that replaces it: its tool output cut to a preview
+(compaction.selective)."""
 
 
 class ChatLLM(Protocol):
@@ -180,6 +185,12 @@ class Plan:
     pinned_budget_tokens: int = 0
     """Room for the user's standing instructions in the summary, on top of
     `summary_budget_tokens`."""
+    previews: tuple[Preview, ...] = ()
+    """A selective plan (compaction.selective): these messages are replaced by their previews,
+    in order, and nothing is folded (`keep_from == head_end`)."""
+    summarize: bool = True
+    """False: the summary is built by code, without a model call (`strategy: selective`, when
+    the previews alone do not reach the target)."""
 
     @cached_property
     def folded(self) -> tuple[int, ...]:
@@ -257,6 +268,18 @@ class CompactionResult:
     pinned_overflow: int = 0
     """Standing instructions this compaction had no room for in the summary (sent to the memory
     file; the summary says how many in one line)."""
+    previews: tuple[Preview, ...] = ()
+    """Path "selective": the input's messages replaced by previews, by index (all before
+    `keep_from`, which is just past the last of them)."""
+    model_calls: int = 0
+    """Requests this compaction sent to the summarizing model (summary and memory: 2; none for
+    previews, a fallback in cooldown, or too little to fold)."""
+
+    @property
+    def strategy(self) -> Literal["selective", "summary"]:
+        """Which strategy acted: previews, or a summary (the extractive and dropped fallbacks
+        included)."""
+        return "selective" if self.path == "selective" else "summary"
 
     @property
     def compression_ratio(self) -> float:

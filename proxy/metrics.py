@@ -226,7 +226,7 @@ class CompactionMetrics:
         self.compactions = Counter(
             "compaction_proxy_compactions",
             "Compactions run, by reason (trigger, precompute, overflow) and path (llm, "
-            "extractive, dropped, unchanged) and dialect.",
+            "extractive, dropped, selective, unchanged) and dialect.",
             ("reason", "path", "dialect"),
             registry=r,
         )

@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from compaction import CompactionSettings
+from compaction import CompactionSettings, Strategy
 
 _LIBRARY = CompactionSettings()
 """The library's defaults, which this section's defaults are."""
@@ -151,6 +151,7 @@ class CompactionSection(_Section):
     worker_timeout_s: float = Field(default=60, gt=0)
     strict_alternation: bool = _LIBRARY.strict_alternation
     pinned_ratio: float = Field(default=_LIBRARY.pinned_ratio, ge=0, lt=1)
+    strategy: Strategy = _LIBRARY.strategy
     recall: Literal["on", "off"] = "on"
     """on: a compacted request carries the `recall` tool (proxy.recall), answered by the proxy
     from the session's archive and memory items; off: compacted requests as without recall."""
@@ -190,6 +191,7 @@ class CompactionSection(_Section):
             llm_timeout_s=llm_timeout_s,
             strict_alternation=self.strict_alternation,
             pinned_ratio=self.pinned_ratio,
+            strategy=self.strategy,
         )
 
 

@@ -115,6 +115,22 @@ class AnthropicShape:
             blocks = [b for b in content if not _is_thinking(b)]
         return MESSAGE_OVERHEAD_TOKENS + sum(_measure_block(b, text_cost) for b in blocks)
 
+    def with_output(self, raw: object, reduce: Callable[[str], str]) -> Message | None:
+        """Each `tool_result` block's content of a user turn (its other blocks, the user's
+        own text included, untouched), or a tool observation sent as a user turn's string."""
+        if not isinstance(raw, dict) or raw.get("role") != "user":
+            return None
+        content = raw.get("content")
+        if isinstance(content, str):
+            return {**raw, "content": reduce(content)} if self.read(raw).observation else None
+        if not isinstance(content, list) or not any(_is_result(b) for b in content):
+            return None
+        blocks = [
+            {**b, "content": reduce(blocks_text(b.get("content")))} if _is_result(b) else b
+            for b in content
+        ]
+        return {**raw, "content": blocks}
+
 
 ANTHROPIC: Shape = AnthropicShape()
 """Anthropic's Messages API message shape."""

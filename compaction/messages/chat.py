@@ -123,6 +123,16 @@ class ChatShape:
             total += _measure_call({"function": raw["function_call"]}, text_cost)
         return total
 
+    def with_output(self, raw: object, reduce: Callable[[str], str]) -> Message | None:
+        """A tool (or legacy function) message's content, or a tool observation sent as a
+        user message."""
+        if not isinstance(raw, dict):
+            return None
+        item = self.read(raw)
+        if item.kind != "tool" and not item.observation:
+            return None
+        return {**raw, "content": reduce(item.text)}
+
 
 CHAT: Shape = ChatShape()
 """The chat-completions shape, the default everywhere in the library."""

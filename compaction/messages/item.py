@@ -142,6 +142,12 @@ class Shape(Protocol):
         """Tokens of `raw`: `text_cost` for each string, flat costs for media and framing."""
         ...
 
+    def with_output(self, raw: object, reduce: Callable[[str], str]) -> Message | None:
+        """A new message like `raw` (ids, flags and unknown fields kept) whose tool output is
+        `reduce(output text)`, each output of it when it holds several; None when `raw` carries
+        no tool output (`raw` itself is never edited)."""
+        ...
+
 
 _new = tuple.__new__
 

@@ -126,6 +126,15 @@ class ResponsesShape:
             )
         return total + text_cost(json_text(raw))
 
+    def with_output(self, raw: object, reduce: Callable[[str], str]) -> Message | None:
+        """A `*_call_output` item's `output`."""
+        kind = raw.get("type") if isinstance(raw, dict) else None
+        if not isinstance(raw, dict) or not isinstance(kind, str):
+            return None
+        if not kind.endswith("_call_output"):
+            return None
+        return {**raw, "output": reduce(content_text(raw.get("output")))}
+
     def _read_message(self, raw: Message) -> Item:
         role: str = raw["role"]
         text = content_text(raw.get("content"))

@@ -386,8 +386,9 @@ class Conversations:
             llm = self._llm_for(req.summarizer(summary_model, prefix))
         # A precomputed compaction may never be applied: its memory items wait in its checkpoint.
         result = await self._run(req, compaction, llm=llm, flush=reason != "precompute")
-        if llm is not None and result.path != "unchanged":
-            # "unchanged" says nothing about the summarizer (nothing to fold, or no gain).
+        if llm is not None and result.path not in ("unchanged", "selective"):
+            # "unchanged" says nothing about the summarizer (nothing to fold, or no gain), nor
+            # do previews (no call made).
             ok = result.path == "llm"
             await self._cooldowns.record_outcome(cooldown_key, ok=ok)
             self._metrics.summarizer_seconds.observe(result.duration_s)

@@ -309,6 +309,9 @@ def record_compaction(
             "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "reason": reason,
             "path": result.path,
+            "strategy": result.strategy,
+            "previews": len(result.previews),
+            "model_calls": result.model_calls,
             "detail": result.reason,
             "dialect": request.dialect.name,
             "model": request.model,
@@ -357,10 +360,15 @@ def record_compaction(
 
 
 def folded_range(view: View, checkpoint: Checkpoint | None) -> list[int] | None:
-    """Original message indices [start, end) this compaction folded for the first time."""
+    """Original message indices [start, end) this compaction folded (or reduced to previews)
+    for the first time."""
     if checkpoint is None:
         return None
-    start = view.base.cut if view.base is not None else checkpoint.head_end
+    base = view.base
+    start = base.cut if base is not None else checkpoint.head_end
+    if checkpoint.previews:  # a reduced output may lie before the base's cut
+        before = {i for i, _ in base.previews} if base is not None else set()
+        start = min([start, *(i for i, _ in checkpoint.previews if i not in before)])
     return [start, checkpoint.cut]
 
 

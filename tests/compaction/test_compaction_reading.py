@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.corpus import read_corpus
-from compaction import CHAT, Compaction, Compactor, HeuristicEstimator, Item
+from compaction import CHAT, Compaction, CompactionSettings, Compactor, HeuristicEstimator, Item
 from tests.compaction.conftest import ScriptedLLM
 from tests.factories import agent_conversation
 
@@ -32,6 +32,9 @@ class CountingShape:
     def measure(self, raw: Any, text_cost: Any) -> float:
         self.measures += 1
         return CHAT.measure(raw, text_cost)
+
+    def with_output(self, raw: Any, reduce: Any) -> Any:
+        return CHAT.with_output(raw, reduce)
 
 
 async def test_runs_reuse_the_plans_items_with_the_same_result_on_corpus_conversations(
@@ -88,7 +91,8 @@ async def test_the_plans_counts_are_by_the_estimator_the_compaction_runs_with() 
     # A request's own estimator (calibrated) plans and runs: the result is the one a run
     # counting afresh gives.
     messages = agent_conversation(8, blocks=4, output_chars=1500)
-    compactor = Compactor()
+    # A summary (long outputs would be previews under the default strategy).
+    compactor = Compactor(settings=CompactionSettings(strategy="summary"))
     estimator = HeuristicEstimator(calibration=2.0, shape=CHAT)
     window = int(compactor.estimate(messages, estimator=estimator) / 0.9)
     compaction = await compactor.prepare(messages, window=window, estimator=estimator)

@@ -165,7 +165,9 @@ async def _measure(
     conversation: dict[str, Any], window: int, llm: ScriptedLLM | None, tally: Tally
 ) -> None:
     messages, tools = conversation["messages"], conversation.get("tools") or None
-    compactor = Compactor(settings=CompactionSettings(llm_timeout_s=5))
+    # What the summary and memory keep of the folded span: the summary strategy (previews fold
+    # nothing; tests/compaction/test_selective.py covers them).
+    compactor = Compactor(settings=CompactionSettings(llm_timeout_s=5, strategy="summary"))
     tally.runs += 1
     if not compactor.needs_compaction(compactor.estimate(messages, tools), window):
         return

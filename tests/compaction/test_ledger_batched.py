@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from bench.corpus import read_corpus
 from compaction.instructions import Instruction, find_instructions
-from compaction.ledger import Ledger, _describe, _outcome, build_ledger
+from compaction.ledger import Ledger, _describe, build_ledger, outcome_of
 from compaction.mentions import Mentions, scan_prose
 from compaction.messages import Item, ToolCall, read_items
 from compaction.scan import (
@@ -73,7 +73,7 @@ class _OneByOne:
             self._call("", "(an earlier call)")
             index = len(self.calls) - 1
             del self.pending[""]
-        self.outcomes[index] = _outcome(text)
+        self.outcomes[index] = outcome_of(text)
 
     def _add_prose(self, mentions: Mentions | None) -> None:
         if mentions is not None:

@@ -172,6 +172,9 @@ class ItemShape:
     def measure(self, raw: Any, text_cost: Callable[[str], float]) -> float:
         return 4 + text_cost(raw.text if isinstance(raw, Item) else repr(raw))
 
+    def with_output(self, raw: Any, reduce: Callable[[str], str]) -> Any:
+        return None
+
 
 ITEMS = ItemShape()
 

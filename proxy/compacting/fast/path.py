@@ -175,6 +175,13 @@ class FastPath:
 def _wire_parts(index: BodyIndex, checkpoint: Checkpoint, dialect: Dialect) -> list[Part] | None:
     """Checkpoint.apply then Dialect.wire, as splice parts: the bytes the full path splices."""
     summary = checkpoint.summary_message
+    if checkpoint.previews:
+        # Anthropic joins a summary with the turns after it: with previews too, the full path.
+        return (
+            None if summary is not None and dialect.joins_summary else _previewed(checkpoint, index)
+        )
+    if summary is None:
+        return None
     if not dialect.joins_summary:
         return [
             range(checkpoint.head_end),
@@ -201,3 +208,19 @@ def _wire_parts(index: BodyIndex, checkpoint: Checkpoint, dialect: Dialect) -> l
     # view_parts numbers the turns by their place in `turns`; the splice wants their index.
     wired = view_parts(turns, dialect.wire([summary, *turns]))
     return [*(taken[p] if isinstance(p, int) else p for p in wired), range(end, index.count)]
+
+
+def _previewed(checkpoint: Checkpoint, index: BodyIndex) -> list[Part]:
+    """A checkpoint with previews: the head, its summary and pinned items if any, then the run
+    with each preview's bytes in its item's place, then the rest as sent."""
+    summary = checkpoint.summary_message
+    parts: list[Part] = [range(checkpoint.head_end)]
+    if summary is not None:
+        parts.append(orjson.dumps(summary))
+    parts += checkpoint.pinned
+    start = checkpoint.run_start
+    for at, preview in checkpoint.previews:
+        parts += [range(start, at), orjson.dumps(preview)]
+        start = at + 1
+    parts.append(range(start, index.count))
+    return parts
