@@ -20,8 +20,8 @@ _DEFAULT_OUTPUT_TOKENS = 4096
 _DEFAULT_OUTPUT_SHARE = 8
 # Recall results fill the window up to this share of it, never to the brim.
 _FILL_RATIO = 0.95
-# A request goes out uncompacted up to the trigger (0.85 of the window), which leaves the rule
-# above no room at all: a result then had none, and the model got back an empty recall. Results
+# A request goes out with no new compaction up to the trigger (0.85 of the window), where the
+# rule above leaves no room: a result then had none, and the model got back an empty recall. Results
 # always get this share of the window (when the window holds it): from the fill margin, and from
 # half of the output reserve when that reserve is our guess (a bound the client set is kept).
 _FLOOR_SHARE = 16
