@@ -230,8 +230,11 @@ def decide(turns: Turns) -> tuple[str, str | None]:
     """(the answer, "") or ("", the recall query)."""
     terms = key_terms(turns.question)
     if turns.recalled is not None:
+        # Not the result's header, which quotes the query; a line of a turn may hold the
+        # terms in the query's order (the answer often does), and is read.
         asked = " ".join(terms)
-        lines = [line for line in turns.recalled.splitlines() if asked not in line]
+        quoted = (f"'{asked}'", f'"{asked}"')
+        lines = [line for line in turns.recalled.splitlines() if not any(q in line for q in quoted)]
         found, count = best_line(lines, terms, latest=False)
         known, known_count = best_line(turns.context, terms, latest=True)
         return (found if count >= known_count else known), None

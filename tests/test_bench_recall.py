@@ -51,3 +51,14 @@ def test_the_model_calls_recall_only_when_no_line_of_its_context_holds_the_key_t
     recalled += "Rule: the budget cap is $500, never exceeding it."
     answered = Turns(question, ["We talked about the weather."], recalled, True)
     assert decide(answered) == ("Rule: the budget cap is $500, never exceeding it.", None)
+
+
+def test_the_model_reads_a_recalled_line_holding_the_terms_in_order_and_skips_the_header() -> None:
+    # The line answering "check some classical" quotes the terms in order: it is the answer,
+    # not the result's header echoing the query (which the model skips).
+    question = "What did the earlier tool output say about check some classical?"
+    recalled = "1 earlier result(s) for 'check some classical', best match first:\n"
+    recalled += "[1] turn 43, tool output:\n    81\t    # check some classical latin symbols\n"
+    recalled += "    90\t    # check some arabic"
+    answered = Turns(question, ["We talked about the weather."], recalled, True)
+    assert decide(answered) == ("    81\t    # check some classical latin symbols", None)

@@ -20,6 +20,11 @@ _DEFAULT_OUTPUT_TOKENS = 4096
 _DEFAULT_OUTPUT_SHARE = 8
 # Recall results fill the window up to this share of it, never to the brim.
 _FILL_RATIO = 0.95
+# A request goes out with no new compaction up to the trigger (0.85 of the window), where the
+# rule above leaves no room: a result then had none, and the model got back an empty recall. Results
+# always get this share of the window (when the window holds it): from the fill margin, and from
+# half of the output reserve when that reserve is our guess (a bound the client set is kept).
+_FLOOR_SHARE = 16
 
 
 @dataclass(frozen=True)
@@ -51,10 +56,21 @@ class Recall:
         added = request.estimator.count_text(added_text(request.dialect.name))
         tokens += added
         answers = Answers(self.archive, self.memory_dir, request.session_id, request.tenant.hex())
-        reserve = request.max_output_tokens or min(
-            _DEFAULT_OUTPUT_TOKENS, request.window // _DEFAULT_OUTPUT_SHARE
-        )
-        room = int(request.window * _FILL_RATIO) - tokens - reserve
-        budget = Budget(room_tokens=max(0, room), max_rounds=self.max_rounds)
+        room = recall_room(request.window, tokens, request.max_output_tokens)
+        budget = Budget(room_tokens=room, max_rounds=self.max_rounds)
         rounds = RecallRounds(request.dialect.name, equipped, answers, budget, self.metrics)
         return Equipped(equipped, rounds, added)
+
+
+def recall_room(window: int, tokens: int, max_output_tokens: int | None) -> int:
+    """The tokens recall results may fill in a request of `tokens` in `window`: up to the fill
+    ratio less the output's reserve, and never less than the floor share of the window that
+    the window holds past the client's own output bound, or past half of our guess of it."""
+    if max_output_tokens:
+        reserve, kept = max_output_tokens, max_output_tokens
+    else:
+        reserve = min(_DEFAULT_OUTPUT_TOKENS, window // _DEFAULT_OUTPUT_SHARE)
+        kept = reserve // 2
+    room = int(window * _FILL_RATIO) - tokens - reserve
+    floor = min(window // _FLOOR_SHARE, window - tokens - kept)
+    return max(0, room, floor)

@@ -314,3 +314,24 @@ async def test_an_archive_that_is_down_tells_the_model_and_the_client_gets_its_a
     response, answer = await ask(client, proxy, conversation_of(int(WINDOW * 1.3)))
     assert response.status == 200 and response.headers["x-compaction-recall-rounds"] == "1"
     assert "recall is unavailable" in answer["choices"][0]["message"]["content"]
+
+
+async def test_a_request_just_below_the_trigger_still_gets_room_for_the_recalled_turn(
+    start: Any, script: Script, client: Any
+) -> None:
+    # Compacted requests go out as they are up to the trigger (0.85 of the window): the fill
+    # ratio less the output's reserve then left a recall result no room, and the model got an
+    # empty recall back.
+    proxy = await start()
+    messages = with_canary(conversation_of(int(WINDOW * 1.3)))
+    await compacted_and_archived(client, proxy, messages, tools=TOOLS)
+    model = RecallingModel("quasar QX-7781")
+    script.chat = model
+    grown = conversation_of(int(WINDOW * 1.55), grow=messages)
+    response, answer = await ask(client, proxy, grown, tools=TOOLS)
+
+    assert response.headers["x-compaction-status"] == "reused"
+    assert int(response.headers["x-compaction-tokens-after"]) > 0.82 * WINDOW
+    assert response.headers["x-compaction-recall-rounds"] == "1"
+    assert CANARY in answer["choices"][0]["message"]["content"]
+    assert model.problems == []
