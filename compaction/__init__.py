@@ -59,6 +59,7 @@ from compaction.messages import (
     strip_injected,
 )
 from compaction.offload import Inline, JsonArray, Offload, OffloadLost
+from compaction.selective import PREVIEW_MARK
 from compaction.settings import CompactionSettings, Strategy
 from compaction.summarize import is_substantive, recall_note, summary_message, summary_text
 from compaction.tokens import REPLY_PRIMING_TOKENS, HeuristicEstimator, estimate_request
@@ -84,6 +85,7 @@ __all__ = [
     "ANTHROPIC",
     "CHAT",
     "CHECKPOINT_VERSION",
+    "PREVIEW_MARK",
     "REPLY_PRIMING_TOKENS",
     "RESPONSES",
     "SUMMARY_MARKER",

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from compaction import SUMMARY_MARKER, recall_note
+from compaction import PREVIEW_MARK, SUMMARY_MARKER, recall_note
 from proxy.compacting.splice import locate_field
 
 NAME = "recall"
@@ -104,14 +104,21 @@ def added_text(dialect: str) -> str:
 def equip(body: bytes, payload: Mapping[str, object], dialect: str) -> bytes | None:
     """The compacted request `body` (its fields, list aside, those of `payload`, in order) with
     the recall tool after the client's tools and the recall line in its summary; None when
-    either cannot be placed with certainty (the body then goes out unequipped)."""
+    either cannot be placed with certainty (the body then goes out unequipped). A request whose
+    compaction only cut tool outputs to previews has no summary: the previews themselves say
+    the whole can be recalled, and the tool goes out alone."""
     tool = TOOL_BYTES.get(dialect)
     if tool is None:
         return None
     noted = _with_note(body)
     if noted is None:
-        return None
+        if _PREVIEW_BYTES not in body:
+            return None
+        noted = body
     return _with_tool(noted, payload, tool)
+
+
+_PREVIEW_BYTES = orjson.dumps(PREVIEW_MARK)[1:-1]
 
 
 def _with_note(body: bytes) -> bytes | None:

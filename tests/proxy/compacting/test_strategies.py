@@ -64,6 +64,20 @@ async def test_previews_go_out_instead_of_a_summary_and_are_reused_byte_for_byte
     assert archived[reduced] == first[reduced]
 
 
+async def test_a_request_with_previews_only_carries_the_recall_tool_when_recall_is_on(
+    start: Any, script: Script, client: Any
+) -> None:
+    """The previews say the whole output can be recalled: the request that carries them carries
+    the tool, though it has no summary to put the recall line in."""
+    proxy = await start(models={"default_context_window": WINDOW}, compaction={"recall": "on"})
+    response = await post(client, proxy, listing_history(16))
+    assert response.headers["x-compaction-status"] == "applied"
+
+    sent = forwarded(script)[0]
+    assert any(PREVIEW_MARK in str(m.get("content")) for m in sent["messages"])
+    assert [tool["function"]["name"] for tool in sent["tools"]][-1:] == ["recall"]
+
+
 async def test_the_summary_strategy_summarizes_the_same_history(
     start: Any, script: Script, client: Any
 ) -> None:
