@@ -160,6 +160,8 @@ async def prepare_figures(
                         "memory": {"dir": f"{workspace}/memory"},
                         "state": {"path": f"{workspace}/state.sqlite3"},
                         "compaction": {"workers": 0},
+                        # No app is started here, so there is no upstream to read a window from.
+                        "models": {"discover": False},
                     }
                 )
                 app = create_app(settings, llm_for=lambda _: _InstantLLM())
