@@ -285,8 +285,25 @@ def _int_or_none(value: str | None) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
-def _now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
+class _Clock:
+    """The time of a timeline line as `datetime.isoformat(timespec="milliseconds")` writes it in
+    UTC, its date and second formatted once per second (formatting a datetime for every request
+    was a tenth of a 2 KB pass-through request's CPU)."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._prefix = ""
+
+    def now_iso(self) -> str:
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._prefix = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        return f"{self._prefix}.{int((now - second) * 1000):03d}+00:00"
+
+
+_now_iso = _Clock().now_iso
 
 
 async def forward_verbatim(request: web.Request, path_session: str | None) -> web.StreamResponse:
