@@ -85,6 +85,12 @@ class Workers:
         """The process ids of the workers running now (none before the first job)."""
         return self._pool.pids if self._pool is not None else ()
 
+    @property
+    def started(self) -> bool:
+        """Whether every worker process there is has started (spawned, imported): until then a
+        job's deadline waits for its worker to start."""
+        return self._pool is not None and not self._pool.starting
+
     def open(self) -> None:
         """Processes start on the first job (an app that never compacts starts none)."""
         if self._processes > 0:

@@ -69,6 +69,9 @@ async def test_requests_at_the_trigger_are_answered_while_every_worker_is_stoppe
     )
     workers = proxy.app[WORKERS]
     await asyncio.gather(*(compacted(client, proxy, f"warm-{i}") for i in range(4)))
+    # Stopped once started: a worker stopped while still importing has its job's deadline wait
+    # for it to start (60 s), which a loaded machine's second spawn can make this test meet.
+    await wait_for(lambda: workers.started, 30)
     stopped = workers.pids
     assert len(stopped) == 2
     for pid in stopped:
@@ -100,6 +103,7 @@ async def test_a_worker_killed_under_requests_is_one_line_and_one_count(
     proxy = await start(compaction={"summary_timeout_s": 30, "worker_timeout_s": 30})
     workers = proxy.app[WORKERS]
     assert await compacted(client, proxy, "warm") == "applied"
+    await wait_for(lambda: workers.started, 30)
     [worker] = workers.pids
     # Stopped first so that jobs are surely in flight (one in the worker, the others waiting
     # their turn) when it is killed.
@@ -129,6 +133,7 @@ async def test_a_long_new_request_is_answered_in_time_while_every_worker_is_stop
     proxy = await start(compaction={"summary_timeout_s": SUMMARY_TIMEOUT_S, "worker_timeout_s": 30})
     workers = proxy.app[WORKERS]
     await compacted(client, proxy, "warm")
+    await wait_for(lambda: workers.started, 30)
     stopped = workers.pids
     messages = conversation_of(WINDOW * 6)
     assert len(orjson.dumps(messages)) >= 64 * 1024  # indexed in a worker
@@ -163,6 +168,7 @@ async def test_background_work_lost_with_a_worker_is_not_logged_again(
     )
     workers = proxy.app[WORKERS]
     assert await compacted(client, proxy, "warm") == "applied"
+    await wait_for(lambda: workers.started, 30)
     stopped = workers.pids
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
