@@ -56,6 +56,19 @@ def event_data(event: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
+def typed_payload(event: bytes) -> JsonObject | None:
+    """An event's data as a JSON object with a string `type` (Responses and Anthropic events);
+    None for anything else, which the readers pass on untouched."""
+    data = event_data(event)
+    if data is None:
+        return None
+    try:
+        payload = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return payload if isinstance(payload, dict) and isinstance(payload.get("type"), str) else None
+
+
 class StreamedTurn(Protocol):
     @property
     def recall(self) -> list[Call]: ...
@@ -304,14 +317,10 @@ class AnthropicStream:
         return self._usage
 
     def read(self, event: bytes) -> bytes | None:
-        data = event_data(event)
-        try:
-            payload = orjson.loads(data) if data is not None else None
-        except orjson.JSONDecodeError:
+        payload = typed_payload(event)
+        if payload is None:
             return event
-        if not isinstance(payload, dict):
-            return event
-        kind = payload.get("type")
+        kind = payload["type"]
         if kind == "message_start":
             return self._read_start(event, payload)
         if kind in ("content_block_start", "content_block_delta", "content_block_stop"):
@@ -484,12 +493,8 @@ class ResponsesStream:
         return self._spent
 
     def read(self, event: bytes) -> bytes | None:
-        data = event_data(event)
-        try:
-            payload = orjson.loads(data) if data is not None else None
-        except orjson.JSONDecodeError:
-            return event
-        if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
+        payload = typed_payload(event)
+        if payload is None:
             return event
         kind = payload["type"]
         if kind in ("response.created", "response.in_progress", "response.queued"):
