@@ -106,3 +106,14 @@ class Archive(Protocol):
         """The compactions whose turns are archived for the session (and credential): scopes the
         memory items a search returns."""
         ...
+
+
+async def find_in_two_trips(
+    archive: Archive, session: str, query: str, *, tenant: str | None, limit: int
+) -> tuple[list[Found], set[str] | None]:
+    """`Archive.find` for a backend that cannot answer both in one trip: its `search`, then
+    for a credential its `compactions`."""
+    found = await archive.search(session, query, tenant=tenant, limit=limit)
+    if tenant is None:
+        return found, None
+    return found, await archive.compactions(session, tenant=tenant)

@@ -7,7 +7,7 @@ import heapq
 import time
 from collections.abc import Callable, Sequence
 
-from proxy.archive.entries import Entry, Found, Scope
+from proxy.archive.entries import Entry, Found, Scope, find_in_two_trips
 from proxy.archive.terms import query_terms, score_text
 
 
@@ -76,10 +76,7 @@ class LocalArchive:
     async def find(
         self, session: str, query: str, *, tenant: str | None, limit: int
     ) -> tuple[list[Found], set[str] | None]:
-        found = await self.search(session, query, tenant=tenant, limit=limit)
-        if tenant is None:
-            return found, None
-        return found, await self.compactions(session, tenant=tenant)
+        return await find_in_two_trips(self, session, query, tenant=tenant, limit=limit)
 
     async def compactions(self, session: str, *, tenant: str | None) -> set[str]:
         return {entry.compaction_id for entry in self._entries(session, tenant)}

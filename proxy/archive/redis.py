@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import orjson
 import redis.asyncio as aioredis
 
-from proxy.archive.entries import Entry, Found, Kind, Scope
+from proxy.archive.entries import Entry, Found, Kind, Scope, find_in_two_trips
 from proxy.archive.terms import query_terms, text_terms
 
 _DROP_BATCH = 256
@@ -178,10 +178,7 @@ class RedisArchive:
     async def find(
         self, session: str, query: str, *, tenant: str | None, limit: int
     ) -> tuple[list[Found], set[str] | None]:
-        found = await self.search(session, query, tenant=tenant, limit=limit)
-        if tenant is None:
-            return found, None
-        return found, await self.compactions(session, tenant=tenant)
+        return await find_in_two_trips(self, session, query, tenant=tenant, limit=limit)
 
     async def compactions(self, session: str, *, tenant: str | None) -> set[str]:
         found: set[str] = set()
