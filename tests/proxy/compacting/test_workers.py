@@ -194,7 +194,7 @@ def is_alive(pid: int) -> bool:
     """The process exists and is not a zombie waiting to be reaped."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or reaped between open and read
         return False
     return stat.rpartition(")")[2].split()[0] != "Z"
 
