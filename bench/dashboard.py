@@ -46,18 +46,20 @@ def fill(app_records: SessionRecords, sessions: int, per_session: int) -> None:
             app_records.touch(session)
             app_records.add_request(
                 session,
-                {
-                    "time": "2026-01-01T00:00:00.000+00:00",
-                    "dialect": dialect,
-                    "status": "applied" if compacted else "none",
-                    "tokens_before": before,
-                    "tokens_after": before // 3 if compacted else before,
-                    "bytes_before": before * 4,
-                    "bytes_after": before * 4,
-                    "compaction_id": None,
-                    "upstream_status": 200,
-                    "overhead_ms": 0.4,
-                },
+                (
+                    1_767_225_600.0,  # 2026-01-01
+                    dialect,
+                    "applied" if compacted else "none",
+                    before,
+                    before // 3 if compacted else before,
+                    before * 4,
+                    before * 4,
+                    None,
+                    200,
+                    0.4,
+                    0,
+                    0,
+                ),
             )
             if compacted:
                 app_records.add_record(
