@@ -164,7 +164,7 @@ async def _relay_followed(
     said = {**exchange.headers, **followed.headers}
     relayed = await relay(
         request,
-        _Rewritten(followed.response) if followed.rewritten else followed.response,
+        _Rewritten(followed.response, followed.length) if followed.rewritten else followed.response,
         followed.chunks,
         info=info,
         metrics=app[keys.METRICS],
@@ -213,13 +213,16 @@ class _Resend:
 
 class _Rewritten:
     """An upstream response whose body a followup rewrote: its length and encoding headers no
-    longer hold (the body is relayed decoded, its length unknown until written)."""
+    longer hold (the body is relayed decoded), its length is `length` (None: unknown until
+    written, so sent chunked)."""
 
-    def __init__(self, response: Response) -> None:
+    def __init__(self, response: Response, length: int | None) -> None:
         self._response = response
         headers = CIMultiDict(response.headers)
         for name in ("Content-Length", "Content-Encoding"):
             headers.popall(name, None)
+        if length is not None:
+            headers["Content-Length"] = str(length)
         self.headers = CIMultiDictProxy(headers)
 
     @property
