@@ -25,10 +25,12 @@ of the warm-up); without the heap trim 390 KB/s and more, at the default bounds 
 
 CI_BOUNDS = (
     "compaction.known_requests_mb=4",
+    "compaction.known_requests=20",
     "compaction.checkpoint_max_entries=100",
     "admin.max_sessions=20",
     "admin.max_records_mb=2",
     "memory.max_sessions=20",
+    "memory.cached_items=400",
     "state.cached_checkpoints=100",
     "server.heap_trim_s=5",
 )
