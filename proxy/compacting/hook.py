@@ -19,8 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from compaction import CheckpointStore, Compactor, MemoryWriter, Offload
-from compaction.mentions import MentionCache
+from compaction import CheckpointStore, Compactor, MemoryWriter, MentionCache, Offload
 from proxy.compacting.archiving import Archiving
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations, Deadline

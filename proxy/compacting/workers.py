@@ -38,8 +38,7 @@ from typing import TypeVar
 
 from prometheus_client import Counter
 
-from compaction import OffloadLost
-from compaction.stages import worker_mentions
+from compaction import OffloadLost, worker_mentions
 from proxy.tasks import Reported
 
 Job = TypeVar("Job")
