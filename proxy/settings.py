@@ -147,10 +147,10 @@ class CompactionSection(_Section):
     checkpoint_max_entries: int = Field(default=10000, gt=0)
     checkpoint_ttl_s: float = Field(default=21600, gt=0)
     known_requests_mb: float = Field(default=256, ge=0)
-    scanned_texts_mb: float = Field(default=64, gt=0)
+    scanned_texts_mb: float = Field(default=96, gt=0)
     """Texts already scanned for facts kept per worker process (and in the proxy with `workers`
-    0), so a fold redone over a longer history scans only what is new (MiB, at ~2 bytes a
-    character); the least recently used go first."""
+    0), so a fold redone over a longer history scans only what is new (MiB, at ~3 bytes a
+    character: the text and what was found in it); the least recently used go first."""
     known_requests: int = Field(default=256, gt=0)
     """Long conversations whose last body is remembered (with at most `known_requests_mb` of
     them), the least recently seen forgotten first: one forgotten is parsed whole once."""
@@ -191,7 +191,7 @@ class CompactionSection(_Section):
 
     @property
     def scanned_chars(self) -> int:
-        return int(self.scanned_texts_mb * 1024 * 1024) // 2
+        return int(self.scanned_texts_mb * 1024 * 1024) // 3
 
     def library_settings(self, *, llm_timeout_s: float) -> CompactionSettings:
         return CompactionSettings(

@@ -36,7 +36,7 @@ def test_the_new_bounds_have_safe_defaults_and_come_from_the_environment() -> No
     tuned = load_settings(None, env, {})
     assert (tuned.models.max_models, tuned.memory.max_sessions) == (8, 16)
     assert (tuned.memory.cached_items, tuned.compaction.known_requests) == (32, 4)
-    assert tuned.compaction.scanned_chars == 2**19
+    assert tuned.compaction.scanned_chars == 2**20 // 3
     assert tuned.archive.memory_max_bytes == 2 * 2**20
 
 
