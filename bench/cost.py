@@ -16,7 +16,10 @@ receives, the proxy's own summary and memory calls included:
 Agent requests are billed the tokens of the corpus' next assistant turn as output, the same
 direct and through the proxy; the fake summarizer answers at `SUMMARY_FILL` of the requested
 `max_tokens` and the memory extraction with `MEMORY_ITEMS` items. Time is modelled: `--turn-s`
-seconds between two requests of a conversation, the cache's TTL `TTL_S`.
+seconds between two requests of a conversation, the cache's TTL `TTL_S`. The proxy lives in that
+time scaled by `TIME_SCALE` (a modelled second lasts a millisecond): it sees the replay's pace,
+and a summarizer answering in `FIRST_TOKEN_S` plus its output at `OUTPUT_TOKENS_PER_S`, in
+their modelled proportion, which is what its choice of when to prepare a compaction reads.
 
     .venv/bin/python -m bench.cost [--quick] [--windows 8000 32000] [--per-source 10]
                                    [--dialect chat|responses|anthropic] [--config config.yaml]
@@ -65,6 +68,11 @@ LOOKBACK_BLOCKS = 20
 MIN_CACHED_TOKENS = 1024
 SUMMARY_FILL = 0.6
 MEMORY_ITEMS = 8
+TIME_SCALE = 0.001
+"""Real seconds per modelled second, for the proxy (its own time adds a few modelled seconds)."""
+FIRST_TOKEN_S = 1.0
+OUTPUT_TOKENS_PER_S = 50.0
+"""A summarizer's modelled speed: a slow model's (a quicker one is prepared for later)."""
 OUTPUT_HEADER = "X-Bench-Output-Tokens"
 PURPOSE = "X-Compaction-Purpose"
 
@@ -261,6 +269,7 @@ class CostUpstream:
         else:
             text = answer_for(purpose, body, self.cache.estimator)
             output = self.cache.estimator.count_text(text)
+            await asyncio.sleep((FIRST_TOKEN_S + output / OUTPUT_TOKENS_PER_S) * TIME_SCALE)
         bill = self.cache.bill(body, output, self.clock.get(conversation, 0.0))
         self.ledger.bills[conversation, purpose].add(bill)
         return web.json_response(self.wire.answer(text, bill.prompt_tokens))
@@ -389,7 +398,7 @@ async def through_proxy(
                             upstream.clock[session] = clock
                             status = await _send(client, proxy_url, wire, session, turn)
                             ledger.statuses[session].add(status)
-                            await _settle(0.005)
+                            await _settle(turn_s * TIME_SCALE)
                         await _settle(0.2)
         finally:
             await proxy_runner.cleanup()

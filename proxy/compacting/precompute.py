@@ -9,14 +9,17 @@ a client asking a large `max_tokens` is prepared for as early, relative to its t
 A conversation for which a check found nothing to do is left quiet until its history grew past
 what could change that.
 
-Past the ratio, preparing waits until the conversation is on course to reach its trigger soon:
-at its largest growth of its last few requests, within `LEAD_REQUESTS` requests, or within
-`SUMMARY_MARGIN` times what a compaction prepared ahead takes, at the quickest pace of its last
-few requests. A summary prepared for a conversation that ends before its trigger is paid for
-nothing (at 8k, a tenth of such a conversation's cost); one started that far ahead is ready when
-the trigger comes, so no request waits on it. What a compaction takes is learned from those
-that ran (until the first, a third of `summary_timeout_s`). A conversation seen for the first time past the ratio has no pace yet: it is prepared
-for, as before.
+Past the ratio, preparing waits for the last request that leaves it time: the one after which,
+at the conversation's largest growth of its last few requests, the next reaches the trigger
+(`LEAD_REQUESTS`), or earlier when the next request, at the quickest pace of its last few, would
+leave less than `SUMMARY_MARGIN` times what a compaction prepared ahead takes. A summary
+prepared for a conversation that ends before its trigger is paid for nothing (at 8k, a tenth of
+such a conversation's cost); waiting to the last request that leaves the summary its time pays
+it only for a conversation that ends one request short of its trigger (or, with summaries
+slower than its turns, within their time), and the summary is still ready when the trigger
+comes, so no request waits on it. What a compaction takes is learned from those that ran (the
+slowest recent one; until the first, a third of `summary_timeout_s`). A conversation seen for
+the first time past the ratio has no pace yet: it is prepared for, as before.
 """
 
 from __future__ import annotations
@@ -39,12 +42,15 @@ from proxy.tasks import BackgroundTasks
 # Growth (share of the window) after which a conversation with nothing to fold is checked again.
 _RECHECK_GROWTH = 0.02
 
-LEAD_REQUESTS = 2
+LEAD_REQUESTS = 1
 """How many requests ahead of its trigger, at its recent growth, a conversation is prepared for
-however quick its summaries."""
+however quick its summaries: the summary runs while the upstream answers the request, and the
+client takes its turn."""
 
-SUMMARY_MARGIN = 3.0
-"""How many times what a compaction takes, at the conversation's pace, it is prepared ahead."""
+SUMMARY_MARGIN = 1.25
+"""The least time, in times what a compaction takes, a summary prepared ahead is given before
+the trigger, at the conversation's pace. The compaction's time is already the slowest recent
+one, the pace the quickest, the growth the largest: the margin covers what varies beyond them."""
 
 _STEPS_KEPT = 3
 """The steps remembered per conversation: its largest growth and quickest pace count."""
@@ -100,7 +106,10 @@ class Precompute:
         growth = max(step.tokens for step in steps)
         pace = min(step.seconds for step in steps)
         left = math.ceil((trigger(self._options, request) - forwarded_tokens) / growth)
-        return left <= LEAD_REQUESTS or left * pace <= SUMMARY_MARGIN * self._summary_s
+        if left <= LEAD_REQUESTS:
+            return True
+        # Waiting for the next request leaves its summary (left - 1) requests' time.
+        return (left - 1) * pace < SUMMARY_MARGIN * self._summary_s
 
     def _follow(self, request: ParsedRequest, raw_tokens: int) -> tuple[_Step, ...]:
         """The conversation's last steps, its latest estimate noted (once per request: asked

@@ -1,17 +1,20 @@
-"""Preparing ahead only for a conversation on course to reach its trigger soon (#26): past the
-precompute ratio, a conversation whose recent growth and pace leave the trigger further than
-a few requests and a few summaries' time away costs no summary that may never be used; one
-that grows fast, or is new here, is prepared for."""
+"""Preparing ahead only for a conversation about to reach its trigger (#26): past the precompute
+ratio, a conversation is prepared for at the last request that leaves its summary time, one
+request before its trigger at its recent growth, or earlier by what its summaries take at its
+pace. One that ends before that costs no summary that is never used; one that goes on finds its
+summary ready; one that grows fast, or is new here, is prepared for."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from compaction import CompactionResult, HeuristicEstimator
 from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
 from proxy.compacting.precompute import LEAD_REQUESTS, SUMMARY_MARGIN, Precompute
 from proxy.compacting.request import ParsedRequest
+from proxy.http import keys
 from proxy.settings import CompactionSection
 from proxy.tasks import BackgroundTasks
 from tests.fakes.script import Script
@@ -98,19 +101,31 @@ async def test_a_slow_conversation_far_from_its_trigger_is_not_prepared_for() ->
     assert walk(ahead, clock, [TRIGGER - LEAD_REQUESTS * 80], 30.0) == [True]
 
 
+async def test_a_conversation_whose_summary_fits_a_turn_is_prepared_for_one_request_ahead() -> None:
+    clock = Clock()
+    ahead = precompute(clock)
+    ahead._learn(finished(8.0))  # type: ignore[arg-type]  # summaries take 8 s, a turn 20 s
+    # 100 tokens a request: two requests from the trigger it is not prepared for (a
+    # conversation that ends there pays no summary), one request from it, it is.
+    sizes = [TRIGGER - 400, TRIGGER - 300, TRIGGER - 200, TRIGGER - 100]
+    assert walk(ahead, clock, sizes, 20.0)[1:] == [False, False, True]
+
+
 async def test_a_quick_conversation_is_prepared_for_a_summarys_time_ahead() -> None:
     clock = Clock()
     ahead = precompute(clock)
     ahead._learn(finished(2.0))  # type: ignore[arg-type]
-    # One request a second: six requests from the trigger is within 3 x 2 s, seven is not.
-    assert 6 * 1.0 <= SUMMARY_MARGIN * 2.0 < 7 * 1.0
-    assert walk(ahead, clock, [2800, 2880, 2960, 3040], 1.0)[1:] == [False, True, True]
+    # One request a second, 80 tokens each: prepared at the last request that leaves the
+    # summary SUMMARY_MARGIN x 2 s before the trigger, three requests (3 s) ahead.
+    assert 2 * 1.0 < SUMMARY_MARGIN * 2.0 <= 3 * 1.0
+    sizes = [TRIGGER - 480, TRIGGER - 400, TRIGGER - 320, TRIGGER - 240, TRIGGER - 160]
+    assert walk(ahead, clock, sizes, 1.0)[1:] == [False, False, True, True]
 
 
 async def test_until_a_summary_was_timed_a_conversation_is_prepared_for_at_the_ratio() -> None:
     clock = Clock()
-    ahead = precompute(clock)  # a third of summary_timeout_s: 20 s, prepared 60 s ahead
-    assert walk(ahead, clock, [2800, 2880, 2960], 5.0)[1:] == [True, True]
+    ahead = precompute(clock)  # a third of summary_timeout_s: 20 s, prepared 25 s ahead
+    assert walk(ahead, clock, [2800, 2880, 2960], 3.0)[1:] == [True, True]
 
 
 async def test_a_conversation_first_seen_past_the_ratio_or_edited_shorter_is_prepared_for() -> None:
@@ -146,3 +161,57 @@ async def test_a_conversation_first_seen_past_the_ratio_is_prepared_for(
     proxy = await start(compaction={"precompute_ratio": 0.7, "workers": 0})
     assert await grow_through(client, proxy, [0.74]) == ["none"]
     await wait_for(lambda: len(script.calls("summary")) == 1, 10)
+
+
+PACE_S = 1.0
+"""Between two requests of a conversation, in the tests through the proxy: summaries are
+assumed to take a third of summary_timeout_s (1.5 s) until one was timed, 0.5 s, so a request
+one turn before the last that leaves SUMMARY_MARGIN of that is not prepared for."""
+
+
+async def grow_at_pace(
+    client: Any, proxy: Any, sizes: list[int], messages: list[Any] | None = None
+) -> tuple[list[str], list[Any]]:
+    statuses = []
+    for size in sizes:
+        messages = conversation_of(size, grow=messages)
+        started = time.monotonic()
+        response = await post(client, proxy, messages)
+        statuses.append(response.headers["x-compaction-status"])
+        await asyncio.sleep(max(0.0, PACE_S - (time.monotonic() - started)))
+    assert messages is not None
+    return statuses, messages
+
+
+# Estimates 2528, 2778, 3028: the last past the ratio (2800), two requests of 250 tokens from
+# the trigger (3400); then 3278, one request from it, and 3528, past it.
+SHORT_OF_IT = [2500, 2700, 2960]
+ON_TO_IT = [3200, 3420]
+
+
+async def test_a_conversation_that_ends_short_of_its_trigger_pays_no_summary(
+    start: Any, script: Script, client: Any
+) -> None:
+    assert SUMMARY_MARGIN * 1.5 / 3 < PACE_S
+    proxy = await start(compaction={"precompute_ratio": 0.7, "summary_timeout_s": 1.5})
+    statuses, _ = await grow_at_pace(client, proxy, SHORT_OF_IT)
+    assert statuses == ["none", "none", "none"]
+    await asyncio.sleep(PACE_S)  # the conversation ended: nothing was, or is, asked
+    assert script.calls("summary") == [] and script.calls("memory") == []
+
+
+async def test_a_conversation_that_reaches_its_trigger_finds_its_summary_ready(
+    start: Any, script: Script, client: Any
+) -> None:
+    proxy = await start(compaction={"precompute_ratio": 0.7, "summary_timeout_s": 1.5})
+    statuses, messages = await grow_at_pace(client, proxy, SHORT_OF_IT)
+    assert script.calls("summary") == []
+    # One request from the trigger: prepared while the agent takes its turn.
+    statuses, messages = await grow_at_pace(client, proxy, ON_TO_IT[:1], messages)
+    await wait_for(lambda: len(script.calls("summary")) == 1, 10)
+    [prepared] = proxy.app[keys.RECORDS].get("agent-1")["records"]
+    assert prepared["reason"] == "precompute" and prepared["waited"] is None
+    statuses, _ = await grow_at_pace(client, proxy, ON_TO_IT[1:], messages)
+    assert statuses == ["applied"]  # the reserve: no request waited on a summarizer
+    assert [r["id"] for r in proxy.app[keys.RECORDS].get("agent-1")["records"]] == [prepared["id"]]
+    assert len(script.calls("summary")) == 1

@@ -192,13 +192,17 @@ async def test_a_reserve_whose_memory_write_failed_writes_it_when_sent_under_the
         first = await reserve_prepared(client, proxy, records, messages)
 
         # Applied at the trigger, and sent on as the conversation grows past the precompute
-        # ratio; every write of its items meets a full disk. The next reserve is prepared.
+        # ratio; every write of its items meets a full disk. The next reserve is prepared: the
+        # conversation is grown in one step to a request from its trigger (past halfway from
+        # the view after the compaction), the last request that leaves its summary time.
         grown = grown_over_the_trigger(messages)
         response = await post(client, proxy, grown)
         assert response.headers["x-compaction-id"] == first["id"]
         after = int(response.headers["x-compaction-tokens-after"])
         longer = grown[:-1]
-        while after + tokens(longer) - tokens(grown) < 0.7 * WINDOW:
+        while (
+            after + tokens(longer) - tokens(grown) < max(0.7, (0.85 + after / WINDOW) / 2) * WINDOW
+        ):
             longer += f.tool_round(100 + len(longer), blocks=1, output_chars=300)
         longer.append(f.user("And then?"))
         second = await reserve_prepared(client, proxy, records, longer, status="reused")
