@@ -129,7 +129,7 @@ async def test_a_compaction_without_the_memory_part_mines_its_items_and_reports_
     result = await compaction.run(
         llm=AfterPrefix(answer=SUMMARY), session_id=None, flush_memory=False
     )
-    assert result.path == "llm" and result.errors == ()
+    assert result.path == "llm" and result.errors == () and result.model_calls == 1
     assert any("never use tabs" in item.content for item in result.memory_items)  # by code
 
 

@@ -88,7 +88,9 @@ async def test_the_summary_strategy_summarizes_the_same_history(
     assert response.headers["x-compaction-status"] == "applied"
     assert len(script.calls("summary")) == 1
     record = proxy.app[keys.RECORDS].get("agent-1")["records"][0]
-    assert record["strategy"] == "summary" and record["model_calls"] == 2
+    # What the upstream received: one cached question, or the summary asked standalone.
+    calls = len(script.calls("summary")) + len(script.calls("memory"))
+    assert record["strategy"] == "summary" and record["model_calls"] == calls
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
