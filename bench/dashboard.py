@@ -46,18 +46,20 @@ def fill(app_records: SessionRecords, sessions: int, per_session: int) -> None:
             app_records.touch(session)
             app_records.add_request(
                 session,
-                {
-                    "time": "2026-01-01T00:00:00.000+00:00",
-                    "dialect": dialect,
-                    "status": "applied" if compacted else "none",
-                    "tokens_before": before,
-                    "tokens_after": before // 3 if compacted else before,
-                    "bytes_before": before * 4,
-                    "bytes_after": before * 4,
-                    "compaction_id": None,
-                    "upstream_status": 200,
-                    "overhead_ms": 0.4,
-                },
+                (
+                    1_767_225_600.0,  # 2026-01-01
+                    dialect,
+                    "applied" if compacted else "none",
+                    before,
+                    before // 3 if compacted else before,
+                    before * 4,
+                    before * 4,
+                    None,
+                    200,
+                    0.4,
+                    0,
+                    0,
+                ),
             )
             if compacted:
                 app_records.add_record(
@@ -72,11 +74,17 @@ def fill(app_records: SessionRecords, sessions: int, per_session: int) -> None:
 
 
 async def run(sessions: int, rounds: int) -> None:
-    settings = Settings.build({"state": {"backend": "memory"}, "admin": {"token": TOKEN}})
+    # Room for every session: at the default `admin.max_records_mb` (64) the records keep the
+    # ~3,800 most recently seen of these (each holds a full timeline).
+    admin = {"token": TOKEN, "max_sessions": sessions, "max_records_mb": 1024}
+    settings = Settings.build({"state": {"backend": "memory"}, "admin": admin})
     app = create_app(settings)
     started = time.perf_counter()
     fill(app[keys.RECORDS], sessions, settings.admin.records_per_session)
-    print(f"{sessions} sessions recorded in {time.perf_counter() - started:.1f} s")
+    kept = app[keys.RECORDS].page(limit=0)["total"]
+    print(f"{sessions} sessions recorded in {time.perf_counter() - started:.1f} s, {kept} kept")
+    if kept != sessions:
+        raise SystemExit(f"only {kept} of {sessions} sessions kept: raise admin.max_records_mb")
     # A running proxy's records were made over hours and already met the collector (which
     # untracks dicts of plain values); made all at once here, the first full collection would
     # land inside one timed request.

@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from bench.dialects import WIRES
@@ -160,31 +161,38 @@ async def prepare_figures(
                         "memory": {"dir": f"{workspace}/memory"},
                         "state": {"path": f"{workspace}/state.sqlite3"},
                         "compaction": {"workers": 0},
-                        # No app is started here, so there is no upstream to read a window from.
+                        # No upstream here to read a window from.
                         "models": {"discover": False},
                     }
                 )
                 app = create_app(settings, llm_for=lambda _: _InstantLLM())
-                hook = app[keys.HOOK]
-                headers = CIMultiDictProxy(CIMultiDict({"Authorization": "Bearer sk-bench"}))
-                route = "messages" if dialect == "anthropic" else dialect
-                ctx = RequestContext(route, "prepare", "Bearer sk-bench", "/", headers)
-                base = history(windows * WINDOW, tag=f"p{windows}{dialect}-")
-                await hook.prepare(ctx, body_of(dialect, base, marked=marked))
-                took, statuses = [], []
-                bodies = [
-                    body_of(dialect, messages, marked=marked) for messages in grown(base, repeats)
-                ]
-                for body in bodies:
-                    started = time.perf_counter()
-                    exchange = await hook.prepare(ctx, body)
-                    took.append((time.perf_counter() - started) * 1000)
-                    statuses.append(exchange.headers.get(STATUS))
-                # Decided from what is remembered, not by the full path (a precompute check).
-                known = app[keys.METRICS].registry.get_sample_value(
-                    "compaction_proxy_recognized_requests_total",
-                    {"decision": "known", "dialect": dialect},
-                )
+                runner = web.AppRunner(app)  # its start-up opens the state and archive
+                await runner.setup()
+                try:
+                    hook = app[keys.HOOK]
+                    headers = CIMultiDictProxy(CIMultiDict({"Authorization": "Bearer sk-bench"}))
+                    route = "messages" if dialect == "anthropic" else dialect
+                    ctx = RequestContext(route, "prepare", "Bearer sk-bench", "/", headers)
+                    base = history(windows * WINDOW, tag=f"p{windows}{dialect}-")
+                    await hook.prepare(ctx, body_of(dialect, base, marked=marked))
+                    took, statuses = [], []
+                    bodies = [
+                        body_of(dialect, messages, marked=marked)
+                        for messages in grown(base, repeats)
+                    ]
+                    for body in bodies:
+                        started = time.perf_counter()
+                        exchange = await hook.prepare(ctx, body)
+                        took.append((time.perf_counter() - started) * 1000)
+                        statuses.append(exchange.headers.get(STATUS))
+                    # Decided from what is remembered, not by the full path (a precompute check).
+                    known = app[keys.METRICS].registry.get_sample_value(
+                        "compaction_proxy_recognized_requests_total",
+                        {"decision": "known", "dialect": dialect},
+                    )
+                finally:
+                    await runner.cleanup()
+
             median = statistics.median(took)
             first_ms = median if first_ms is None else first_ms
             reused = sum(s == "reused" for s in statuses)

@@ -118,13 +118,16 @@ class Followed:
     """What the client receives after a followup: `response`'s status and headers (those it
     says are stale, Content-Length and Content-Encoding, are left out when `rewritten`), the
     body from `chunks`, and `headers` to add. `usage` is the first response's (calibration reads
-    what the upstream counted of the request the hook sent)."""
+    what the upstream counted of the request the hook sent). `length`: a rewritten body's
+    length when the followup has it whole (the client gets it as Content-Length; None: sent
+    chunked)."""
 
     response: Response
     chunks: AsyncIterable[bytes]
     rewritten: bool
     headers: Mapping[str, str] = field(default_factory=dict)
     usage: Usage | None = None
+    length: int | None = None
 
 
 class Followup(Protocol):

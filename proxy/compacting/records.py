@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from compaction import Checkpoint, CompactionResult, View
-from proxy.http.sessions import SORTABLE
+from proxy.http.sessions import SORTABLE, TIMELINE_FIELDS, TimelineLine
 from proxy.metrics import CompactionMetrics
 
 Record = dict[str, Any]
@@ -47,9 +47,9 @@ RECEIPT_MEMORY_ITEMS = 50
 RECEIPT_DIFF_MESSAGES = 40
 RECEIPT_PREVIEW_CHARS = 240
 # What the records hold in memory, estimated without walking them (tracemalloc, CPython 3.11): a
-# timeline entry ~630 B; a compaction record about twice its JSON (a 40-message diff's previews
+# timeline line ~310 B; a compaction record about twice its JSON (a 40-message diff's previews
 # and a receipt's summary: 10-50 KB); a session's counters ~1 KB.
-_TIMELINE_ENTRY_BYTES = 640
+_TIMELINE_LINE_BYTES = 320
 _SESSION_BYTES = 1024
 
 
@@ -61,7 +61,7 @@ class _Session:
     records_total: int = 0
     records: deque[Record] = field(default_factory=deque)
     record_sizes: deque[int] = field(default_factory=deque)
-    timeline: deque[Record] = field(default_factory=deque)
+    timeline: deque[TimelineLine] = field(default_factory=deque)
     size: int = _SESSION_BYTES
     dialect: str | None = None
     model: str | None = None
@@ -118,25 +118,21 @@ class SessionRecords:
             self._grow(session, -session.record_sizes.popleft())
         self._evict()
 
-    def add_request(self, session_id: str, entry: Record) -> None:
-        """One hooked request's line in the session's timeline: its `dialect` (the route's API
-        shape: chat, responses, messages; the session's from then on), and
-        `tokens_before` / `tokens_after` when the request was counted (None when it was
-        forwarded without being parsed: then it was far below the trigger)."""
+    def add_request(self, session_id: str, line: TimelineLine) -> None:
+        """One hooked request's line in the session's timeline; its dialect is the session's
+        from then on, its tokens (when it was counted) add to the session's totals."""
         session = self._session(session_id)
-        session.dialect = entry.get("dialect") or session.dialect
-        before, after = entry.get("tokens_before"), entry.get("tokens_after")
-        if isinstance(before, int) and isinstance(after, int):
+        _, dialect, _, before, after, _, _, _, _, overhead_ms, _, _ = line
+        session.dialect = dialect
+        if before is not None and after is not None:
             session.tokens_sent += before
             session.tokens_forwarded += after
-        session.timeline.append(entry)
-        overhead = entry.get("overhead_ms")
-        if isinstance(overhead, int | float):
-            self._overheads.append(float(overhead))
+        session.timeline.append(line)
+        self._overheads.append(overhead_ms)
         if len(session.timeline) > self._per_session:
             session.timeline.popleft()
         else:
-            self._grow(session, _TIMELINE_ENTRY_BYTES)
+            self._grow(session, _TIMELINE_LINE_BYTES)
             self._evict()
 
     def page(
@@ -182,8 +178,12 @@ class SessionRecords:
         return {"p50": ordered[round(last * 0.5)], "p99": ordered[round(last * 0.99)]}
 
     def timeline(self, session_id: str) -> list[Record] | None:
+        """The session's last hooked requests, oldest first, each a document: the line's
+        fields, its time in ISO 8601 (UTC, milliseconds), its overhead rounded to 0.01 ms."""
         session = self._sessions.get(session_id)
-        return None if session is None else list(session.timeline)
+        if session is None:
+            return None
+        return [_timeline_document(line) for line in session.timeline]
 
     def list(self) -> Record:
         """Every session's summary, most recently seen first."""
@@ -263,6 +263,13 @@ _SORT_KEYS: dict[str, Callable[[str, _Session], Any]] = {
     "summarizer_calls": lambda sid, s: s.summarizer_calls,
     "summarizer_failures": lambda sid, s: s.summarizer_failures,
 }
+
+
+def _timeline_document(line: TimelineLine) -> Record:
+    document: Record = dict(zip(TIMELINE_FIELDS, line, strict=True))
+    document["time"] = datetime.fromtimestamp(line[0], UTC).isoformat(timespec="milliseconds")
+    document["overhead_ms"] = round(line[9], 2)
+    return document
 
 
 def _iso(timestamp: float) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterable, Mapping
-from datetime import UTC, datetime
 
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -28,7 +27,7 @@ from proxy.http.bodies import LimitedBody, RequestBody, read_body, too_large
 from proxy.http.encodings import decode_body
 from proxy.http.headers import upstream_request_headers
 from proxy.http.relay import relay
-from proxy.http.sessions import resolve_session_id
+from proxy.http.sessions import TimelineLine, resolve_session_id
 from proxy.http.upstream import Body, Response
 from proxy.http.usage import UsageProbe
 from proxy.interception import (
@@ -144,7 +143,7 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
     _observe(exchange, status, probe)
     if session is not None:
         app[keys.RECORDS].add_request(
-            session, timeline_entry(info.route, body, exchange, status, overhead_ms)
+            session, timeline_line(info.route, body, exchange, status, overhead_ms)
         )
     return relayed
 
@@ -165,7 +164,7 @@ async def _relay_followed(
     said = {**exchange.headers, **followed.headers}
     relayed = await relay(
         request,
-        _Rewritten(followed.response) if followed.rewritten else followed.response,
+        _Rewritten(followed.response, followed.length) if followed.rewritten else followed.response,
         followed.chunks,
         info=info,
         metrics=app[keys.METRICS],
@@ -175,9 +174,10 @@ async def _relay_followed(
     session = exchange.session_id
     if session is not None:
         said.update(followed.headers)  # a stream's followup tells its rounds once it is over
-        entry = timeline_entry(info.route, body, exchange, followed.response.status, overhead_ms)
-        entry.update(_recall_fields(said))
-        app[keys.RECORDS].add_request(session, entry)
+        line = timeline_line(
+            info.route, body, exchange, followed.response.status, overhead_ms, said
+        )
+        app[keys.RECORDS].add_request(session, line)
     return relayed
 
 
@@ -213,13 +213,16 @@ class _Resend:
 
 class _Rewritten:
     """An upstream response whose body a followup rewrote: its length and encoding headers no
-    longer hold (the body is relayed decoded, its length unknown until written)."""
+    longer hold (the body is relayed decoded), its length is `length` (None: unknown until
+    written, so sent chunked)."""
 
-    def __init__(self, response: Response) -> None:
+    def __init__(self, response: Response, length: int | None) -> None:
         self._response = response
         headers = CIMultiDict(response.headers)
         for name in ("Content-Length", "Content-Encoding"):
             headers.popall(name, None)
+        if length is not None:
+            headers["Content-Length"] = str(length)
         self.headers = CIMultiDictProxy(headers)
 
     @property
@@ -251,59 +254,48 @@ _STATUS, _BEFORE, _AFTER, _COMPACTION = (
 )
 
 
-def timeline_entry(
-    route: str, body: bytes, exchange: Exchange, status: int, overhead_ms: float
-) -> dict[str, object]:
-    """A session's timeline line for one hooked request (AdminRecords.add_request)."""
-    said = exchange.headers
-    return {
-        "time": _now_iso(),
-        "dialect": route,
-        "status": said.get(_STATUS, "none"),
-        "tokens_before": _int_or_none(said.get(_BEFORE)),
-        "tokens_after": _int_or_none(said.get(_AFTER)),
-        "bytes_before": len(body),
-        "bytes_after": len(exchange.body),
-        "compaction_id": said.get(_COMPACTION),
-        "upstream_status": status,
-        "overhead_ms": round(overhead_ms, 2),
-    }
+def timeline_line(
+    route: str,
+    body: bytes,
+    exchange: Exchange,
+    status: int,
+    overhead_ms: float,
+    said: Mapping[str, str] | None = None,
+) -> TimelineLine:
+    """A session's timeline line for one hooked request (AdminRecords.add_request), from what
+    the client was told: the exchange's headers, and `said` after a followup's rounds."""
+    told = exchange.headers
+    before, after = told.get(_BEFORE), told.get(_AFTER)
+    rounds, tokens = (0, 0) if said is None else _recall(said)
+    return (
+        time.time(),
+        route,
+        told.get(_STATUS, "none"),
+        None if before is None else _int_or_none(before),
+        None if after is None else _int_or_none(after),
+        len(body),
+        len(exchange.body),
+        told.get(_COMPACTION),
+        status,
+        overhead_ms,
+        rounds,
+        tokens,
+    )
 
 
 _RECALL_ROUNDS, _RECALL_TOKENS = "x-compaction-recall-rounds", "x-compaction-recall-tokens"
 
 
-def _recall_fields(said: Mapping[str, str]) -> dict[str, object]:
-    """The timeline's recall fields: rounds the proxy answered, tokens they cost upstream."""
-    return {
-        "recall_rounds": _int_or_none(said.get(_RECALL_ROUNDS)) or 0,
-        "recall_tokens": _int_or_none(said.get(_RECALL_TOKENS)) or 0,
-    }
+def _recall(said: Mapping[str, str]) -> tuple[int, int]:
+    """The rounds a followup answered and the tokens they cost upstream."""
+    return (
+        _int_or_none(said.get(_RECALL_ROUNDS)) or 0,
+        _int_or_none(said.get(_RECALL_TOKENS)) or 0,
+    )
 
 
 def _int_or_none(value: str | None) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
-
-
-class _Clock:
-    """The time of a timeline line as `datetime.isoformat(timespec="milliseconds")` writes it in
-    UTC, its date and second formatted once per second (formatting a datetime for every request
-    was a tenth of a 2 KB pass-through request's CPU)."""
-
-    def __init__(self) -> None:
-        self._second = -1
-        self._prefix = ""
-
-    def now_iso(self) -> str:
-        now = time.time()
-        second = int(now)
-        if second != self._second:
-            self._second = second
-            self._prefix = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-        return f"{self._prefix}.{int((now - second) * 1000):03d}+00:00"
-
-
-_now_iso = _Clock().now_iso
 
 
 async def forward_verbatim(request: web.Request, path_session: str | None) -> web.StreamResponse:

@@ -22,6 +22,24 @@ from proxy.errors import SessionIdRefused
 SESSION_HEADER = "X-Session-Id"
 
 
+TimelineLine = tuple[
+    float, str, str, int | None, int | None, int, int, str | None, int, float, int, int
+]
+"""One hooked request as forwarding saw it, in the order of TIMELINE_FIELDS: when it was relayed
+(`time.time()`), the route's API shape (chat, responses, messages), x-compaction-status, the
+tokens as sent and as forwarded (None when it went out uncounted, far below the trigger), the
+bytes as sent and as forwarded, the compaction id, the upstream's status, the proxy's own time
+before forwarding (ms), the recall rounds the proxy answered and the tokens they cost. A plain
+tuple: a request pays for it, not for a document; `AdminRecords.timeline` makes the documents
+when the dashboard asks (a named tuple cost a microsecond more per request)."""
+
+TIMELINE_FIELDS = (
+    "time", "dialect", "status", "tokens_before", "tokens_after", "bytes_before", "bytes_after",
+    "compaction_id", "upstream_status", "overhead_ms", "recall_rounds", "recall_tokens",
+)  # fmt: skip
+"""The fields of a TimelineLine, as the dashboard's timeline documents name them."""
+
+
 class AdminRecords(Protocol):
     """The records the app keeps per session, as proxy.http uses them: a forwarded request is
     counted and put in its session's timeline, /admin lists the sessions and shows one, the
@@ -33,7 +51,7 @@ class AdminRecords(Protocol):
 
     def get(self, session_id: str) -> dict[str, Any] | None: ...
 
-    def add_request(self, session_id: str, entry: dict[str, Any]) -> None:
+    def add_request(self, session_id: str, line: TimelineLine) -> None:
         """A hooked request's line in its session's timeline (proxy.http.forwarding)."""
         ...
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 import orjson
 
 from proxy.errors import ProxyError, UpstreamStreamCut
-from proxy.interception import Body, Followed, Resend, Response
+from proxy.interception import Body, Followed, Resend, Response, Usage
 from proxy.metrics import RecallMetrics
 from proxy.recall.answers import CHARS_PER_TOKEN, Answers
 from proxy.recall.streams import StreamedTurn, read_events, stream_for
@@ -77,18 +77,18 @@ class RecallRounds:
             return Followed(first, _failing(cut.partial, cut), rewritten=True)
         response = _object(raw)
         if response is None:
-            return Followed(first, _once(raw), rewritten=True)
+            return _whole(first, raw)
         calls = self._turns.calls(response)
         usage = response.get("usage")
         if not calls.recall:
-            return Followed(first, _once(raw), rewritten=True, usage=_usage(usage))
+            return _whole(first, raw, usage=_usage(usage))
         try:
             return await self._rounds(first, response, upstream)
         except Exception:  # fail open: the response as it would have been without recall
             log.exception("answering a recall call failed; the client gets the response without it")
             self._metrics.given_up.labels(reason="error").inc()
             plain = orjson.dumps(self._turns.without_recall(response))
-            return Followed(first, _once(plain), rewritten=True, usage=_usage(usage))
+            return _whole(first, plain, usage=_usage(usage))
 
     async def _rounds(self, first: Response, response: JsonObject, upstream: Resend) -> Followed:
         turns, metrics = self._turns, self._metrics
@@ -157,12 +157,8 @@ class RecallRounds:
                 final["usage"] = total_usage
         headers = {ROUNDS: str(rounds), TOKENS: str(tokens), PROXY_MS: f"{proxy_s * 1000:.3f}"}
         log.info("answered recall calls", extra={"rounds": rounds, "dialect": self._dialect})
-        return Followed(
-            current_http,
-            _once(orjson.dumps(final)),
-            rewritten=True,
-            headers=headers,
-            usage=_usage(response.get("usage")),
+        return _whole(
+            current_http, orjson.dumps(final), headers=headers, usage=_usage(response.get("usage"))
         )
 
     async def _stream(
@@ -291,6 +287,19 @@ class _Current:
 async def _empty() -> AsyncIterator[bytes]:
     return
     yield
+
+
+def _whole(
+    response: Response,
+    body: bytes,
+    *,
+    headers: Mapping[str, str] | None = None,
+    usage: Usage | None = None,
+) -> Followed:
+    """The client's response when its whole body is known: sent with its Content-Length."""
+    return Followed(
+        response, _once(body), rewritten=True, headers=headers or {}, usage=usage, length=len(body)
+    )
 
 
 async def _once(body: bytes) -> AsyncIterator[bytes]:

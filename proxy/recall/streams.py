@@ -104,32 +104,21 @@ class _StreamedCall:
     """Its index as the client sees it (None: a recall call, never shown)."""
 
 
-class ChatStream:
-    """A chat completion streamed as `chat.completion.chunk`s."""
+class _Reader:
+    """What the three readers keep alike: the first response's usage, the usage of the rounds
+    before the response being read and of that response, and per response the client's own
+    calls counted and whether its finish is withheld."""
 
     def __init__(self) -> None:
-        self._id: object = None
         self._first_usage: object = None
         self._prior: object = None
         """Usage of the rounds before this response (added to the one the client sees)."""
         self.begin()
 
     def begin(self) -> None:
-        self._calls: dict[int, _StreamedCall] = {}
-        self._text: list[str] = []
-        self._holding = False
-        self._finish: JsonObject | None = None
-        self._usage: object = None
-        self._done = False
         self._clients = 0
-
-    @property
-    def recall(self) -> list[Call]:
-        return [
-            Call(call.id, "".join(call.arguments))
-            for call in self._calls.values()
-            if call.client_index is None
-        ]
+        self._spent: object = None
+        self._holding = False
 
     @property
     def others(self) -> int:
@@ -141,7 +130,30 @@ class ChatStream:
 
     @property
     def spent(self) -> object:
-        return self._usage
+        return self._spent
+
+
+class ChatStream(_Reader):
+    """A chat completion streamed as `chat.completion.chunk`s."""
+
+    def __init__(self) -> None:
+        self._id: object = None
+        super().__init__()
+
+    def begin(self) -> None:
+        super().begin()
+        self._calls: dict[int, _StreamedCall] = {}
+        self._text: list[str] = []
+        self._finish: JsonObject | None = None
+        self._done = False
+
+    @property
+    def recall(self) -> list[Call]:
+        return [
+            Call(call.id, "".join(call.arguments))
+            for call in self._calls.values()
+            if call.client_index is None
+        ]
 
     def read(self, event: bytes) -> bytes | None:
         data = event_data(event)
@@ -171,7 +183,7 @@ class ChatStream:
         if usage is not None:
             if self._first_usage is None:
                 self._first_usage = usage
-            self._usage = add_usage(self._usage, usage)
+            self._spent = add_usage(self._spent, usage)
             if self._prior is not None:
                 chunk["usage"] = add_usage(self._prior, usage)
                 changed = True
@@ -240,7 +252,7 @@ class ChatStream:
         messages.append({"role": "assistant", "content": text or None, "tool_calls": calls})
         for call, result in answered:
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-        self._prior = add_usage(self._prior, self._usage)
+        self._prior = add_usage(self._prior, self._spent)
 
     def ending(self) -> bytes:
         if not self._holding:
@@ -252,13 +264,13 @@ class ChatStream:
             delta = {k: v for k, v in (choice.get("delta") or {}).items() if k != "tool_calls"}
             choice.update(delta=delta, finish_reason="stop")
             ended = {**finish, "choices": [choice]}
-            if self._usage is not None and "usage" in finish:
-                ended["usage"] = add_usage(self._prior, self._usage)
+            if self._spent is not None and "usage" in finish:
+                ended["usage"] = add_usage(self._prior, self._spent)
                 parts.append(b"data: " + orjson.dumps(ended) + b"\n\n")
             else:
                 parts.append(b"data: " + orjson.dumps(ended) + b"\n\n")
-                if self._usage is not None:
-                    usage = add_usage(self._prior, self._usage)
+                if self._spent is not None:
+                    usage = add_usage(self._prior, self._spent)
                     tail = {**finish, "choices": [], "usage": usage}
                     parts.append(b"data: " + orjson.dumps(tail) + b"\n\n")
         if self._done:
@@ -275,26 +287,22 @@ class _Block:
     json: list[str] = field(default_factory=list)
 
 
-class AnthropicStream:
+class AnthropicStream(_Reader):
     """An Anthropic message streamed as events: `message_start`, content blocks (start, deltas,
     stop), `message_delta`, `message_stop`. A round's message continues the first: its
     `message_start` is withheld and its blocks numbered after those already shown."""
 
     def __init__(self) -> None:
         self._started = False
-        self._first_usage: object = None
         self._shown = 0
         """Blocks shown to the client by the rounds before this response."""
-        self._prior: object = None
-        self.begin()
+        super().__init__()
 
     def begin(self) -> None:
+        super().begin()
         self._blocks: dict[int, _Block] = {}
-        self._clients = 0
         self._shown_now = 0
-        self._holding = False
         self._finish: JsonObject | None = None
-        self._usage: object = None
         self._stopped = False
 
     @property
@@ -303,18 +311,6 @@ class AnthropicStream:
             Call(str(b.block.get("id")), _json_input(b)) for b in self._blocks.values()
             if b.client_index is None
         ]  # fmt: skip
-
-    @property
-    def others(self) -> int:
-        return self._clients
-
-    @property
-    def usage(self) -> object:
-        return self._first_usage
-
-    @property
-    def spent(self) -> object:
-        return self._usage
 
     def read(self, event: bytes) -> bytes | None:
         payload = typed_payload(event)
@@ -335,7 +331,7 @@ class AnthropicStream:
     def _read_start(self, event: bytes, payload: JsonObject) -> bytes | None:
         message = payload.get("message")
         usage = message.get("usage") if isinstance(message, dict) else None
-        self._usage = add_usage(self._usage, usage)
+        self._spent = add_usage(self._spent, usage)
         if self._started:
             return None  # a round's message continues the one the client already has
         self._started = True
@@ -371,8 +367,8 @@ class AnthropicStream:
         usage = payload.get("usage")
         if isinstance(usage, dict):
             # A message's counts so far: they replace its start's.
-            start = self._usage if isinstance(self._usage, dict) else {}
-            self._usage = {**start, **usage}
+            start = self._spent if isinstance(self._spent, dict) else {}
+            self._spent = {**start, **usage}
         delta = payload.get("delta")
         stop = delta.get("stop_reason") if isinstance(delta, dict) else None
         if stop == "tool_use" and self.recall and not self._clients:
@@ -380,7 +376,7 @@ class AnthropicStream:
             return None
         if self._prior is None or not isinstance(usage, dict):
             return event
-        return _event("message_delta", {**payload, "usage": add_usage(self._prior, self._usage)})
+        return _event("message_delta", {**payload, "usage": add_usage(self._prior, self._spent)})
 
     def continue_with(self, payload: JsonObject, answered: list[tuple[Call, str]]) -> None:
         content = [_finished(b) for _, b in sorted(self._blocks.items())]
@@ -391,7 +387,7 @@ class AnthropicStream:
             for call, result in answered
         ]
         messages.append({"role": "user", "content": results})
-        self._prior = add_usage(self._prior, self._usage)
+        self._prior = add_usage(self._prior, self._spent)
         self._shown += self._shown_now
 
     def ending(self) -> bytes:
@@ -401,7 +397,7 @@ class AnthropicStream:
         delta = {**finish.get("delta", {}), "stop_reason": "end_turn"}
         ended: JsonObject = {**finish, "delta": delta}
         if self._prior is not None and isinstance(finish.get("usage"), dict):
-            ended["usage"] = add_usage(self._prior, self._usage)
+            ended["usage"] = add_usage(self._prior, self._spent)
         parts = [_event("message_delta", ended)]
         if self._stopped:
             parts.append(_event("message_stop", {"type": "message_stop"}))
@@ -444,7 +440,7 @@ def _finished(state: _Block) -> JsonObject:
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
 
-class ResponsesStream:
+class ResponsesStream(_Reader):
     """A Responses API response streamed as events, each with its `sequence_number` and most
     with an `output_index`. A round's response continues the first: its `response.created` and
     `response.in_progress` are withheld, its items numbered after those already shown, every
@@ -453,24 +449,19 @@ class ResponsesStream:
 
     def __init__(self) -> None:
         self._id: object = None
-        self._first_usage: object = None
         self._sequence = 0
         self._items: list[JsonObject] = []
         """The items shown to the client so far, as done."""
         self._shown = 0
-        self._prior: object = None
         self._round = 0
-        self.begin()
+        super().__init__()
 
     def begin(self) -> None:
+        super().begin()
         self._indices: dict[int, int | None] = {}
-        self._calls: dict[int, JsonObject] = {}
-        self._clients = 0
         self._shown_now = 0
-        self._holding = False
         self._final: JsonObject | None = None
         self._output: list[JsonObject] = []
-        self._spent: object = None
 
     @property
     def recall(self) -> list[Call]:
@@ -479,18 +470,6 @@ class ResponsesStream:
             for item in self._output
             if item.get("type") == "function_call" and item.get("name") == NAME
         ]
-
-    @property
-    def others(self) -> int:
-        return self._clients
-
-    @property
-    def usage(self) -> object:
-        return self._first_usage
-
-    @property
-    def spent(self) -> object:
-        return self._spent
 
     def read(self, event: bytes) -> bytes | None:
         payload = typed_payload(event)

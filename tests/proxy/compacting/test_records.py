@@ -5,7 +5,19 @@ from __future__ import annotations
 import pytest
 
 from proxy.compacting.records import SessionRecords
-from proxy.http.sessions import SORTABLE
+from proxy.http.sessions import SORTABLE, TIMELINE_FIELDS, TimelineLine
+
+_DEFAULTS = {
+    "time": 1_700_000_000.0, "dialect": "chat", "status": "none", "tokens_before": None,
+    "tokens_after": None, "bytes_before": 0, "bytes_after": 0, "compaction_id": None,
+    "upstream_status": 200, "overhead_ms": 0.0, "recall_rounds": 0, "recall_tokens": 0,
+}  # fmt: skip
+
+
+def line(**fields: object) -> TimelineLine:
+    """A timeline line with these fields, the others at their defaults."""
+    values = {**_DEFAULTS, **fields}
+    return tuple(values[name] for name in TIMELINE_FIELDS)  # type: ignore[return-value]
 
 
 def test_session_records_are_bounded() -> None:
@@ -38,12 +50,12 @@ def test_the_records_of_all_sessions_are_bounded_in_bytes_least_recently_seen_fi
         records.add_record("e", receipt)
     assert [s["session_id"] for s in records.list()["sessions"]] == ["e"]
     for n in range(1000):  # its oldest records make room as before; nothing grows past them
-        records.add_request("e", {"dialect": "chat", "n": n})
+        records.add_request("e", line(bytes_before=n))
     found = records.get("e")
     assert found is not None and found["records_kept"] == 11
     timeline = records.timeline("e")
-    assert timeline is not None and len(timeline) == 50 and timeline[-1]["n"] == 999
-    records.add_request("f", {"dialect": "chat"})
+    assert timeline is not None and len(timeline) == 50 and timeline[-1]["bytes_before"] == 999
+    records.add_request("f", line())
     assert [s["session_id"] for s in records.list()["sessions"]] == ["f"]
 
 
@@ -52,9 +64,7 @@ def test_a_page_of_sessions_is_sorted_filtered_and_bounded() -> None:
     records = SessionRecords(max_sessions=100, records_per_session=3, clock=lambda: now[0])
     for i in range(10):
         now[0] += 1
-        records.add_request(
-            f"s{i}", {"dialect": "chat", "tokens_before": 100 * i, "tokens_after": 10 * i}
-        )
+        records.add_request(f"s{i}", line(tokens_before=100 * i, tokens_after=10 * i))
     now[0] += 1
     records.add_record("s3", {"dialect": "messages", "model": "claude-x", "path": "llm"})
     records.add_record("s3", {"model": "claude-x", "path": "extractive", "errors": ["timeout"]})
@@ -74,15 +84,17 @@ def test_a_page_of_sessions_is_sorted_filtered_and_bounded() -> None:
 def test_a_timeline_keeps_the_last_requests_and_counts_them_all() -> None:
     records = SessionRecords(max_sessions=10, records_per_session=2)
     for i in range(5):
-        records.add_request(
-            "a", {"dialect": "chat", "tokens_before": 10, "tokens_after": 5, "overhead_ms": i}
-        )
-    records.add_request("a", {"dialect": "chat", "tokens_before": None, "tokens_after": None})
+        records.add_request("a", line(tokens_before=10, tokens_after=5, overhead_ms=i + 0.004))
+    records.add_request("a", line(time=1_700_000_000.25, overhead_ms=5.0))
     timeline = records.timeline("a")
-    assert timeline is not None and len(timeline) == 2 and timeline[0]["overhead_ms"] == 4
+    assert timeline is not None and len(timeline) == 2
+    # A line becomes a document when read: its time in ISO 8601, its overhead rounded.
+    assert timeline[0]["overhead_ms"] == 4.0 and timeline[0]["tokens_before"] == 10
+    assert timeline[1]["time"] == "2023-11-14T22:13:20.250+00:00"
+    assert list(timeline[1]) == list(TIMELINE_FIELDS)
     found = records.get("a")
     assert found is not None and found["tokens_sent"] == 50 and found["tokens_forwarded"] == 25
-    assert records.overhead_quantiles() == {"p50": 2.0, "p99": 4.0}
+    assert records.overhead_quantiles() == {"p50": 2.004, "p99": 5.0}
     assert records.timeline("nobody") is None
 
 
@@ -94,14 +106,8 @@ def test_every_sortable_field_orders_a_page(field: str) -> None:
         now[0] += 1
         for _ in range(i % 3 + 1):
             records.touch(sid)
-        records.add_request(
-            sid,
-            {
-                "dialect": "chat" if i % 2 else "responses",
-                "tokens_before": 7 * i,
-                "tokens_after": i,
-            },
-        )
+        dialect = "chat" if i % 2 else "responses"
+        records.add_request(sid, line(dialect=dialect, tokens_before=7 * i, tokens_after=i))
         for _ in range(i % 2 + 1):
             record = {"model": f"model-{4 - i}", "path": "llm" if i < 3 else "extractive"}
             records.add_record(sid, {**record, "errors": ["e"] * (i % 2)})

@@ -158,6 +158,9 @@ async def test_the_model_recalls_a_folded_tool_output_and_the_client_sees_one_pl
     assert response.headers["x-compaction-recall-rounds"] == "1"
     assert response.headers["x-compaction-recall-tokens"] == "105"
     assert float(response.headers["x-compaction-recall-ms"]) >= 0
+    # The rewritten body goes out whole, with its length (not chunked).
+    assert "Transfer-Encoding" not in response.headers
+    assert response.content_length == len(orjson.dumps(answer))
     assert answer["usage"] == {"prompt_tokens": 200, "completion_tokens": 10, "total_tokens": 210}
     async with client.get(f"{proxy.url}/metrics") as metrics:
         text = (await metrics.read()).decode()
