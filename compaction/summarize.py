@@ -55,7 +55,7 @@ __all__ = [
 MIN_CACHED_MEMORY_TOKENS = 256
 """The least room for memory items that a cached question asks with; with less room left in
 the window after the conversation, the question asks for the summary alone (the memory items
-mined by code), and with no room for that, the summarizer is asked standalone."""
+mined by code), and with no room for that, the summary is asked standalone (ask_summarizer)."""
 
 # ---------------------------------------------------------------- prompts
 
@@ -291,22 +291,35 @@ async def ask_summarizer(
 ) -> tuple[Reply, Reply, int]:
     """The summary and the memory items, and how many model calls brought them: one cached
     question when `llm` can ask after the conversation's own request and the window has room
-    for it, else two standalone requests asked concurrently (none without a model)."""
+    for it, else two standalone requests asked concurrently (none without a model).
+
+    A summarizer that asks cached but finds no room (a request at a small window's end) asks
+    the summary alone standalone: the memory items are mined by code, as when a cached answer
+    has no memory part, rather than paid for with a second transcript at the full input price."""
     if llm is None:
         none = Reply(None, None)
         return none, none, 0
+    summary_request = build_summary_request(
+        question.transcript,
+        previous_summary=question.previous_summary,
+        max_tokens=question.summary_max_tokens,
+        cjk=question.cjk,
+    )
     if isinstance(llm, PrefixLLM):
         cached = await _ask_cached(llm, question, timeout_s)
         if cached is not None:
             return *cached, 1
+        summary = await ask(
+            llm,
+            summary_request,
+            purpose="summary",
+            max_tokens=question.summary_max_tokens,
+            timeout_s=timeout_s,
+        )
+        return summary, Reply(None, None), 1
     summary, memory = await ask_both(
         llm,
-        build_summary_request(
-            question.transcript,
-            previous_summary=question.previous_summary,
-            max_tokens=question.summary_max_tokens,
-            cjk=question.cjk,
-        ),
+        summary_request,
         question.summary_max_tokens,
         build_memory_request(question.transcript, cjk=question.cjk),
         question.memory_max_tokens,

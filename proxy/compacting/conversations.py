@@ -424,18 +424,18 @@ class Conversations:
         self, req: ParsedRequest, view: View, compaction: Compaction, reason: str
     ) -> Prefix | None:
         """The request a cached summary request repeats: the view being compacted, as it goes
-        (or went) upstream, with the recall tool when it went with it (a compacted view). None
-        where the cache cannot help: another summary model (its own cache), a view the upstream
-        refused as too long (`reason` "overflow"), or in shadow mode a compacted view (never
-        forwarded: the client's own request went instead)."""
+        (or went) upstream, with the recall tool when it went with it (a compacted view in mode
+        `on`). None where the cache cannot help: another summary model (its own cache), or a
+        view the upstream refused as too long (`reason` "overflow"). In shadow mode a compacted
+        view never went upstream: its one cached question is read from no cache, yet costs
+        about what two standalone requests carrying the folded turns would, and asks what
+        `on` asks (the shadow's records are the proof of what `on` does)."""
         options = self._options
         if options.summary_request != "cached" or reason == "overflow":
             return None
         if options.summary_model not in (None, req.model):
             return None
-        compacted = view.base is not None
-        if compacted and options.mode == "shadow":
-            return None
+        compacted = view.base is not None and options.mode == "on"
         recall = compacted and self._recall is not None and self._recall.offered(req)
         room = req.window - compaction.plan.tokens_before
         return Prefix(req.payload, view.messages, room, recall=recall)

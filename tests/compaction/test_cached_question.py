@@ -83,10 +83,19 @@ async def test_one_cached_question_brings_the_summary_and_the_memory_items() -> 
     assert "at most 500 tokens" in instruction and max_tokens == 500 + 1500
 
 
-async def test_without_room_after_the_prefix_the_summarizer_is_asked_standalone() -> None:
+async def test_without_room_after_the_prefix_the_summary_alone_is_asked_standalone() -> None:
+    """The memory items are mined by code then: no second transcript at the full price."""
     llm = AfterPrefix(room=500 + MIN_CACHED_MEMORY_TOKENS)  # the question itself takes more
     summary, memory, calls = await ask_summarizer(llm, question(), timeout_s=5)
-    assert llm.questions == [] and calls == 2
+    assert llm.questions == [] and calls == 1
+    assert [purpose for purpose, _ in llm.calls] == ["summary"]
+    assert summary.text == SUMMARY and memory == Reply(None, None)
+
+
+async def test_a_summarizer_that_cannot_ask_cached_asks_summary_and_memory_standalone() -> None:
+    llm = Standalone()
+    summary, memory, calls = await ask_summarizer(llm, question(), timeout_s=5)
+    assert calls == 2
     assert sorted(purpose for purpose, _ in llm.calls) == ["memory", "summary"]
     assert summary.text == SUMMARY and memory.text == MEMORY
 

@@ -211,19 +211,3 @@ async def test_a_compacted_view_is_repeated_with_the_recall_tool_it_went_upstrea
     for name in prompt_fields:
         assert asked[name] == last[name], name
     assert orjson.dumps(last[listed])[:-1] + b"," in call.body
-
-
-async def test_in_shadow_mode_a_compacted_view_never_forwarded_is_summarized_standalone(
-    start: Any, upstream: Any, script: Script, client: Any
-) -> None:
-    """Shadow mode forwards the client's own requests: a compacted view never went upstream,
-    so repeating it would be read from no cache; the standalone request is cheaper."""
-    script.summary = script.answer(ANSWER)
-    proxy = await start_wide(start, upstream, mode="shadow")
-    await grow_until_asked(client, proxy, script, "chat", 2)
-    await wait_for(lambda: len(script.calls("summary")) >= 2, 10)
-    first, second = script.calls("summary")[:2]
-    assert "tools" in first.json()  # the first view is the client's own request: cached
-    asked = second.json()
-    assert "tools" not in asked and asked["messages"][0]["role"] == "system"
-    assert "<new_messages>" in asked["messages"][-1]["content"]  # an update, standalone
