@@ -10,6 +10,9 @@ that each carry the folded transcript; or, when the summarizer can repeat the co
 own last request (a `PrefixLLM`) and the window has room, one question asked as a final user
 turn after it (`cached.md`), whose answer carries the summary and the memory items: the
 provider's prompt cache covers the conversation, and only the question and the answer are new.
+A PrefixLLM never pays a second transcript for the memory items: with too little room after the
+conversation for them, or for the question at all, the summary is asked alone (after the
+conversation, else standalone) and code mines the items from the folded turns.
 """
 
 from __future__ import annotations
