@@ -74,8 +74,8 @@ def fill(app_records: SessionRecords, sessions: int, per_session: int) -> None:
 
 
 async def run(sessions: int, rounds: int) -> None:
-    # Room for every session: at the default `admin.max_records_mb` (64) the records keep the
-    # ~3,800 most recently seen of these (each holds a full timeline).
+    # Room for every session: at the default `admin.max_records_mb` (32) the records keep the
+    # ~1,900 most recently seen of these (each holds a full timeline).
     admin = {"token": TOKEN, "max_sessions": sessions, "max_records_mb": 1024}
     settings = Settings.build({"state": {"backend": "memory"}, "admin": admin})
     app = create_app(settings)

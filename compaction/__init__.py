@@ -15,7 +15,9 @@ A pure library: no HTTP, no environment, no files except the memory writer. What
 
 The CPU work runs inline unless `Compactor(offload=...)` gives an `Offload` that runs it in
 another process (the proxy's worker pool); `prepare` then takes `messages_json=JsonArray(...)`
-when the caller holds the messages' JSON already.
+when the caller holds the messages' JSON already. The texts a fold scanned for facts are kept
+so a longer fold scans only new ones: `Compactor(mentions=MentionCache(max_chars))` inline, and
+`worker_mentions()` in each process an `Offload` sends jobs to (its `max_chars` may be set there).
 
 Checkpoints (compaction.checkpoints) remember a compaction under a digest of the prefix it
 folded, so a server that sees the same history again substitutes it instead of compacting anew.
@@ -41,6 +43,7 @@ from compaction.extract import extract_items_heuristically, parse_memory_reply
 from compaction.ledger import Ledger, build_ledger
 from compaction.marker import SUMMARY_MARKER
 from compaction.memory import InvalidSessionId, ItemClaims, MemoryWriter, is_valid_session_id
+from compaction.mentions import MentionCache
 from compaction.messages import (
     ANTHROPIC,
     CHAT,
@@ -61,6 +64,7 @@ from compaction.messages import (
 from compaction.offload import Inline, JsonArray, Offload, OffloadLost
 from compaction.selective import PREVIEW_MARK
 from compaction.settings import CompactionSettings, Strategy
+from compaction.stages import worker_mentions
 from compaction.summarize import is_substantive, recall_note, summary_message, summary_text
 from compaction.tokens import REPLY_PRIMING_TOKENS, HeuristicEstimator, estimate_request
 from compaction.transcript import render_transcript
@@ -110,6 +114,7 @@ __all__ = [
     "Ledger",
     "MemoryItem",
     "MemoryWriter",
+    "MentionCache",
     "Message",
     "Offload",
     "OffloadLost",
@@ -148,4 +153,5 @@ __all__ = [
     "strip_injected",
     "summary_message",
     "summary_text",
+    "worker_mentions",
 ]

@@ -85,7 +85,8 @@ class MemoryWriter:
         root_dir: str | os.PathLike[str],
         *,
         now: Callable[[], datetime] = _utc_now,
-        max_sessions: int = 4096,
+        max_sessions: int = 512,
+        max_items: int = 10000,
         write: Callable[[int, bytes], int] = os.write,
         claims: ItemClaims | None = None,
     ) -> None:
@@ -94,11 +95,16 @@ class MemoryWriter:
         self._now = now
         self._write = write
         self._claims = claims
-        # Bounded: every fingerprinted conversation is a session. A session whose entries were
-        # evicted reloads what it has written from its file; a lock evicted while held can let two
-        # flushes run at once, which costs at most a duplicate line, never a torn one.
+        # Bounded: every fingerprinted conversation is a session, and a long one writes items for
+        # as long as it lives: at most `max_sessions` sessions and `max_items` keys of items
+        # written in all. A session whose entries were evicted reloads what it has written from
+        # its file; a lock evicted while held can let two flushes run at once, which costs at
+        # most a duplicate line, never a torn one.
         self._locks: LRUCache[str, asyncio.Lock] = LRUCache(max_sessions)
-        self._seen: LRUCache[str, set[tuple[str, str]]] = LRUCache(max_sessions)
+        self._seen: LRUCache[str, set[tuple[str, str]]] = LRUCache(
+            max_items, getsizeof=lambda seen: len(seen) + 1
+        )
+        self._max_sessions = max_sessions
 
     def path_for(self, session_id: str) -> Path:
         """The session's memory file; raises InvalidSessionId for anything that could escape."""
@@ -129,7 +135,6 @@ class MemoryWriter:
             seen = self._seen.get(session_id)
             if seen is None:
                 seen = await asyncio.to_thread(_load_keys, path)
-                self._seen[session_id] = seen
             stamp = {
                 "session_id": session_id,
                 "compaction_id": compaction_id,
@@ -153,7 +158,18 @@ class MemoryWriter:
                         await self._claims.release(session_id, [_claim_key(r) for r in records])
                     raise
             seen.update(keys)  # those another writer claimed too: it writes them
+            self._keep(session_id, seen)
             return records
+
+    def _keep(self, session_id: str, seen: set[tuple[str, str]]) -> None:
+        """`seen` as the session's, sized again (it grew); a session with more keys than the
+        whole bound is read back from its file on each write instead."""
+        if len(seen) + 1 > self._seen.maxsize:
+            self._seen.pop(session_id, None)
+            return
+        self._seen[session_id] = seen
+        while len(self._seen) > self._max_sessions:
+            self._seen.popitem()
 
     async def _claimed(
         self, session_id: str, records: list[dict[str, str]], keys: list[str]

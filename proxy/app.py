@@ -68,6 +68,7 @@ def create_app(
         settings.compaction.workers,
         timeout_s=settings.compaction.worker_timeout_s,
         replacements=app[keys.METRICS].compaction.worker_replacements,
+        scanned_chars=settings.compaction.scanned_chars,
     )
     app[keys.ARCHIVE] = archive or build_archive(settings.state, settings.archive)
     state: StateBackend | None = None

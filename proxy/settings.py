@@ -147,6 +147,13 @@ class CompactionSection(_Section):
     checkpoint_max_entries: int = Field(default=10000, gt=0)
     checkpoint_ttl_s: float = Field(default=21600, gt=0)
     known_requests_mb: float = Field(default=256, ge=0)
+    scanned_texts_mb: float = Field(default=96, gt=0)
+    """Texts already scanned for facts kept per worker process (and in the proxy with `workers`
+    0), so a fold redone over a longer history scans only what is new (MiB, at ~3 bytes a
+    character: the text and what was found in it); the least recently used go first."""
+    known_requests: int = Field(default=256, gt=0)
+    """Long conversations whose last body is remembered (with at most `known_requests_mb` of
+    them), the least recently seen forgotten first: one forgotten is parsed whole once."""
     workers: int = Field(default=1, ge=0)
     worker_timeout_s: float = Field(default=60, gt=0)
     strict_alternation: bool = _LIBRARY.strict_alternation
@@ -182,6 +189,10 @@ class CompactionSection(_Section):
             raise ValueError(f"must not exceed compaction.trigger_ratio ({trigger})")
         return value
 
+    @property
+    def scanned_chars(self) -> int:
+        return int(self.scanned_texts_mb * 1024 * 1024) // 3
+
     def library_settings(self, *, llm_timeout_s: float) -> CompactionSettings:
         return CompactionSettings(
             trigger_ratio=self.trigger_ratio,
@@ -197,16 +208,19 @@ class CompactionSection(_Section):
 
 class MemorySettings(_Section):
     dir: Path = Path("./workspace/memory")
-    max_sessions: int = Field(default=4096, gt=0)
+    max_sessions: int = Field(default=512, gt=0)
     """Sessions whose memory-writer state (a lock, the items already written) is kept in
     process; a session forgotten is read back from its file when it writes again."""
+    cached_items: int = Field(default=10000, gt=0)
+    """Items already written whose keys are kept in process, over all those sessions (the least
+    recently writing session's go first; a session with more is read back each time)."""
 
 
 class AdminSettings(_Section):
     token: str | None = None
     records_per_session: int = Field(default=50, gt=0)
     max_sessions: int = Field(default=10000, gt=0)
-    max_records_mb: float = Field(default=64, gt=0)
+    max_records_mb: float = Field(default=32, gt=0)
     """What the sessions' records and timelines may hold in memory, estimated (MiB); beyond it
     the least recently seen sessions go."""
     preview_chars: int = Field(default=400, ge=0)
@@ -265,12 +279,19 @@ class ArchiveSettings(_Section):
 
     enabled: bool = True
     max_mb_per_session: float = Field(default=64, gt=0)
+    memory_max_mb: float = Field(default=256, gt=0)
+    """With `state.backend: memory` (the archive in the process): every session's folded turns
+    together (MiB); beyond it the least recently archived session goes first."""
     max_age_days: float = Field(default=30, gt=0)
     search_limit: int = Field(default=10, gt=0, le=1000)
 
     @property
     def max_bytes_per_session(self) -> int:
         return int(self.max_mb_per_session * 1024 * 1024)
+
+    @property
+    def memory_max_bytes(self) -> int:
+        return int(self.memory_max_mb * 1024 * 1024)
 
     @property
     def max_age_s(self) -> float:

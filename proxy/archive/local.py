@@ -15,13 +15,24 @@ class LocalArchive:
     name = "memory"
 
     def __init__(
-        self, *, max_bytes: int, max_age_s: float, clock: Callable[[], float] = time.time
+        self,
+        *,
+        max_bytes: int,
+        max_age_s: float,
+        max_total_bytes: int | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """At most `max_bytes` per session and credential, `max_total_bytes` over all of them
+        (None: no bound but the age): beyond it the least recently archived session's oldest
+        turns go first."""
         self._max_bytes = max_bytes
+        self._max_total_bytes = max_total_bytes
         self._max_age_s = max_age_s
         self._clock = clock
+        # Least recently archived first (a scope archived again moves to the end).
         self._scopes: dict[Scope, dict[int, Entry]] = {}
         self._sizes: dict[Scope, int] = {}
+        self._total = 0
 
     async def open(self) -> None:
         return None
@@ -30,14 +41,26 @@ class LocalArchive:
         return None
 
     async def add(self, scope: Scope, entries: Sequence[Entry]) -> dict[str, int]:
-        kept = self._scopes.setdefault(scope, {})
+        kept = self._scopes.pop(scope, {})
+        self._scopes[scope] = kept
         size = self._sizes.get(scope, 0)
         for entry in entries:
             if entry.index not in kept:
                 kept[entry.index] = entry
                 size += entry.size
+                self._total += entry.size
         self._sizes[scope] = size
-        return self._bound(scope)
+        if not kept:  # nothing archived: no scope kept empty
+            del self._scopes[scope], self._sizes[scope]
+            return {"age": 0, "size": 0}
+        dropped = self._bound(scope)
+        # A session archived no more ages out too: the least recently archived is looked at
+        # each time, so idle ones go one by one.
+        oldest = next(iter(self._scopes), scope)
+        if oldest != scope:
+            dropped["age"] += self._bound(oldest)["age"]
+        dropped["size"] += self._bound_total()
+        return dropped
 
     def _bound(self, scope: Scope) -> dict[str, int]:
         """Drop what is too old, then the oldest beyond the size (dicts keep insertion order:
@@ -46,12 +69,29 @@ class LocalArchive:
         horizon = self._clock() - self._max_age_s
         dropped = {"age": 0, "size": 0}
         for index in [i for i, entry in kept.items() if entry.at < horizon]:
-            self._sizes[scope] -= kept.pop(index).size
+            self._drop(scope, index)
             dropped["age"] += 1
-        while self._sizes[scope] > self._max_bytes and kept:
-            self._sizes[scope] -= kept.pop(next(iter(kept))).size
+        while self._sizes.get(scope, 0) > self._max_bytes and scope in self._scopes:
+            self._drop(scope, next(iter(kept)))
             dropped["size"] += 1
         return dropped
+
+    def _bound_total(self) -> int:
+        """Drop the least recently archived sessions' oldest turns beyond the total size."""
+        dropped = 0
+        while self._max_total_bytes is not None and self._total > self._max_total_bytes:
+            scope = next(iter(self._scopes))
+            self._drop(scope, next(iter(self._scopes[scope])))
+            dropped += 1
+        return dropped
+
+    def _drop(self, scope: Scope, index: int) -> None:
+        kept = self._scopes[scope]
+        size = kept.pop(index).size
+        self._sizes[scope] -= size
+        self._total -= size
+        if not kept:
+            del self._scopes[scope], self._sizes[scope]
 
     def _entries(self, session: str, tenant: str | None) -> list[Entry]:
         return [

@@ -56,4 +56,6 @@ def build_archive(state: StateSettings, archive: ArchiveSettings) -> Archive:
         return RedisArchive(
             state.redis_url, max_bytes=max_bytes, max_age_s=max_age_s, timeout_s=state.timeout_s
         )
-    return LocalArchive(max_bytes=max_bytes, max_age_s=max_age_s)
+    return LocalArchive(
+        max_bytes=max_bytes, max_age_s=max_age_s, max_total_bytes=archive.memory_max_bytes
+    )

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from compaction import CheckpointStore, Compactor, MemoryWriter, Offload
+from compaction import CheckpointStore, Compactor, MemoryWriter, MentionCache, Offload
 from proxy.compacting.archiving import Archiving
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations, Deadline
@@ -274,9 +274,13 @@ def build_hook(
     compactor = given.compactor or Compactor(
         settings=options.library_settings(llm_timeout_s=llm_timeout_s),
         memory=MemoryWriter(
-            settings.memory.dir, claims=state, max_sessions=settings.memory.max_sessions
+            settings.memory.dir,
+            claims=state,
+            max_sessions=settings.memory.max_sessions,
+            max_items=settings.memory.cached_items,
         ),
         offload=shared.offload,
+        mentions=MentionCache(options.scanned_chars),
     )
     conversations = Conversations(
         options,
@@ -285,7 +289,10 @@ def build_hook(
         leases=state,
         cooldowns=state,
         marks=state,
-        llm_for=given.llm_for or UpstreamLLMFactory(shared.upstream, timeout_s=llm_timeout_s),
+        llm_for=given.llm_for
+        or UpstreamLLMFactory(
+            shared.upstream, timeout_s=llm_timeout_s, max_models=settings.models.max_models
+        ),
         records=shared.records,
         metrics=shared.metrics,
         tasks=shared.tasks,
@@ -320,6 +327,7 @@ def build_hook(
         indexes=given.indexes
         or BodyIndexes(
             max_bytes=int(options.known_requests_mb * 1024 * 1024),
+            max_conversations=options.known_requests,
             min_body_bytes=_INDEXED_MIN_BODY_BYTES,
             offload=shared.offload,
         ),

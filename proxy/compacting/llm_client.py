@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from cachetools import LRUCache
 
 from compaction import ChatLLM, Message, Purpose
 from proxy.compacting.dialects import Dialect
@@ -39,11 +40,12 @@ class ModelParameters:
     Reasoning models (OpenAI's o-series and later) refuse `max_tokens` in favour of
     `max_completion_tokens`, and any `temperature` but the default; other models refuse
     `reasoning.effort`. They say so with the offending `param` in the error. One refusal per
-    model is enough: later calls ask right away.
+    model is enough: later calls ask right away. At most `max_models` models are remembered,
+    the least recently learned forgotten first (a model forgotten is refused once more).
     """
 
-    def __init__(self) -> None:
-        self._by_model: dict[str, set[str]] = {}
+    def __init__(self, max_models: int = 1024) -> None:
+        self._by_model: LRUCache[str, set[str]] = LRUCache(max_models)
 
     def refused(self, model: str) -> set[str]:
         """The parameters `model` refused so far (the dialect leaves them out)."""
@@ -113,10 +115,10 @@ LLMFactory = Callable[[LLMRequest], ChatLLM]
 class UpstreamLLMFactory:
     """`llm_for`: summarizers over the app's upstream, sharing what they learn of each model."""
 
-    def __init__(self, upstream: Upstream, *, timeout_s: float) -> None:
+    def __init__(self, upstream: Upstream, *, timeout_s: float, max_models: int = 1024) -> None:
         self._upstream = upstream
         self._timeout_s = timeout_s
-        self._parameters = ModelParameters()
+        self._parameters = ModelParameters(max_models)
 
     def __call__(self, request: LLMRequest) -> ChatLLM:
         if request.prefix is not None:

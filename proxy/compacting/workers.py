@@ -38,7 +38,7 @@ from typing import TypeVar
 
 from prometheus_client import Counter
 
-from compaction import OffloadLost
+from compaction import OffloadLost, worker_mentions
 from proxy.tasks import Reported
 
 Job = TypeVar("Job")
@@ -60,10 +60,14 @@ class Workers:
         *,
         timeout_s: float = 60.0,
         replacements: Counter | None = None,
+        scanned_chars: int | None = None,
     ) -> None:
         """`timeout_s`: the deadline of one job in a worker; `replacements`: counts each pool
-        replaced, by reason (`deadline`, `died`)."""
+        replaced, by reason (`deadline`, `died`); `scanned_chars`: the characters of text each
+        worker keeps scanned for facts (compaction.stages.worker_mentions; None: its own
+        default)."""
         self._processes = processes
+        self._scanned_chars = scanned_chars
         self._timeout_s = timeout_s
         self._replacements = replacements
         self._pool: _Pool | None = None
@@ -94,7 +98,7 @@ class Workers:
     def open(self) -> None:
         """Processes start on the first job (an app that never compacts starts none)."""
         if self._processes > 0:
-            self._pool = _Pool.start(self._processes)
+            self._pool = _Pool.start(self._processes, self._scanned_chars)
 
     async def close(self) -> None:
         """Stop the workers, off the loop: a job under way may finish within its deadline, then
@@ -162,7 +166,7 @@ class Workers:
         for process in pool.stop():
             process.kill()  # works on a stopped process too, where terminate would wait
         # Its jobs fail as the old pool notices its dead workers (BrokenProcessPool).
-        self._pool = _Pool.start(self._processes)
+        self._pool = _Pool.start(self._processes, self._scanned_chars)
         if reason == "deadline":
             why = f"missed a job's {self._timeout_s:g} s deadline and was killed"
         else:
@@ -189,7 +193,7 @@ class _Pool:
     """How many of its workers have started."""
 
     @classmethod
-    def start(cls, processes: int) -> _Pool:
+    def start(cls, processes: int, scanned_chars: int | None) -> _Pool:
         """A pool of `processes` workers, each started on a job that finds none free."""
         spawn = multiprocessing.get_context("spawn")
         ready = spawn.Value("i", 0)
@@ -197,7 +201,7 @@ class _Pool:
             max_workers=processes,
             mp_context=spawn,
             initializer=_start_worker,
-            initargs=(ready,),
+            initargs=(ready, scanned_chars),
         )
         return cls(executor, ready)
 
@@ -227,10 +231,12 @@ def _end(processes: Sequence[BaseProcess], grace_s: float) -> None:
             process.join()
 
 
-def _start_worker(ready: Synchronized[int]) -> None:
-    """In a worker, at its start: say it started, and start a thread that ends the process once
-    its parent is gone (the parent's sentinel, a pipe the parent holds open, reads as closed
-    then)."""
+def _start_worker(ready: Synchronized[int], scanned_chars: int | None) -> None:
+    """In a worker, at its start: bound its scanned texts, say it started, and start a thread
+    that ends the process once its parent is gone (the parent's sentinel, a pipe the parent
+    holds open, reads as closed then)."""
+    if scanned_chars is not None:
+        worker_mentions().max_chars = scanned_chars
     parent = multiprocessing.parent_process()
     if parent is not None:
         watch = threading.Thread(target=_wait_then_exit, args=(parent.sentinel,), daemon=True)

@@ -94,3 +94,22 @@ async def test_evicted_sessions_reload_what_they_wrote_and_never_write_it_twice(
         await writer.append(other, "c2", [MemoryItem("todo", "something")])
     assert await writer.append("first", "c3", [item]) == []
     assert len((tmp_path / "first" / "compaction_flush.jsonl").read_text().splitlines()) == 1
+
+
+async def test_the_items_kept_in_memory_are_bounded_over_all_sessions(tmp_path: Path) -> None:
+    # A few sessions, but one writes many items: the keys of the least recently writing
+    # session go once all of them pass `max_items`; it is read back from its file. Seen through
+    # the file: emptied behind the writer's back, an item is written again only if read back.
+    writer = MemoryWriter(tmp_path, max_sessions=100, max_items=10)
+    item = MemoryItem("fact", "The build uses Python 3.11.")
+    await writer.append("quiet", "c1", [item])
+    (tmp_path / "quiet" / "compaction_flush.jsonl").write_text("")
+    assert await writer.append("quiet", "c2", [item]) == []  # still kept: not read back
+    busy = [MemoryItem("fact", f"Fact number {n}.") for n in range(9)]
+    assert len(await writer.append("busy", "c3", busy)) == 9
+    assert await writer.append("quiet", "c4", [item]) == [item]  # forgotten, read back: empty
+    # A session with more than the whole bound is read back from its file each time.
+    many = [MemoryItem("fact", f"Fact number {n}.") for n in range(20)]
+    assert len(await writer.append("big", "c5", many)) == 20
+    assert await writer.append("big", "c6", many) == []
+    assert len((tmp_path / "big" / "compaction_flush.jsonl").read_text().splitlines()) == 20

@@ -20,13 +20,24 @@ from proxy.settings import load_settings
 def test_the_new_bounds_have_safe_defaults_and_come_from_the_environment() -> None:
     defaults = load_settings(None, {}, {})
     assert defaults.models.max_models == 1024
-    assert defaults.memory.max_sessions == 4096
+    assert defaults.memory.max_sessions == 512
+    assert defaults.memory.cached_items == 10000
+    assert defaults.compaction.known_requests == 256
+    assert defaults.compaction.scanned_chars == 32 * 2**20  # the library's own default
+    assert defaults.archive.memory_max_mb == 256
     env = {
         "COMPACTION_PROXY__MODELS__MAX_MODELS": "8",
         "COMPACTION_PROXY__MEMORY__MAX_SESSIONS": "16",
+        "COMPACTION_PROXY__MEMORY__CACHED_ITEMS": "32",
+        "COMPACTION_PROXY__COMPACTION__KNOWN_REQUESTS": "4",
+        "COMPACTION_PROXY__COMPACTION__SCANNED_TEXTS_MB": "1",
+        "COMPACTION_PROXY__ARCHIVE__MEMORY_MAX_MB": "2",
     }
     tuned = load_settings(None, env, {})
     assert (tuned.models.max_models, tuned.memory.max_sessions) == (8, 16)
+    assert (tuned.memory.cached_items, tuned.compaction.known_requests) == (32, 4)
+    assert tuned.compaction.scanned_chars == 2**20 // 3
+    assert tuned.archive.memory_max_bytes == 2 * 2**20
 
 
 def test_calibration_keeps_at_most_max_models() -> None:

@@ -131,13 +131,18 @@ class BodyIndexes:
         *,
         max_bytes: int,
         min_body_bytes: int,
+        max_conversations: int = 256,
         offload: Offload | None = None,
     ) -> None:
+        """At most `max_bytes` of bodies and their indexes and `max_conversations` keys (the
+        conversations that open alike share one) are remembered, the least recently seen
+        forgotten first."""
         self._offload: Offload = offload or Inline()
         self._cache: LRUCache[int, tuple[BodyIndex, ...]] = LRUCache(
             max(1, max_bytes), getsizeof=lambda known: sum(map(_size_of, known))
         )
         self._max_bytes = max_bytes
+        self._max_conversations = max(1, max_conversations)
         self._min_body_bytes = min_body_bytes
 
     def conversation_key(self, scope: str, body: bytes) -> int | None:
@@ -256,6 +261,8 @@ class BodyIndexes:
                 size += _size_of(other)
         if size <= self._max_bytes:
             self._cache[key] = tuple(kept)
+            while len(self._cache) > self._max_conversations:
+                self._cache.popitem()  # the least recently seen
         else:
             self._cache.pop(key, None)
 

@@ -14,7 +14,7 @@ from aiohttp import web
 from compaction import is_summary_message
 from compaction.invariants import check_tool_pairing
 from compaction.types import ChatLLM, Purpose
-from proxy.compacting.llm_client import LLMRequest
+from proxy.compacting.llm_client import LLMRequest, ModelParameters
 from proxy.http import keys
 from tests import factories as f
 from tests.fakes.script import MEMORY_TEXT, SUMMARY_TEXT, Script, tokens
@@ -167,6 +167,17 @@ async def test_a_reasoning_model_that_refuses_max_tokens_and_temperature_still_s
     calls = len(script.calls("summary"))
     await post(client, proxy, conversation_of(int(WINDOW * 1.2)), session="second")
     assert len(script.calls("summary")) == calls + 1
+
+
+def test_what_models_refused_is_kept_for_at_most_max_models() -> None:
+    # Model names come from the clients: what is learned of them is bounded like the other
+    # per-model state (models.max_models), the least recently learned forgotten first.
+    parameters = ModelParameters(max_models=2)
+    refusal = {"error": {"param": "max_tokens", "code": "unsupported_parameter"}}
+    for model in ("o-first", "o-second", "o-third"):
+        assert parameters.learn(model, 400, refusal)
+    assert parameters.refused("o-first") == set()
+    assert parameters.refused("o-third") == {"max_tokens"}
 
 
 class RecordingLLMs:

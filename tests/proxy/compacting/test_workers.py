@@ -28,6 +28,10 @@ def scanned_here(_: None) -> int:
     return worker_mentions().scanned
 
 
+def scanned_bound_here(_: None) -> int:
+    return worker_mentions().max_chars
+
+
 def replaced(registry: CollectorRegistry, reason: str) -> float | None:
     return registry.get_sample_value(
         "compaction_proxy_worker_replacements_total", {"reason": reason}
@@ -130,6 +134,18 @@ async def test_closing_kills_a_stopped_worker() -> None:
     os.kill(stopped, signal.SIGSTOP)
     await asyncio.wait_for(workers.close(), 15)
     assert not is_alive(stopped)
+
+
+async def test_each_worker_keeps_the_scanned_texts_it_is_given_room_for() -> None:
+    # compaction.scanned_texts_mb reaches the workers, whose scanned texts would otherwise be
+    # bounded by the library's constant alone, in every process, replaced ones included.
+    workers = Workers(1, scanned_chars=12_345)
+    workers.open()
+    try:
+        assert await workers.run(scanned_bound_here, None) == 12_345
+        assert worker_mentions().max_chars != 12_345  # this process's own is not touched
+    finally:
+        await workers.close()
 
 
 async def test_a_worker_scans_only_the_new_texts_of_a_fold_redone_over_a_longer_history() -> None:

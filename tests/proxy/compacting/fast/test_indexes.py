@@ -106,6 +106,23 @@ async def test_a_recognized_body_gets_the_digests_and_counts_of_a_full_computati
     assert extended.items == full.items
 
 
+async def test_at_most_max_conversations_are_remembered_the_least_recently_seen_forgotten() -> None:
+    # The count bound binds where bodies are small (a byte bound alone would hold thousands of
+    # them); the conversation seen last is recognized, the one not seen since is not.
+    known = BodyIndexes(max_bytes=1 << 30, min_body_bytes=0, max_conversations=2)
+    histories = [long_history(2 + n) for n in range(3)]
+    keys = []
+    for n, first in enumerate(histories):
+        body = chat(first)
+        key = known.conversation_key(f"scope-{n}", body)
+        assert key is not None
+        assert await known.learn(key, body, len(first), seed=SEED, opening=first[:2], **CHAT_ITEMS)
+        keys.append(key)
+    assert known.recognize(keys[0], chat(grown(histories[0], 1)), "messages") is None
+    for key, first in zip(keys[1:], histories[1:], strict=True):
+        assert known.recognize(key, chat(grown(first, 1)), "messages") is not None
+
+
 async def test_a_body_that_does_not_continue_the_known_one_is_not_recognized() -> None:
     first = long_history(12)
     known, key = await learned(first)

@@ -1,0 +1,47 @@
+"""The archive in the process (`state.backend: memory`) is bounded over all its sessions, not only
+per session: by `archive.memory_max_mb`, and by the age for sessions no longer archived."""
+
+from __future__ import annotations
+
+from proxy.archive import Scope
+from proxy.archive.local import LocalArchive
+from tests.proxy.archive.conftest import Clock, entry
+
+FIRST = Scope("agent-1", "aa" * 16)
+SECOND = Scope("agent-2", "aa" * 16)
+
+
+def turns(start: int, count: int, *, at: float = 1_000_000.0) -> list:  # type: ignore[type-arg]
+    return [entry(i, f"turn{i} " + "x" * 94, at=at) for i in range(start, start + count)]
+
+
+async def indexes(archive: LocalArchive, scope: Scope) -> list[int]:
+    query = " ".join(f"turn{i}" for i in range(20))
+    found = await archive.search(scope.session, query, tenant=scope.tenant, limit=50)
+    return sorted(item.index for item in found if item.index is not None)
+
+
+async def test_beyond_the_total_bound_the_least_recently_archived_session_loses_turns_first() -> (
+    None
+):
+    one = turns(0, 1)[0].size
+    archive = LocalArchive(
+        max_bytes=one * 100, max_age_s=86400, max_total_bytes=one * 6, clock=Clock()
+    )
+    assert (await archive.add(FIRST, turns(0, 4)))["size"] == 0
+    assert (await archive.add(SECOND, turns(0, 4)))["size"] == 2
+    assert await indexes(archive, FIRST) == [2, 3]
+    assert (await archive.add(FIRST, turns(4, 1)))["size"] == 1  # now SECOND is the older
+    assert await indexes(archive, SECOND) == [1, 2, 3]
+    assert await indexes(archive, FIRST) == [2, 3, 4]
+
+
+async def test_a_session_no_longer_archived_still_ages_out() -> None:
+    clock = Clock()
+    archive = LocalArchive(max_bytes=1 << 20, max_age_s=100, clock=clock)
+    await archive.add(FIRST, turns(0, 2, at=clock.now))
+    clock.now += 150
+    dropped = await archive.add(SECOND, turns(0, 1, at=clock.now))
+    assert dropped["age"] == 2
+    assert await indexes(archive, FIRST) == []
+    assert await indexes(archive, SECOND) == [0]
