@@ -379,7 +379,7 @@ class Compaction:
             return self._unchanged(attempt, "too little to fold: a summary would not be smaller")
         settings = compactor.settings
         summary_max_tokens = max(64, int(prepared.body_budget * LLM_SHARE))
-        summary_reply, memory_reply, _ = await ask_summarizer(
+        summary_reply, memory_reply, model_calls = await ask_summarizer(
             llm,
             Question(
                 transcript=prepared.transcript,
@@ -440,5 +440,5 @@ class Compaction:
             folded_count=len(folded),
             errors=tuple(attempt.errors),
             pinned_overflow=done.pinned_overflow,
-            model_calls=0 if llm is None else 2,
+            model_calls=model_calls,
         )

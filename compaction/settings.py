@@ -12,8 +12,11 @@ from typing import Literal
 TRIGGER_RATIO = 0.85
 """Compact when the request reaches this share of the context window."""
 
-TARGET_RATIO = 0.6
-"""Aim the compacted request at this share of the window, well below the trigger."""
+TARGET_RATIO = 0.45
+"""Aim the compacted request at this share of the window, well below the trigger: each
+compaction breaks the prompt cache once (the new prefix is read at the full input price), and
+the room to the trigger (0.40 of the window) is how many requests go by before the next
+(bench.cost at 8k: 0.6 compacted a coding agent every 3-5 requests; docs/cost.md)."""
 
 KEEP_RECENT_ROUNDS = 5
 """Rounds (a user message and what follows it) kept verbatim when they fit."""

@@ -10,11 +10,15 @@ that each carry the folded transcript; or, when the summarizer can repeat the co
 own last request (a `PrefixLLM`) and the window has room, one question asked as a final user
 turn after it (`cached.md`), whose answer carries the summary and the memory items: the
 provider's prompt cache covers the conversation, and only the question and the answer are new.
+A PrefixLLM never pays a second transcript for the memory items: with too little room after the
+conversation for them, or for the question at all, the summary is asked alone (after the
+conversation, else standalone) and code mines the items from the folded turns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +31,8 @@ from compaction.marker import SUMMARY_MARKER
 from compaction.messages import CHAT, Shape, message_text
 from compaction.text import CJK_LETTER
 from compaction.types import ChatLLM, Message, PrefixLLM, Purpose
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "MIN_CACHED_MEMORY_TOKENS",
@@ -51,7 +57,8 @@ __all__ = [
 
 MIN_CACHED_MEMORY_TOKENS = 256
 """The least room for memory items that a cached question asks with; with less room left in
-the window after the conversation, the summarizer is asked standalone."""
+the window after the conversation, the question asks for the summary alone (the memory items
+mined by code), and with no room for that, the summary is asked standalone (ask_summarizer)."""
 
 # ---------------------------------------------------------------- prompts
 
@@ -103,8 +110,11 @@ def describe_kept(messages: Sequence[Message], keep_from: int, shape: Shape = CH
     return f'{named}, from the one that begins "{opening}",' if opening else named
 
 
-def build_cached_question(*, kept: str, previous_summary: bool, max_tokens: int, cjk: bool) -> str:
-    """The final user turn of a cached summary request (`cached.md`)."""
+def build_cached_question(
+    *, kept: str, previous_summary: bool, max_tokens: int, cjk: bool, memory: bool = True
+) -> str:
+    """The final user turn of a cached summary request (`cached.md`); with `memory` it asks for
+    the memory items too (`cached_memory.md`)."""
     previous = (
         "\nThe conversation opens with a summary of even earlier turns: produce ONE updated "
         "summary that covers both, as if written fresh (newer information wins; keep every fact "
@@ -113,7 +123,13 @@ def build_cached_question(*, kept: str, previous_summary: bool, max_tokens: int,
         else ""
     )
     return Template(load_prompt("cached")).substitute(
-        kept=kept, previous=previous, language=language_note(cjk), max_tokens=str(max_tokens)
+        kept=kept,
+        previous=previous,
+        language=language_note(cjk),
+        max_tokens=str(max_tokens),
+        parts="in the two parts below" if memory else "in the part below",
+        memory=load_prompt("cached_memory") if memory else "",
+        memory_limit="; at most 30 memory items" if memory else "",
     )
 
 
@@ -278,22 +294,35 @@ async def ask_summarizer(
 ) -> tuple[Reply, Reply, int]:
     """The summary and the memory items, and how many model calls brought them: one cached
     question when `llm` can ask after the conversation's own request and the window has room
-    for it, else two standalone requests asked concurrently (none without a model)."""
+    for it, else two standalone requests asked concurrently (none without a model).
+
+    A summarizer that asks cached but finds no room (a request at a small window's end) asks
+    the summary alone standalone: the memory items are mined by code, as when a cached answer
+    has no memory part, rather than paid for with a second transcript at the full input price."""
     if llm is None:
         none = Reply(None, None)
         return none, none, 0
+    summary_request = build_summary_request(
+        question.transcript,
+        previous_summary=question.previous_summary,
+        max_tokens=question.summary_max_tokens,
+        cjk=question.cjk,
+    )
     if isinstance(llm, PrefixLLM):
         cached = await _ask_cached(llm, question, timeout_s)
         if cached is not None:
             return *cached, 1
+        summary = await ask(
+            llm,
+            summary_request,
+            purpose="summary",
+            max_tokens=question.summary_max_tokens,
+            timeout_s=timeout_s,
+        )
+        return summary, Reply(None, None), 1
     summary, memory = await ask_both(
         llm,
-        build_summary_request(
-            question.transcript,
-            previous_summary=question.previous_summary,
-            max_tokens=question.summary_max_tokens,
-            cjk=question.cjk,
-        ),
+        summary_request,
         question.summary_max_tokens,
         build_memory_request(question.transcript, cjk=question.cjk),
         question.memory_max_tokens,
@@ -302,23 +331,39 @@ async def ask_summarizer(
     return summary, memory, 2
 
 
-async def _ask_cached(
-    llm: PrefixLLM, question: Question, timeout_s: float
-) -> tuple[Reply, Reply] | None:
-    """The cached question's two replies; None when the window has too little room after the
-    conversation for it (a request near the window's end: standalone instead)."""
-    instruction = build_cached_question(
+def _cached_question(question: Question, *, memory: bool) -> str:
+    return build_cached_question(
         kept=question.kept,
         previous_summary=question.previous_summary is not None,
         max_tokens=question.summary_max_tokens,
         cjk=question.cjk,
+        memory=memory,
     )
-    # A bound of the question's tokens that needs no estimator: no tokenizer counts fewer than
-    # one token for three characters of this prompt's prose.
-    room = llm.room_after_prefix - len(instruction) // 3 - question.summary_max_tokens
-    memory_max_tokens = min(question.memory_max_tokens, room)
+
+
+def _room_after(llm: PrefixLLM, instruction: str, question: Question) -> int:
+    """The tokens the window leaves after the conversation, the question and the summary.
+
+    A bound of the question's tokens that needs no estimator: no tokenizer counts fewer than
+    one token for three characters of this prompt's prose."""
+    return llm.room_after_prefix - len(instruction) // 3 - question.summary_max_tokens
+
+
+async def _ask_cached(
+    llm: PrefixLLM, question: Question, timeout_s: float
+) -> tuple[Reply, Reply] | None:
+    """The cached question's two replies; None when the window has too little room after the
+    conversation even for the summary (a request near the window's end: standalone instead).
+    With room for the summary but not for the memory items, the question asks for the summary
+    alone and code mines the memory items from the folded turns (as when a model answers
+    without them): one call at the cached price rather than two at the full one."""
+    instruction = _cached_question(question, memory=True)
+    memory_max_tokens = min(question.memory_max_tokens, _room_after(llm, instruction, question))
     if memory_max_tokens < MIN_CACHED_MEMORY_TOKENS:
-        return None
+        instruction = _cached_question(question, memory=False)
+        if _room_after(llm, instruction, question) < 0:
+            return None
+        memory_max_tokens = 0
     max_tokens = question.summary_max_tokens + memory_max_tokens
     reply = await _asked(
         lambda: llm.complete_after_prefix(instruction, purpose="summary", max_tokens=max_tokens),
@@ -333,8 +378,10 @@ async def _ask_cached(
         if is_substantive(summary)
         else _failed("summary", "empty or nonsensical answer")
     )
-    memory_reply = Reply(memory, None) if memory is not None else _failed("memory", "no <memory>")
-    return summary_reply, memory_reply
+    if memory is None and memory_max_tokens:
+        # The summary stands; the memory items are mined from the folded turns by code.
+        logger.info("the cached summary answer has no <memory> part: memory items mined by code")
+    return summary_reply, Reply(memory, None)
 
 
 _MEMORY_PART = re.compile(r"<memory>(.*?)(?:</memory>|\Z)", re.DOTALL | re.IGNORECASE)

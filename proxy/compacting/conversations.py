@@ -49,6 +49,7 @@ from proxy.compacting.reserve_writes import ReserveWrites
 from proxy.compacting.stores.roles import Cooldowns, ForwardedMarks, Leases
 from proxy.compacting.workers import WorkerLost
 from proxy.metrics import CompactionMetrics
+from proxy.recall import Recall
 from proxy.settings import CompactionSection
 from proxy.tasks import BackgroundTasks
 
@@ -117,9 +118,13 @@ class Conversations:
         metrics: CompactionMetrics,
         tasks: BackgroundTasks,
         archiving: Archiving | None = None,
+        recall: Recall | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`recall`: what offers compacted requests the recall tool (None: not offered); a
+        cached summary request repeats the tool where the view went upstream with it."""
         self._options = options
+        self._recall = recall
         self._compactor = compactor
         self._store = store
         self._llm_for = llm_for
@@ -419,14 +424,21 @@ class Conversations:
         self, req: ParsedRequest, view: View, compaction: Compaction, reason: str
     ) -> Prefix | None:
         """The request a cached summary request repeats: the view being compacted, as it goes
-        (or went) upstream. None where the cache cannot help: another summary model (its own
-        cache), or a view the upstream refused as too long (`reason` "overflow")."""
+        (or went) upstream, with the recall tool when it went with it (a compacted view in mode
+        `on`). None where the cache cannot help: another summary model (its own cache), or a
+        view the upstream refused as too long (`reason` "overflow"). In shadow mode a compacted
+        view never went upstream: its one cached question is read from no cache, yet costs
+        about what two standalone requests carrying the folded turns would, and asks what
+        `on` asks (the shadow's records are the proof of what `on` does)."""
         options = self._options
         if options.summary_request != "cached" or reason == "overflow":
             return None
         if options.summary_model not in (None, req.model):
             return None
-        return Prefix(req.payload, view.messages, req.window - compaction.plan.tokens_before)
+        compacted = view.base is not None and options.mode == "on"
+        recall = compacted and self._recall is not None and self._recall.offered(req)
+        room = req.window - compaction.plan.tokens_before
+        return Prefix(req.payload, view.messages, room, recall=recall)
 
     async def _run(
         self, req: ParsedRequest, compaction: Compaction, *, llm: ChatLLM | None, flush: bool = True

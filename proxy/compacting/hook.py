@@ -297,6 +297,7 @@ def build_hook(
         metrics=shared.metrics,
         tasks=shared.tasks,
         archiving=shared.archiving,
+        recall=shared.recall,
     )
     discovery = None
     if settings.models.discover:

@@ -24,6 +24,7 @@ from compaction import ChatLLM, Message, Purpose
 from proxy.compacting.dialects import Dialect
 from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
 from proxy.http.upstream import Upstream
+from proxy.recall.tools import equip
 
 _ADAPTABLE = ("max_tokens", "temperature", "reasoning.effort")
 _REFUSAL = re.compile(r"Unsupported (?:parameter|value): '([\w.]+)'")
@@ -82,6 +83,11 @@ class Prefix:
     """Its list as forwarded (the view the compaction folds), before the dialect's wire form."""
     room: int
     """The tokens its window leaves after it (PrefixLLM.room_after_prefix)."""
+    recall: bool = False
+    """It went upstream with the `recall` tool and its summary's recall line (proxy.recall): a
+    compacted view; the summary request carries both too, or its prompt would part from the
+    forwarded one at the tools, before the conversation, and nothing of it be read from the
+    cache."""
 
 
 @dataclass(frozen=True)
@@ -201,11 +207,16 @@ class CachedUpstreamLLM(UpstreamLLM):
     ) -> str:
         prefix, dialect = self._prefix, self._dialect
         listed = dialect.wire(prefix.messages)
-        return await self._ask(
-            lambda refused: orjson.dumps(
-                dialect.cached_summary_body(
-                    prefix.payload, listed, instruction, max_tokens, refused
-                )
-            ),
-            purpose,
-        )
+
+        def body_for(refused: set[str]) -> bytes:
+            body = dialect.cached_summary_body(
+                prefix.payload, listed, instruction, max_tokens, refused
+            )
+            serialized = orjson.dumps(body)
+            if prefix.recall:
+                # Placed as in the forwarded request: the tool after the client's tools, the
+                # line in the summary (the body's keys are in the order serialized).
+                serialized = equip(serialized, body, dialect.name) or serialized
+            return serialized
+
+        return await self._ask(body_for, purpose)

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from proxy.archive import Archive
-from proxy.compacting.request import ParsedRequest
 from proxy.metrics import RecallMetrics
 from proxy.recall.answers import Answers
 from proxy.recall.rounds import Budget, RecallRounds
 from proxy.recall.streams import stream_for
 from proxy.recall.tools import added_text, equip, has_own_recall
+
+if TYPE_CHECKING:  # the request module builds summarizers, whose cached request equips too
+    from proxy.compacting.request import ParsedRequest
 
 # What the upstream may still write when the request names no output bound: this much, and at
 # most this share of the window.
@@ -42,14 +45,23 @@ class Recall:
     max_rounds: int
     metrics: RecallMetrics
 
+    def offered(self, request: ParsedRequest) -> bool:
+        """True when a compacted `request` goes out with the recall tool (when its body lets
+        the tool be placed): not when the client has its own `recall`, nor for a stream of a
+        dialect whose recall calls are not answered in streams."""
+        payload = request.payload
+        streamed = payload.get("stream") is True
+        return not has_own_recall(payload) and not (
+            streamed and stream_for(request.dialect.name) is None
+        )
+
     def equip(self, request: ParsedRequest, body: bytes, tokens: int) -> Equipped | None:
         """The compacted `body` of `request` (estimated at `tokens`) with the recall tool, and
         the rounds that answer it; None: it goes out as it is (the client has its own `recall`,
         a stream of a dialect not handled, a body the tool cannot be placed in)."""
-        payload = request.payload
-        streamed = payload.get("stream") is True
-        if has_own_recall(payload) or (streamed and stream_for(request.dialect.name) is None):
+        if not self.offered(request):
             return None
+        payload = request.payload
         equipped = equip(body, payload, request.dialect.name)
         if equipped is None:
             return None

@@ -11,6 +11,7 @@ from compaction.extract import parse_memory_reply
 from compaction.summarize import (
     MIN_CACHED_MEMORY_TOKENS,
     Question,
+    Reply,
     ask_summarizer,
     build_cached_question,
     describe_kept,
@@ -82,10 +83,19 @@ async def test_one_cached_question_brings_the_summary_and_the_memory_items() -> 
     assert "at most 500 tokens" in instruction and max_tokens == 500 + 1500
 
 
-async def test_without_room_after_the_prefix_the_summarizer_is_asked_standalone() -> None:
+async def test_without_room_after_the_prefix_the_summary_alone_is_asked_standalone() -> None:
+    """The memory items are mined by code then: no second transcript at the full price."""
     llm = AfterPrefix(room=500 + MIN_CACHED_MEMORY_TOKENS)  # the question itself takes more
     summary, memory, calls = await ask_summarizer(llm, question(), timeout_s=5)
-    assert llm.questions == [] and calls == 2
+    assert llm.questions == [] and calls == 1
+    assert [purpose for purpose, _ in llm.calls] == ["summary"]
+    assert summary.text == SUMMARY and memory == Reply(None, None)
+
+
+async def test_a_summarizer_that_cannot_ask_cached_asks_summary_and_memory_standalone() -> None:
+    llm = Standalone()
+    summary, memory, calls = await ask_summarizer(llm, question(), timeout_s=5)
+    assert calls == 2
     assert sorted(purpose for purpose, _ in llm.calls) == ["memory", "summary"]
     assert summary.text == SUMMARY and memory.text == MEMORY
 
@@ -97,11 +107,39 @@ async def test_little_room_shortens_the_memory_part_rather_than_overflow_the_win
     assert max_tokens + len(instruction) // 3 <= 2500
 
 
-async def test_an_answer_without_a_memory_part_keeps_its_summary_and_says_so() -> None:
+async def test_an_answer_without_a_memory_part_keeps_its_summary_and_is_no_failure() -> None:
+    """Code mines the memory items then: no error, so no warning per compaction."""
     llm = AfterPrefix(answer=SUMMARY)
     summary, memory, _ = await ask_summarizer(llm, question(), timeout_s=5)
     assert summary.text == SUMMARY
-    assert memory.text is None and memory.error is not None
+    assert memory.text is None and memory.error is None
+
+
+async def test_room_for_the_summary_alone_asks_one_cached_question_without_memory() -> None:
+    """Near the window's end: the summary asked after the prefix at the cached price, the
+    memory items left to code, rather than two standalone requests at the full price."""
+    full = build_cached_question(kept="k", previous_summary=False, max_tokens=500, cjk=False)
+    llm = AfterPrefix(room=500 + len(full) // 3 + MIN_CACHED_MEMORY_TOKENS - 1, answer=SUMMARY)
+    summary, memory, calls = await ask_summarizer(llm, question(), timeout_s=5)
+    assert calls == 1 and llm.calls == []
+    [(instruction, max_tokens)] = llm.questions
+    assert "<memory>" not in instruction and max_tokens == 500
+    assert "at most 500 tokens." in instruction
+    assert summary.text == SUMMARY and memory == Reply(None, None)
+
+
+async def test_a_compaction_without_the_memory_part_mines_its_items_and_reports_no_error() -> None:
+    messages = f.agent_conversation(rounds=12)
+    messages.insert(2, f.user("From now on, please never use tabs in this repository."))
+    messages.insert(3, f.assistant("Understood."))
+    compactor = Compactor()
+    window = compactor.estimate(messages) * 3
+    compaction = await compactor.prepare(messages, window=window, target_ratio=0.2)
+    result = await compaction.run(
+        llm=AfterPrefix(answer=SUMMARY), session_id=None, flush_memory=False
+    )
+    assert result.path == "llm" and result.errors == () and result.model_calls == 1
+    assert any("never use tabs" in item.content for item in result.memory_items)  # by code
 
 
 async def test_a_refusal_after_the_prefix_is_a_failed_summary() -> None:

@@ -269,7 +269,9 @@ def test_every_corpus_conversation_gets_a_block_aligned_valid_plan(
 
 def test_over_the_target_more_than_keep_recent_rounds_are_kept_up_to_it() -> None:
     messages = f.simple_conversation(60, words=60)
-    segments, plan = plan_for(messages, 8_000, keep_recent_rounds=2, summary_budget_tokens=500)
+    segments, plan = plan_for(
+        messages, 8_000, keep_recent_rounds=2, summary_budget_tokens=500, target_ratio=0.6
+    )
     kept_rounds = [r for r in segments.rounds if r.start >= plan.keep_from]
     assert len(kept_rounds) > 2 and plan.fits
     assert output_tokens(messages, plan) > 0.5 * 8_000  # near the 0.6 target, not far below

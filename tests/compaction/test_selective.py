@@ -43,7 +43,10 @@ FAILURE = (
 
 
 def compactor(strategy: str = "hybrid") -> Compactor:
-    return Compactor(settings=CompactionSettings(strategy=strategy))  # type: ignore[arg-type]
+    # The histories here are sized for previews to reach a 0.6 target (their outputs would not
+    # reach a lower one, and a summary would act instead).
+    settings = CompactionSettings(strategy=strategy, target_ratio=0.6)  # type: ignore[arg-type]
+    return Compactor(settings=settings)
 
 
 def listing_conversation(blocks: int = 12, output: str = LISTING) -> list[dict[str, Any]]:

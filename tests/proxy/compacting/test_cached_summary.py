@@ -5,6 +5,8 @@ standalone where the cache cannot help."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -13,8 +15,14 @@ import pytest
 from bench.cost import mark_last_turn
 from bench.dialects import to_anthropic, to_responses
 from compaction import is_summary_message
-from tests.fakes.script import SUMMARY_TEXT, Script, body_tokens
-from tests.proxy.compacting.conftest import conversation_of, forwarded, wait_for
+from tests.fakes.script import SUMMARY_TEXT, Script, body_tokens, tokens
+from tests.proxy.compacting.conftest import (
+    conversation_of,
+    forwarded,
+    small_window_proxies,
+    wait_for,
+)
+from tests.proxy.conftest import StartProxy
 
 WIDE = 40_000
 """A window with room after a request at the precompute ratio for the question and answer."""
@@ -148,3 +156,58 @@ async def test_a_forced_tool_choice_is_lifted_so_the_summarizer_answers_in_text(
     asked = script.calls("summary")[0].json()
     assert asked["tool_choice"] == "none" and asked["stream"] is False
     assert "stream_options" not in asked and asked["tools"] == TOOLS
+
+
+RECALL_TOOL = b'"name":"recall"'
+
+
+async def grow_until_asked(
+    client: Any, proxy: Any, script: Script, dialect: str, summaries: int
+) -> None:
+    """Send the conversation growing by a tenth of the window a request, until the proxy has
+    asked `summaries` summaries (at most 12 requests)."""
+    messages = conversation_of(int(WIDE * 0.3))
+    for _ in range(12):
+        # The conversions add reasoning and thinking: a tenth of the window as the dialect counts.
+        chat = tokens(messages)
+        step = WIDE // 10 * chat // body_tokens_of(dialect, messages)
+        messages = conversation_of(chat + step, grow=messages)
+        await send(client, proxy, dialect, body_of(dialect, messages))
+        await asyncio.sleep(0.05)  # a compaction prepared ahead asks in the background
+        if len(script.calls("summary")) >= summaries:
+            return
+    raise AssertionError(f"{len(script.calls('summary'))} summaries asked, not {summaries}")
+
+
+def body_tokens_of(dialect: str, messages: list[dict[str, Any]]) -> int:
+    return body_tokens(f"/v1/{DIALECTS[dialect][0]}", body_of(dialect, messages))
+
+
+@pytest.mark.parametrize("dialect", list(DIALECTS))
+async def test_a_compacted_view_is_repeated_with_the_recall_tool_it_went_upstream_with(
+    dialect: str,
+    start_proxy: StartProxy,
+    tmp_path: Path,
+    upstream: Any,
+    script: Script,
+    client: Any,
+) -> None:
+    """The second compaction summarizes a view that went upstream compacted, so with the recall
+    tool after the client's tools and the recall line in its summary: the summary request
+    carries both, or its prompt parts from the forwarded one at the tools and the provider's
+    cache covers nothing of it."""
+    script.summary = script.answer(ANSWER)
+    start = small_window_proxies(start_proxy, tmp_path, recall="on")
+    proxy = await start_wide(start, upstream)
+    await grow_until_asked(client, proxy, script, dialect, 2)
+    await wait_for(lambda: len(script.calls("summary")) >= 2, 10)
+    call = script.calls("summary")[1]
+    _, listed, prompt_fields, _ = DIALECTS[dialect]
+    asked = call.json()
+    repeated = [r for r in forwarded(script) if r[listed] == asked[listed][:-1]]
+    assert repeated, "no forwarded request is the summary request's prefix"
+    last = repeated[-1]
+    assert RECALL_TOOL in orjson.dumps(last["tools"])  # it went upstream equipped
+    for name in prompt_fields:
+        assert asked[name] == last[name], name
+    assert orjson.dumps(last[listed])[:-1] + b"," in call.body

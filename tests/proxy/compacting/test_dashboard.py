@@ -80,7 +80,9 @@ async def test_the_api_refuses_a_wrong_token_in_the_openai_error_shape(
 async def test_a_compacted_session_shows_its_figures_timeline_and_receipt(
     start: Any, script: Script, client: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
-    proxy = await start(models={"prices": PRICES})
+    # The scripted model's memory items: asked standalone (at this small window's end a cached
+    # summarizer leaves them to code, with no second transcript).
+    proxy = await start(models={"prices": PRICES}, compaction={"summary_request": "standalone"})
     await post(client, proxy, conversation_of(int(WINDOW * 1.2)))
     await post(client, proxy, conversation_of(200), session="quiet")
 

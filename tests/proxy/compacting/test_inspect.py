@@ -23,7 +23,9 @@ README = Path(__file__).resolve().parents[3] / "README.md"
 async def test_inspect_shows_the_sessions_and_a_sessions_timeline_and_last_compaction(
     start: Any, script: Script, client: aiohttp.ClientSession
 ) -> None:
-    proxy = await start()
+    # The scripted model's memory items: asked standalone (at this small window's end a cached
+    # summarizer leaves them to code, with no second transcript).
+    proxy = await start(compaction={"summary_request": "standalone"})
     await post(client, proxy, conversation_of(int(WINDOW * 1.2)))
     await post(client, proxy, conversation_of(200), session="quiet")
     async with client.get(

@@ -95,7 +95,9 @@ async def test_repeated_summarizer_failures_cool_down(
 async def test_azure_style_keys_and_api_version_reach_the_summarizer(
     start: Any, script: Script, client: Any
 ) -> None:
-    proxy = await start()
+    # The scripted model's memory items: asked standalone (at this small window's end a cached
+    # summarizer leaves them to code, with no second transcript).
+    proxy = await start(compaction={"summary_request": "standalone"})
     body = orjson.dumps({"model": "gpt-test", "messages": conversation_of(int(WINDOW * 1.2))})
     headers = {"Content-Type": "application/json", "api-key": "azure-secret", "X-Session-Id": "az"}
     # Azure OpenAI's deployments refuse a call without its api-version.
@@ -113,7 +115,11 @@ async def test_azure_style_keys_and_api_version_reach_the_summarizer(
 async def test_a_client_without_a_key_has_its_summaries_sent_with_the_configured_key(
     start: Any, script: Script, client: Any
 ) -> None:
-    proxy = await start(upstream={"api_key": "sk-configured"})
+    # The scripted model's memory items: asked standalone (at this small window's end a cached
+    # summarizer leaves them to code, with no second transcript).
+    proxy = await start(
+        upstream={"api_key": "sk-configured"}, compaction={"summary_request": "standalone"}
+    )
     body = orjson.dumps({"model": "gpt-test", "messages": conversation_of(int(WINDOW * 1.2))})
     headers = {"Content-Type": "application/json", "X-Session-Id": "no-key"}
     async with client.post(

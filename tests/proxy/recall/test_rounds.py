@@ -324,8 +324,9 @@ async def test_a_request_just_below_the_trigger_still_gets_room_for_the_recalled
 ) -> None:
     # Compacted requests go out as they are up to the trigger (0.85 of the window): the fill
     # ratio less the output's reserve then left a recall result no room, and the model got an
-    # empty recall back.
-    proxy = await start()
+    # empty recall back. (The growth below reaches just under the trigger from this target,
+    # with the scripted model's memory items, asked standalone at this small window's end.)
+    proxy = await start(compaction={"target_ratio": 0.6, "summary_request": "standalone"})
     messages = with_canary(conversation_of(int(WINDOW * 1.3)))
     await compacted_and_archived(client, proxy, messages, tools=TOOLS)
     model = RecallingModel("quasar QX-7781")
