@@ -17,13 +17,19 @@ Agent requests are billed the tokens of the corpus' next assistant turn as outpu
 direct and through the proxy; the fake summarizer answers at `SUMMARY_FILL` of the requested
 `max_tokens` and the memory extraction with `MEMORY_ITEMS` items. Time is modelled: `--turn-s`
 seconds between two requests of a conversation, the cache's TTL `TTL_S`. The proxy lives in that
-time scaled by `TIME_SCALE` (a modelled second lasts a millisecond): it sees the replay's pace,
-and a summarizer answering in `FIRST_TOKEN_S` plus its output at `OUTPUT_TOKENS_PER_S`, in
-their modelled proportion, which is what its choice of when to prepare a compaction reads.
+time scaled by `--time-scale` (default `TIME_SCALE`: a modelled second lasts 10 ms): it sees the
+replay's pace, and a summarizer answering in `FIRST_TOKEN_S` plus its output at
+`OUTPUT_TOKENS_PER_S`, in their modelled proportion, which is what its choice of when to prepare
+a compaction reads. The proxy's own work is not scaled: its milliseconds of planning count as
+modelled seconds, so a smaller scale overstates how long a compaction takes against a turn
+(at a millisecond a second, 30-110 ms of planning read as 30-110 s, longer than a turn, and
+conversations were prepared for two or three requests ahead: never-compacting ones at 8k cost
+1.04 of direct, against 1.000 at 10 ms a second). At 10 ms a second a proxied run of the 31
+conversations takes about 7 minutes.
 
     .venv/bin/python -m bench.cost [--quick] [--windows 8000 32000] [--per-source 10]
                                    [--dialect chat|responses|anthropic] [--config config.yaml]
-                                   [--set target_ratio=0.5 ...]
+                                   [--set target_ratio=0.5 ...] [--time-scale 0.01]
 """
 
 from __future__ import annotations
@@ -68,8 +74,8 @@ LOOKBACK_BLOCKS = 20
 MIN_CACHED_TOKENS = 1024
 SUMMARY_FILL = 0.6
 MEMORY_ITEMS = 8
-TIME_SCALE = 0.001
-"""Real seconds per modelled second, for the proxy (its own time adds a few modelled seconds)."""
+TIME_SCALE = 0.01
+"""Real seconds per modelled second, for the proxy (its own time adds to the modelled time)."""
 FIRST_TOKEN_S = 1.0
 OUTPUT_TOKENS_PER_S = 50.0
 """A summarizer's modelled speed: a slow model's (a quicker one is prepared for later)."""
@@ -251,8 +257,11 @@ class CostUpstream:
     """Bills each request on the modelled cache; answers summary and memory calls with a text of
     realistic length and agent requests with a short reply."""
 
-    def __init__(self, wire: Wire, cache: PromptCache, ledger: Ledger) -> None:
+    def __init__(
+        self, wire: Wire, cache: PromptCache, ledger: Ledger, time_scale: float = TIME_SCALE
+    ) -> None:
         self.wire, self.cache, self.ledger = wire, cache, ledger
+        self.time_scale = time_scale
         self.clock: dict[str, float] = {}
         """Each conversation's modelled time, set by the replay before each request."""
         self.latest = ""
@@ -269,7 +278,7 @@ class CostUpstream:
         else:
             text = answer_for(purpose, body, self.cache.estimator)
             output = self.cache.estimator.count_text(text)
-            await asyncio.sleep((FIRST_TOKEN_S + output / OUTPUT_TOKENS_PER_S) * TIME_SCALE)
+            await asyncio.sleep((FIRST_TOKEN_S + output / OUTPUT_TOKENS_PER_S) * self.time_scale)
         bill = self.cache.bill(body, output, self.clock.get(conversation, 0.0))
         self.ledger.bills[conversation, purpose].add(bill)
         return web.json_response(self.wire.answer(text, bill.prompt_tokens))
@@ -364,12 +373,13 @@ async def through_proxy(
     window: int,
     compaction: dict[str, Any],
     turn_s: float,
+    time_scale: float = TIME_SCALE,
 ) -> Ledger:
     """Every request through a proxy at `window` with `compaction` settings, one conversation
     after the other, the proxy's background work given time between turns."""
     ledger = Ledger()
     cache = PromptCache(wire, price)
-    upstream = CostUpstream(wire, cache, ledger)
+    upstream = CostUpstream(wire, cache, ledger, time_scale)
     upstream_app = web.Application(client_max_size=64 * 2**20)
     upstream_app.router.add_post(f"/v1/{wire.path}", upstream.handle)
     upstream_runner, upstream_url = await serve_on_loopback(upstream_app)
@@ -398,7 +408,7 @@ async def through_proxy(
                             upstream.clock[session] = clock
                             status = await _send(client, proxy_url, wire, session, turn)
                             ledger.statuses[session].add(status)
-                            await _settle(turn_s * TIME_SCALE)
+                            await _settle(turn_s * time_scale)
                         await _settle(0.2)
         finally:
             await proxy_runner.cleanup()
@@ -562,7 +572,9 @@ async def run(args: argparse.Namespace) -> list[tuple[str, Outcome]]:
     outcomes = []
     for window in windows:
         for options in variants(args.quick, dict(args.set)):
-            proxied = await through_proxy(wire, price, picked, window, options, args.turn_s)
+            proxied = await through_proxy(
+                wire, price, picked, window, options, args.turn_s, args.time_scale
+            )
             title = f"window {window}, " + (
                 ", ".join(f"{k} {v}" for k, v in options.items()) or "defaults"
             )
@@ -583,6 +595,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, nargs="+", default=[8000, 32000])
     parser.add_argument("--per-source", type=int, default=10)
     parser.add_argument("--turn-s", type=float, default=20.0)
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=TIME_SCALE,
+        help="real seconds per modelled second for the proxy (smaller: quicker, less true)",
+    )
     parser.add_argument("--dialect", choices=list(WIRES), default="chat")
     parser.add_argument("--config", help="a config.yaml whose models.prices names `replay`")
     parser.add_argument(

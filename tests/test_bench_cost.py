@@ -69,6 +69,7 @@ async def test_the_quick_run_replays_the_corpus_and_its_figures_add_up(corpus_di
         windows=[8000],
         per_source=1,
         turn_s=20.0,
+        time_scale=0.001,  # quick; the figures asserted here do not depend on the pace
         dialect="chat",
         config=None,
         set=[],
