@@ -265,14 +265,13 @@ def timeline_line(
     """A session's timeline line for one hooked request (AdminRecords.add_request), from what
     the client was told: the exchange's headers, and `said` after a followup's rounds."""
     told = exchange.headers
-    before, after = told.get(_BEFORE), told.get(_AFTER)
     rounds, tokens = (0, 0) if said is None else _recall(said)
     return (
         time.time(),
         route,
         told.get(_STATUS, "none"),
-        None if before is None else _int_or_none(before),
-        None if after is None else _int_or_none(after),
+        _int_or_none(told.get(_BEFORE)),
+        _int_or_none(told.get(_AFTER)),
         len(body),
         len(exchange.body),
         told.get(_COMPACTION),
