@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 
 from compaction.ledger import outcome_of
+from compaction.marker import PREVIEW_MARK, preview_line
 from compaction.messages import Item, Shape
 from compaction.types import Message, Preview, Segments, TokenEstimator
 
@@ -31,9 +32,6 @@ PREVIEW_TAIL_CHARS = 200
 
 MIN_OUTPUT_CHARS = 2000
 """Shorter outputs are left whole: their preview would save too little to be worth a change."""
-
-PREVIEW_MARK = "[tool output cut to a preview by the compaction proxy:"
-"""Opens a preview's last line; an output holding it is a preview already."""
 
 _ERROR = re.compile(
     r"Traceback \(most recent call last\)|\b(?:Error|Exception|FAILED|FAIL:|failed|error:|"
@@ -54,14 +52,8 @@ def preview_text(text: str) -> str:
     start = tail.find("\n")
     if 0 <= start < PREVIEW_TAIL_CHARS // 2:
         tail = tail[start + 1 :]
-    outcome = outcome_of(text)
-    told = "" if outcome == "ok" else f"outcome: {outcome}; "
-    lines = text.count("\n") + 1
-    return (
-        f"{head}\n…\n{tail}\n{PREVIEW_MARK} {told}{len(text)} characters, {lines} lines in "
-        "full; the rest was folded to save context and is archived verbatim (the `recall` tool "
-        "returns it where offered).]"
-    )
+    line = preview_line(outcome_of(text), len(text), text.count("\n") + 1)
+    return f"{head}\n…\n{tail}\n{line}"
 
 
 def is_error_output(text: str) -> bool:
