@@ -35,7 +35,7 @@ from compaction.memory import MemoryWriter, write_items
 from compaction.mentions import MentionCache
 from compaction.messages import CHAT, Shape
 from compaction.offload import Inline, JobMessages, JsonArray, Offload, OffloadLost
-from compaction.plan import should_compact
+from compaction.plan import preview_slack, should_compact
 from compaction.selective import apply_previews
 from compaction.settings import CompactionSettings
 from compaction.stages import (
@@ -200,6 +200,9 @@ class Compactor:
             pinned_budget_tokens=int(window * self.settings.pinned_ratio),
             keep_reading=keep_reading,
             strategy=self.settings.strategy,
+            preview_slack=preview_slack(
+                window, self.settings.target_ratio, self.settings.trigger_ratio
+            ),
         )
 
     def shape_of(self, estimator: TokenEstimator) -> Shape:

@@ -43,6 +43,26 @@ def target_tokens(window: int, target_ratio: float, max_output_tokens: int | Non
     return max(target, 0)
 
 
+PREVIEW_REACH = 0.5
+"""Previews alone make room enough (strategy hybrid) when the request after them is at most this
+share of the way from the target up to the trigger: half the growth a summary would leave
+before the next compaction, without a summarizer call. Less is not worth a cache break."""
+
+
+def preview_slack(window: int, target_ratio: float, trigger_ratio: float) -> int:
+    """How far above the target previews alone may leave a request (see PREVIEW_REACH)."""
+    return max(0, int(PREVIEW_REACH * (trigger_ratio - target_ratio) * window))
+
+
+def preview_target(target: int, slack: int, window: int, max_output_tokens: int | None) -> int:
+    """The prompt size previews alone must reach: `slack` above the target, and as far below
+    the output's limit (the window minus `max_output_tokens`), never below the target."""
+    reach = target + slack
+    if max_output_tokens is not None:
+        reach = min(reach, window - max_output_tokens - slack)
+    return max(reach, target)
+
+
 @dataclass(frozen=True)
 class _Budget:
     """What the compacted request costs besides the kept messages."""

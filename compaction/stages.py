@@ -32,7 +32,7 @@ from compaction.mentions import MentionCache, scan_prose
 from compaction.messages import Item, Shape, read_items
 from compaction.offload import JobMessages
 from compaction.pinned import Pinned
-from compaction.plan import plan_compaction
+from compaction.plan import plan_compaction, preview_target
 from compaction.sections import Body
 from compaction.segment import split
 from compaction.selective import choose_previews
@@ -89,6 +89,9 @@ class PlanJob:
     """Return the Items read and the tokens counted, for the run that follows (in process
     only: sent back from another process they would cost more than reading them again)."""
     strategy: Strategy = "summary"
+    preview_slack: int = 0
+    """How far above the plan's target previews alone may leave the request
+    (plan.preview_slack)."""
 
 
 class Reading(NamedTuple):
@@ -155,8 +158,10 @@ def _select(
     counts: Sequence[int],
     segments: Segments,
 ) -> Plan:
-    """The selective plan when previews alone reach the plan's target; else `plan` (the
-    summary; for `strategy: selective`, built without a model call)."""
+    """The selective plan when previews alone bring the request near enough the plan's target
+    (plan.preview_target); else `plan` (the summary; for `strategy: selective`, built without a
+    model call)."""
+    reach = preview_target(plan.target_tokens, job.preview_slack, job.window, job.max_output_tokens)
     previews, after = choose_previews(
         messages,
         items,
@@ -166,7 +171,7 @@ def _select(
         estimator=job.estimator,
         target=plan.target_tokens,
     )
-    if previews and after <= plan.target_tokens:
+    if previews and after <= reach:
         return replace(
             plan, keep_from=plan.head_end, pinned=(), quoted=(), note="", fits=True,
             previews=previews,

@@ -19,6 +19,8 @@ from compaction.plan import (
     _pins,
     _tokens,
     plan_compaction,
+    preview_slack,
+    preview_target,
     should_compact,
     target_tokens,
 )
@@ -79,6 +81,16 @@ def test_target_leaves_room_for_the_requested_output() -> None:
     assert target_tokens(100_000, 0.6, 10_000) == 60_000
     assert target_tokens(100_000, 0.6, 50_000) == 50_000
     assert target_tokens(100, 0.6, 500) == 0
+
+
+def test_previews_alone_must_reach_halfway_from_the_target_to_the_trigger() -> None:
+    slack = preview_slack(100_000, 0.45, 0.85)
+    assert slack == 20_000
+    assert preview_target(45_000, slack, 100_000, None) == 65_000
+    # As far below the output's limit as above the target; never below the target itself.
+    assert preview_target(45_000, slack, 100_000, 30_000) == 50_000
+    assert preview_target(45_000, slack, 100_000, 50_000) == 45_000
+    assert preview_slack(100_000, 0.9, 0.85) == 0
 
 
 # ---------------------------------------------------------------- kept rounds

@@ -127,6 +127,27 @@ async def test_hybrid_summarizes_when_previews_are_not_enough() -> None:
     assert result.model_calls == 2 and len(llm.calls) == 2
 
 
+@pytest.mark.parametrize(("blocks", "enough"), [(8, True), (6, False)])
+async def test_hybrid_takes_previews_that_reach_halfway_from_the_target_to_the_trigger(
+    blocks: int, enough: bool
+) -> None:
+    # At the default ratios (target 0.45, trigger 0.85) previews alone are enough when they
+    # bring the request to 0.65 of the window: eight blocks leave three long outputs to
+    # reduce, six only one.
+    messages = listing_conversation(blocks=blocks)
+    estimator = HeuristicEstimator()
+    window = int(sum(map(estimator.count_message, messages)) / 0.9)
+    llm = ScriptedLLM()
+    compaction = await Compactor(settings=CompactionSettings()).prepare(messages, window=window)
+    result = await compaction.run(llm=llm, session_id=None)
+    if enough:
+        assert result.path == "selective" and llm.calls == []
+        assert compaction.plan.target_tokens < result.tokens_after <= 0.65 * window
+    else:
+        assert result.path == "llm" and len(llm.calls) == result.model_calls > 0
+        assert result.tokens_after <= compaction.plan.target_tokens
+
+
 async def test_selective_alone_never_calls_the_model() -> None:
     messages = f.simple_conversation(60)
     llm = ScriptedLLM()
