@@ -17,7 +17,8 @@ Paths, in order of preference:
 - "dropped": not even the extractive summary fits its budget; a one-line note says how many
   messages were left out.
 - "selective": the plan reduced old tool outputs to previews (compaction.selective, chosen when
-  planning with `strategy` selective or hybrid), which reach the target without a summary.
+  planning with `strategy` selective or hybrid), which make room enough without a summary
+  (plan.preview_target).
 - "unchanged": nothing to fold, no gain, a failed check, or an internal error; the input as is.
 """
 

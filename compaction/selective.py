@@ -4,7 +4,8 @@ When a request reaches the trigger, the outputs of tool calls older than the rec
 cut to their head, their size and one line saying the whole was folded and is archived (the proxy
 keeps folded originals verbatim; its `recall` tool returns them). Which ones, in order: successful
 outputs before errors and failed tests (an agent reads those again), then the largest first, then
-the oldest; until the request reaches the target. Nothing else changes: the calls and their ids
+the oldest; until the request reaches the target, or none is left (whether that makes room
+enough is plan.preview_target's to say). Nothing else changes: the calls and their ids
 (pairing, in every dialect), the assistant's turns with their reasoning blocks, the user's own
 text, the head, and the last `RECENT_TOOL_BLOCKS` tool blocks stay as sent. A preview is a new
 message (the caller's is never edited); a preview is never reduced again.
