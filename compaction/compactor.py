@@ -18,7 +18,7 @@ Paths, in order of preference:
   messages were left out.
 - "selective": the plan reduced old tool outputs to previews (compaction.selective, chosen when
   planning with `strategy` selective or hybrid), which make room enough without a summary
-  (plan.preview_target).
+  (plan.preview_slack).
 - "unchanged": nothing to fold, no gain, a failed check, or an internal error; the input as is.
 """
 
@@ -202,7 +202,7 @@ class Compactor:
             keep_reading=keep_reading,
             strategy=self.settings.strategy,
             preview_slack=preview_slack(
-                window, self.settings.target_ratio, self.settings.trigger_ratio
+                window, self.settings.target_ratio, self.settings.trigger_ratio, max_output_tokens
             ),
         )
 
@@ -330,7 +330,7 @@ class Compaction:
             verification=None,
             tokens_before=plan.tokens_before,
             tokens_after=tokens_after,
-            fits=tokens_after <= plan.target_tokens,
+            fits=plan.fits,  # previews that make room enough (plan.preview_slack), not the target
             compaction_id=attempt.compaction_id,
             duration_s=self.compactor.clock() - attempt.started,
             errors=tuple(attempt.errors),

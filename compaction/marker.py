@@ -28,8 +28,9 @@ keep as a message); a later compaction looks for it to know the task lives in th
 PREVIEW_MARK = "[tool output cut to a preview by the compaction proxy:"
 """Opens a preview's last line; an output holding it is a preview already."""
 
-_PREVIEW_OUTCOME = re.compile(
-    re.escape(PREVIEW_MARK) + r" outcome: (.*); \d+ characters, \d+ lines in full;", re.DOTALL
+_PREVIEW_LINE = re.compile(
+    re.escape(PREVIEW_MARK)
+    + r" (?:outcome: ([^\n]*); )?\d+ characters, \d+ lines in full; the rest was folded"
 )
 
 
@@ -44,11 +45,21 @@ def preview_line(outcome: str, characters: int, lines: int) -> str:
     )
 
 
+def _last_line(text: str) -> str:
+    stripped = text.rstrip()
+    return stripped[stripped.rfind("\n") + 1 :]
+
+
+def is_preview_text(text: str) -> bool:
+    """True for a preview: its last line is a preview's line (an output that merely quotes the
+    mark, as a search through this library's code would, is none)."""
+    return PREVIEW_MARK in text and _PREVIEW_LINE.match(_last_line(text)) is not None
+
+
 def told_outcome(text: str) -> str | None:
-    """The outcome a preview tells of its whole output ("ok" when it tells none); None for a
-    text that is not a preview."""
-    at = text.rfind(PREVIEW_MARK)
-    if at < 0:
+    """The outcome a preview tells of its whole output ("ok" when it tells none; of a turn of
+    several previews, all they tell); None for a text that is not a preview."""
+    if not is_preview_text(text):
         return None
-    found = _PREVIEW_OUTCOME.match(text, at)
-    return found.group(1) if found else "ok"
+    told = [found[1] for found in _PREVIEW_LINE.finditer(text) if found[1]]
+    return "; ".join(dict.fromkeys(told)) or "ok"

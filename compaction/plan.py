@@ -49,18 +49,17 @@ share of the way from the target up to the trigger: half the growth a summary wo
 before the next compaction, without a summarizer call. Less is not worth a cache break."""
 
 
-def preview_slack(window: int, target_ratio: float, trigger_ratio: float) -> int:
-    """How far above the target previews alone may leave a request (see PREVIEW_REACH)."""
-    return max(0, int(PREVIEW_REACH * (trigger_ratio - target_ratio) * window))
-
-
-def preview_target(target: int, slack: int, window: int, max_output_tokens: int | None) -> int:
-    """The prompt size previews alone must reach: `slack` above the target, and as far below
-    the output's limit (the window minus `max_output_tokens`), never below the target."""
-    reach = target + slack
+def preview_slack(
+    window: int, target_ratio: float, trigger_ratio: float, max_output_tokens: int | None
+) -> int:
+    """How far above its target previews alone may leave a request (see PREVIEW_REACH): that
+    share of the room between the target and the trigger, whichever rule of should_compact
+    fires first (a large `max_tokens` brings the trigger closer)."""
+    trigger = trigger_ratio * window
     if max_output_tokens is not None:
-        reach = min(reach, window - max_output_tokens - slack)
-    return max(reach, target)
+        trigger = min(trigger, window - max_output_tokens)
+    room = trigger - target_tokens(window, target_ratio, max_output_tokens)
+    return max(0, round(PREVIEW_REACH * room))
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from compaction.mentions import MentionCache, scan_prose
 from compaction.messages import Item, Shape, read_items
 from compaction.offload import JobMessages
 from compaction.pinned import Pinned
-from compaction.plan import plan_compaction, preview_target
+from compaction.plan import plan_compaction
 from compaction.sections import Body
 from compaction.segment import split
 from compaction.selective import choose_previews
@@ -90,8 +90,8 @@ class PlanJob:
     only: sent back from another process they would cost more than reading them again)."""
     strategy: Strategy = "summary"
     preview_slack: int = 0
-    """How far above the plan's target previews alone may leave the request
-    (plan.preview_slack)."""
+    """How far above the plan's target previews alone may leave the request (plan.preview_slack;
+    0: they must reach the target)."""
 
 
 class Reading(NamedTuple):
@@ -159,9 +159,10 @@ def _select(
     segments: Segments,
 ) -> Plan:
     """The selective plan when previews alone bring the request near enough the plan's target
-    (plan.preview_target); else `plan` (the summary; for `strategy: selective`, built without a
-    model call)."""
-    reach = preview_target(plan.target_tokens, job.preview_slack, job.window, job.max_output_tokens)
+    (`job.preview_slack` above it: plan.preview_slack); else `plan` (the summary; for
+    `strategy: selective`, built without a model call). The target is the plan's own (lower
+    for a compaction prepared ahead), so the slack keeps the same room to the trigger."""
+    reach = plan.target_tokens + job.preview_slack
     previews, after = choose_previews(
         messages,
         items,

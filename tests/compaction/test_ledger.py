@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from compaction import HeuristicEstimator, MemoryItem, read_items
 from compaction.ledger import Ledger, _chunks, build_ledger, is_overflow_item, overflow_items
-from compaction.marker import told_outcome
+from compaction.marker import PREVIEW_MARK, told_outcome
 from compaction.messages import Item, ToolCall
 from compaction.sections import read_body, render_sections, render_task
 from compaction.selective import preview_text
@@ -167,6 +167,19 @@ def test_a_preview_folded_later_keeps_the_outcome_of_its_whole_output() -> None:
     )
     listing = "src/app.py\n" * 400
     assert told_outcome(preview_text(listing)) == "ok"
+    # A turn of several previews (Anthropic tool_result blocks) tells what each of them told.
+    assert told_outcome(preview_text(listing) + "\n" + preview) == "exit 1; 2 failed in 0.04s"
+
+
+def test_an_output_that_only_quotes_the_preview_mark_keeps_its_own_outcome() -> None:
+    # A search through this library's code prints the mark: that output is no preview.
+    found = (
+        "<returncode>1</returncode>\n<output>\n"
+        f'compaction/marker.py:42:PREVIEW_MARK = "{PREVIEW_MARK}"\n'
+        "ValueError: boom\n</output>"
+    )
+    assert told_outcome(found) is None
+    assert _ledger([user(found)]).trail == ("(an earlier call) → exit 1; ValueError: boom",)
 
 
 def test_a_failed_command_keeps_the_last_line_it_printed() -> None:

@@ -20,7 +20,6 @@ from compaction.plan import (
     _tokens,
     plan_compaction,
     preview_slack,
-    preview_target,
     should_compact,
     target_tokens,
 )
@@ -84,13 +83,14 @@ def test_target_leaves_room_for_the_requested_output() -> None:
 
 
 def test_previews_alone_must_reach_halfway_from_the_target_to_the_trigger() -> None:
-    slack = preview_slack(100_000, 0.45, 0.85)
-    assert slack == 20_000
-    assert preview_target(45_000, slack, 100_000, None) == 65_000
-    # As far below the output's limit as above the target; never below the target itself.
-    assert preview_target(45_000, slack, 100_000, 30_000) == 50_000
-    assert preview_target(45_000, slack, 100_000, 50_000) == 45_000
-    assert preview_slack(100_000, 0.9, 0.85) == 0
+    assert preview_slack(100_000, 0.45, 0.85, None) == 20_000  # 45k + 20k: 0.65 of the window
+    # A large max_tokens brings the trigger closer (68k), and with it the halfway point (56.5k).
+    assert preview_slack(100_000, 0.45, 0.85, 32_000) == 11_500
+    assert preview_slack(100_000, 0.45, 0.85, 50_000) == 2_500  # trigger 50k, target 45k
+    # Or sets the target itself: no room between the two, previews must reach the target.
+    assert preview_slack(100_000, 0.45, 0.85, 60_000) == 0
+    assert preview_slack(100_000, 0.9, 0.85, None) == 0
+    assert preview_slack(8_000, 0.45, 0.85, None) == 1_600
 
 
 # ---------------------------------------------------------------- kept rounds

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from compaction.selective import PREVIEW_MARK
+from compaction.marker import PREVIEW_MARK
 from proxy.http import keys
 from tests import factories as f
 from tests.fakes.script import Script
