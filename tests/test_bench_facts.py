@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 from bench.facts import KINDS, facts_of, is_request
-from bench.retention import Tally, _measure
+from bench.forwarding import Forwarder
+from bench.retention import Tally, _measure, replay, request_ends
+from tests import factories as f
 
 TRACEBACK = """<returncode>1</returncode>
 <output>
@@ -102,3 +104,18 @@ def test_retention_counts_every_fact_shown_and_loses_only_folded_ones_out_of_sig
     assert (tally.kept["paths"], tally.total["paths"]) == (2, 2)
     assert (tally.kept["commands"], tally.total["commands"]) == (1, 2)  # `cat src/parse.py` lost
     assert (tally.kept["requests"], tally.total["requests"]) == (0, 1)
+
+
+async def test_a_replay_counts_what_was_shown_at_every_request_from_the_first_compaction() -> None:
+    messages = f.simple_conversation(40, words=60)
+    tally = await replay({"id": "c", "messages": messages}, 2_000, lossy=False, strategy="summary")
+    ends = request_ends(messages)
+    assert tally.compactions >= 2 and tally.requests == len(ends)
+    forwarder = Forwarder(messages, seed=b"retention", window=2_000, llm=None, strategy="summary")
+    sent = [await forwarder.forward(end) for end in ends]
+    first = next(i for i, s in enumerate(sent) if s.result is not None)
+    # The requests shown so far, at each request from the first compaction on: all of them,
+    # not only the folded ones.
+    shown = [sum(map(is_request, messages[:end])) for end in ends[first:]]
+    assert tally.total["requests"] == sum(shown) > 0
+    assert tally.kept["requests"] == tally.total["requests"]  # the summary lists every request
