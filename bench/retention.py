@@ -6,9 +6,13 @@ view reaches the trigger it is compacted once more (an extension when a checkpoi
 and the new checkpoint is stored. Two summarizers: none (the code-built fallback) and a lossy
 scripted model that answers generic prose and an empty memory list.
 
-Printed per source, window and summarizer (facts as bench/facts.py defines them, counted over
-everything folded so far at each compaction):
-- retention of paths, commands, errors, ids and user requests in forwarded request ∪ memory;
+Printed per source, window and summarizer (facts as bench/facts.py defines them):
+- retention of paths, commands, errors, ids and user requests: of the facts the conversation has
+  shown so far, the share still in the forwarded request ∪ memory, at every request from the
+  conversation's first compaction on. Per request, so that a fact is weighed by how long the
+  agent lacks it, not by how many compactions happened meanwhile; over every fact shown, not
+  only those folded, so that a strategy folding less never reads as keeping less (a share of the
+  folded facts falls when fewer are folded and the same few are lost);
 - task: share of compacted requests whose forwarded list still holds the first user request;
 - post: median size of the request just after a compaction, as a share of the window;
 - comp/conv, and conversations that compacted on most (over half) of their requests;
@@ -112,13 +116,18 @@ def request_ends(messages: list[Any]) -> list[int]:
     ]
 
 
-def _measure_folded(facts: list[Facts], folded: list[int], haystack: str, tally: Tally) -> None:
+def _measure(
+    facts: list[Facts], shown: dict[str, set[str]], folded: list[int], haystack: str, tally: Tally
+) -> None:
+    """Count the facts `shown` so far, and those of them the agent still has: all but the
+    folded ones missing from `haystack` (a kept message is in it whole)."""
     for kind in KINDS:
         wanted: set[str] = set()
         for i in folded:
             wanted |= facts[i].by_kind[kind]
-        tally.total[kind] += len(wanted)
-        tally.kept[kind] += sum(1 for fact in wanted if flatten(fact) in haystack)
+        lost = sum(1 for fact in wanted if flatten(fact) not in haystack)
+        tally.total[kind] += len(shown[kind])
+        tally.kept[kind] += len(shown[kind]) - lost
 
 
 async def replay(
@@ -135,11 +144,17 @@ async def replay(
     task_index = next((i for i, m in enumerate(messages) if is_request(m)), None)
     words = task_words(messages[task_index]) if task_index is not None else set()
     memory: list[str] = []
+    shown: dict[str, set[str]] = {kind: set() for kind in KINDS}
     ends = request_ends(messages)
     applied = 0
     last_summary = ""
+    start = 0
     for end in ends:
         prefix = messages[:end]
+        for message_facts in facts[start:end]:
+            for kind in KINDS:
+                shown[kind] |= message_facts.by_kind[kind]
+        start = end
         sent = await forwarder.forward(end)
         forwarded, result = sent.messages, sent.result
         if result is not None:
@@ -150,10 +165,11 @@ async def replay(
             tally.previewed += result.path == "selective"
             tally.post_ratios.append(result.tokens_after / window)
             last_summary = result.summary_text
+        if applied:
             kept_ids = {id(m) for m in forwarded}
             folded = [i for i in range(end) if id(prefix[i]) not in kept_ids]
             haystack = visible_text(forwarded) + "\n" + flatten("\n".join(memory))
-            _measure_folded(facts, folded, haystack, tally)
+            _measure(facts, shown, folded, haystack, tally)
         tally.requests += 1
         tally.invalid += not pairing_is_valid(forwarded)
         if sent.changed:

@@ -41,7 +41,7 @@ from compaction.compactor import Compaction, Compactor
 from compaction.engine import CompactionEngine
 from compaction.extract import extract_items_heuristically, parse_memory_reply
 from compaction.ledger import Ledger, build_ledger
-from compaction.marker import SUMMARY_MARKER
+from compaction.marker import PREVIEW_MARK, SUMMARY_MARKER
 from compaction.memory import InvalidSessionId, ItemClaims, MemoryWriter, is_valid_session_id
 from compaction.mentions import MentionCache
 from compaction.messages import (
@@ -62,7 +62,6 @@ from compaction.messages import (
     strip_injected,
 )
 from compaction.offload import Inline, JsonArray, Offload, OffloadLost
-from compaction.selective import PREVIEW_MARK
 from compaction.settings import CompactionSettings, Strategy
 from compaction.stages import worker_mentions
 from compaction.summarize import is_substantive, recall_note, summary_message, summary_text

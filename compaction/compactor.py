@@ -17,7 +17,8 @@ Paths, in order of preference:
 - "dropped": not even the extractive summary fits its budget; a one-line note says how many
   messages were left out.
 - "selective": the plan reduced old tool outputs to previews (compaction.selective, chosen when
-  planning with `strategy` selective or hybrid), which reach the target without a summary.
+  planning with `strategy` selective or hybrid), which make room enough without a summary
+  (plan.preview_slack).
 - "unchanged": nothing to fold, no gain, a failed check, or an internal error; the input as is.
 """
 
@@ -35,7 +36,7 @@ from compaction.memory import MemoryWriter, write_items
 from compaction.mentions import MentionCache
 from compaction.messages import CHAT, Shape
 from compaction.offload import Inline, JobMessages, JsonArray, Offload, OffloadLost
-from compaction.plan import should_compact
+from compaction.plan import preview_slack, should_compact
 from compaction.selective import apply_previews
 from compaction.settings import CompactionSettings
 from compaction.stages import (
@@ -200,6 +201,9 @@ class Compactor:
             pinned_budget_tokens=int(window * self.settings.pinned_ratio),
             keep_reading=keep_reading,
             strategy=self.settings.strategy,
+            preview_slack=preview_slack(
+                window, self.settings.target_ratio, self.settings.trigger_ratio, max_output_tokens
+            ),
         )
 
     def shape_of(self, estimator: TokenEstimator) -> Shape:
@@ -326,7 +330,7 @@ class Compaction:
             verification=None,
             tokens_before=plan.tokens_before,
             tokens_after=tokens_after,
-            fits=tokens_after <= plan.target_tokens,
+            fits=plan.fits,  # previews that make room enough (plan.preview_slack), not the target
             compaction_id=attempt.compaction_id,
             duration_s=self.compactor.clock() - attempt.started,
             errors=tuple(attempt.errors),

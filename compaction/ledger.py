@@ -17,6 +17,7 @@ from itertools import accumulate, chain, filterfalse, islice
 from operator import itemgetter
 
 from compaction.instructions import Instruction, find_instructions
+from compaction.marker import told_outcome
 from compaction.mentions import Mentions, find_paths_each, scan_prose
 from compaction.messages import Item, ToolCall
 from compaction.scan import (
@@ -117,7 +118,9 @@ class _Trail:
             self._call("", "(an earlier call)")
             index = len(self.calls) - 1
             del self.pending[""]
-        self.outcomes[index] = outcome_of(text)
+        # A preview's own lines would read as a different outcome (its last line is the mark).
+        told = told_outcome(text)
+        self.outcomes[index] = outcome_of(text) if told is None else told
 
     def entries(self) -> tuple[str, ...]:
         trail = (f"{c} → {o}" if o else c for c, o in zip(self.calls, self.outcomes, strict=True))

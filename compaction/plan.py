@@ -43,6 +43,25 @@ def target_tokens(window: int, target_ratio: float, max_output_tokens: int | Non
     return max(target, 0)
 
 
+PREVIEW_REACH = 0.5
+"""Previews alone make room enough (strategy hybrid) when the request after them is at most this
+share of the way from the target up to the trigger: half the growth a summary would leave
+before the next compaction, without a summarizer call. Less is not worth a cache break."""
+
+
+def preview_slack(
+    window: int, target_ratio: float, trigger_ratio: float, max_output_tokens: int | None
+) -> int:
+    """How far above its target previews alone may leave a request (see PREVIEW_REACH): that
+    share of the room between the target and the trigger, whichever rule of should_compact
+    fires first (a large `max_tokens` brings the trigger closer)."""
+    trigger = trigger_ratio * window
+    if max_output_tokens is not None:
+        trigger = min(trigger, window - max_output_tokens)
+    room = trigger - target_tokens(window, target_ratio, max_output_tokens)
+    return max(0, round(PREVIEW_REACH * room))
+
+
 @dataclass(frozen=True)
 class _Budget:
     """What the compacted request costs besides the kept messages."""

@@ -4,7 +4,8 @@ When a request reaches the trigger, the outputs of tool calls older than the rec
 cut to their head, their size and one line saying the whole was folded and is archived (the proxy
 keeps folded originals verbatim; its `recall` tool returns them). Which ones, in order: successful
 outputs before errors and failed tests (an agent reads those again), then the largest first, then
-the oldest; until the request reaches the target. Nothing else changes: the calls and their ids
+the oldest; until the request reaches the target, or none is left (whether that makes room
+enough is for plan.preview_slack to say). Nothing else changes: the calls and their ids
 (pairing, in every dialect), the assistant's turns with their reasoning blocks, the user's own
 text, the head, and the last `RECENT_TOOL_BLOCKS` tool blocks stay as sent. A preview is a new
 message (the caller's is never edited); a preview is never reduced again.
@@ -16,6 +17,7 @@ import re
 from collections.abc import Sequence
 
 from compaction.ledger import outcome_of
+from compaction.marker import is_preview_text, preview_line
 from compaction.messages import Item, Shape
 from compaction.types import Message, Preview, Segments, TokenEstimator
 
@@ -32,9 +34,6 @@ PREVIEW_TAIL_CHARS = 200
 MIN_OUTPUT_CHARS = 2000
 """Shorter outputs are left whole: their preview would save too little to be worth a change."""
 
-PREVIEW_MARK = "[tool output cut to a preview by the compaction proxy:"
-"""Opens a preview's last line; an output holding it is a preview already."""
-
 _ERROR = re.compile(
     r"Traceback \(most recent call last\)|\b(?:Error|Exception|FAILED|FAIL:|failed|error:|"
     r"fatal:|panic:|Segmentation fault|exit code [1-9]|returncode>[1-9])",
@@ -45,7 +44,10 @@ _ERROR = re.compile(
 def preview_text(text: str) -> str:
     """`text` cut to its head and tail (at line ends where near), with what a summary's ledger
     keeps of it (exit status, error, failed tests, ids: `ledger.outcome_of`), its size, and the
-    line that says where the rest went."""
+    line that says where the rest went. A text under MIN_OUTPUT_CHARS comes back whole (a short
+    result beside a long one in an Anthropic turn: its preview would be longer than itself)."""
+    if len(text) < MIN_OUTPUT_CHARS:
+        return text
     head = text[:PREVIEW_HEAD_CHARS]
     end = head.rfind("\n")
     if end > PREVIEW_HEAD_CHARS // 2:
@@ -54,14 +56,8 @@ def preview_text(text: str) -> str:
     start = tail.find("\n")
     if 0 <= start < PREVIEW_TAIL_CHARS // 2:
         tail = tail[start + 1 :]
-    outcome = outcome_of(text)
-    told = "" if outcome == "ok" else f"outcome: {outcome}; "
-    lines = text.count("\n") + 1
-    return (
-        f"{head}\n…\n{tail}\n{PREVIEW_MARK} {told}{len(text)} characters, {lines} lines in "
-        "full; the rest was folded to save context and is archived verbatim (the `recall` tool "
-        "returns it where offered).]"
-    )
+    line = preview_line(outcome_of(text), len(text), text.count("\n") + 1)
+    return f"{head}\n…\n{tail}\n{line}"
 
 
 def is_error_output(text: str) -> bool:
@@ -82,7 +78,7 @@ def candidates(
             item = items[index]
             if item.kind != "tool" and not item.observation:
                 continue
-            if len(item.text) >= MIN_OUTPUT_CHARS and PREVIEW_MARK not in item.text:
+            if len(item.text) >= MIN_OUTPUT_CHARS and not is_preview_text(item.text):
                 found.append(index)
     return found
 

@@ -48,7 +48,7 @@ PINNED_RATIO = 0.10
 Strategy = Literal["summary", "selective", "hybrid"]
 """How a compaction makes room: `summary` folds old turns into a summary message; `selective`
 reduces old tool outputs to previews (compaction.selective), no model call; `hybrid` reduces
-first and summarizes only when the previews alone do not reach the target."""
+first and summarizes only when the previews alone are not enough (plan.preview_slack)."""
 
 STRATEGY: Strategy = "hybrid"
 

@@ -89,6 +89,9 @@ class PlanJob:
     """Return the Items read and the tokens counted, for the run that follows (in process
     only: sent back from another process they would cost more than reading them again)."""
     strategy: Strategy = "summary"
+    preview_slack: int = 0
+    """How far above the plan's target previews alone may leave the request (plan.preview_slack;
+    0: they must reach the target)."""
 
 
 class Reading(NamedTuple):
@@ -155,8 +158,11 @@ def _select(
     counts: Sequence[int],
     segments: Segments,
 ) -> Plan:
-    """The selective plan when previews alone reach the plan's target; else `plan` (the
-    summary; for `strategy: selective`, built without a model call)."""
+    """The selective plan when previews alone bring the request near enough the plan's target
+    (`job.preview_slack` above it: plan.preview_slack); else `plan` (the summary; for
+    `strategy: selective`, built without a model call). The target is the plan's own (lower
+    for a compaction prepared ahead), so the slack keeps the same room to the trigger."""
+    reach = plan.target_tokens + job.preview_slack
     previews, after = choose_previews(
         messages,
         items,
@@ -166,7 +172,7 @@ def _select(
         estimator=job.estimator,
         target=plan.target_tokens,
     )
-    if previews and after <= plan.target_tokens:
+    if previews and after <= reach:
         return replace(
             plan, keep_from=plan.head_end, pinned=(), quoted=(), note="", fits=True,
             previews=previews,

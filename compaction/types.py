@@ -190,7 +190,7 @@ class Plan:
     in order, and nothing is folded (`keep_from == head_end`)."""
     summarize: bool = True
     """False: the summary is built by code, without a model call (`strategy: selective`, when
-    the previews alone do not reach the target)."""
+    the previews alone are not enough: plan.preview_slack)."""
 
     @cached_property
     def folded(self) -> tuple[int, ...]:

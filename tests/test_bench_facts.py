@@ -1,10 +1,14 @@
-"""The retention benchmark's own fact extractors (bench/facts.py) on small hand-made messages."""
+"""The retention benchmark's own fact extractors (bench/facts.py) and its count
+(bench/retention.py) on small hand-made messages."""
 
 from __future__ import annotations
 
 import json
 
-from bench.facts import facts_of, is_request
+from bench.facts import KINDS, facts_of, is_request
+from bench.forwarding import Forwarder
+from bench.retention import Tally, _measure, replay, request_ends
+from tests import factories as f
 
 TRACEBACK = """<returncode>1</returncode>
 <output>
@@ -82,3 +86,36 @@ def test_harness_messages_are_not_requests() -> None:
     task = {"role": "user", "content": "<pr_description>\nFix the parser.\n</pr_description>"}
     assert not is_request(observation) and not is_request(reminder)
     assert is_request(task)
+
+
+def test_retention_counts_every_fact_shown_and_loses_only_folded_ones_out_of_sight() -> None:
+    messages = [
+        {"role": "user", "content": "Fix the parser in src/parse.py please"},
+        {"role": "assistant", "content": "```bash\ncat src/parse.py\n```"},
+        {"role": "user", "content": "<returncode>0</returncode>\n<output>ok</output>"},
+        {"role": "assistant", "content": "```bash\nsed -n 1,5p lib/lexer.py\n```"},
+    ]
+    facts = [facts_of(m) for m in messages]
+    shown = {kind: set().union(*(f.by_kind[kind] for f in facts)) for kind in KINDS}
+    assert shown["paths"] == {"src/parse.py", "lib/lexer.py"}
+    tally = Tally()
+    # The first three were folded; the summary kept src/parse.py, and the fourth is in view.
+    _measure(facts, shown, [0, 1, 2], "summary: src/parse.py ... sed -n 1,5p lib/lexer.py", tally)
+    assert (tally.kept["paths"], tally.total["paths"]) == (2, 2)
+    assert (tally.kept["commands"], tally.total["commands"]) == (1, 2)  # `cat src/parse.py` lost
+    assert (tally.kept["requests"], tally.total["requests"]) == (0, 1)
+
+
+async def test_a_replay_counts_what_was_shown_at_every_request_from_the_first_compaction() -> None:
+    messages = f.simple_conversation(40, words=60)
+    tally = await replay({"id": "c", "messages": messages}, 2_000, lossy=False, strategy="summary")
+    ends = request_ends(messages)
+    assert tally.compactions >= 2 and tally.requests == len(ends)
+    forwarder = Forwarder(messages, seed=b"retention", window=2_000, llm=None, strategy="summary")
+    sent = [await forwarder.forward(end) for end in ends]
+    first = next(i for i, s in enumerate(sent) if s.result is not None)
+    # The requests shown so far, at each request from the first compaction on: all of them,
+    # not only the folded ones.
+    shown = [sum(map(is_request, messages[:end])) for end in ends[first:]]
+    assert tally.total["requests"] == sum(shown) > 0
+    assert tally.kept["requests"] == tally.total["requests"]  # the summary lists every request

@@ -125,11 +125,15 @@ class AnthropicShape:
             return {**raw, "content": reduce(content)} if self.read(raw).observation else None
         if not isinstance(content, list) or not any(_is_result(b) for b in content):
             return None
-        blocks = [
-            {**b, "content": reduce(blocks_text(b.get("content")))} if _is_result(b) else b
-            for b in content
-        ]
-        return {**raw, "content": blocks}
+        return {**raw, "content": [_reduced(b, reduce) if _is_result(b) else b for b in content]}
+
+
+def _reduced(block: dict[str, Any], reduce: Callable[[str], str]) -> dict[str, Any]:
+    """A `tool_result` block with its content reduced; the block itself when `reduce` leaves
+    its text as it was."""
+    text = blocks_text(block.get("content"))
+    reduced = reduce(text)
+    return block if reduced == text else {**block, "content": reduced}
 
 
 ANTHROPIC: Shape = AnthropicShape()

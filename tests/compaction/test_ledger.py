@@ -9,8 +9,10 @@ from hypothesis import strategies as st
 
 from compaction import HeuristicEstimator, MemoryItem, read_items
 from compaction.ledger import Ledger, _chunks, build_ledger, is_overflow_item, overflow_items
+from compaction.marker import PREVIEW_MARK, told_outcome
 from compaction.messages import Item, ToolCall
 from compaction.sections import read_body, render_sections, render_task
+from compaction.selective import preview_text
 from tests.factories import assistant, assistant_calls, tool_call, tool_result, user
 
 ESTIMATOR = HeuristicEstimator()
@@ -145,6 +147,39 @@ def test_values_with_commas_in_their_context_read_back_whole() -> None:
     assert ledger.values
     rendered = render_sections(ledger, (), estimator=ESTIMATOR, max_tokens=500)
     assert read_body(f"lead\n\n{rendered.text}").ledger.values == ledger.values
+
+
+def test_a_preview_folded_later_keeps_the_outcome_of_its_whole_output() -> None:
+    # The preview's own last line is its mark: read as an output it would say "ok" and lose
+    # the last line the command printed.
+    whole = (
+        "<returncode>1</returncode>\n<output>\n"
+        + "collected 2 items\n" * 200
+        + "=== 2 failed in 0.04s ===\n</output>"
+    )
+    assert told_outcome(whole) is None
+    preview = preview_text(whole)
+    assert told_outcome(preview) == "exit 1; 2 failed in 0.04s"
+    assert (
+        _ledger([user(whole)]).trail
+        == _ledger([user(preview)]).trail
+        == ("(an earlier call) → exit 1; 2 failed in 0.04s",)
+    )
+    listing = "src/app.py\n" * 400
+    assert told_outcome(preview_text(listing)) == "ok"
+    # A turn of several previews (Anthropic tool_result blocks) tells what each of them told.
+    assert told_outcome(preview_text(listing) + "\n" + preview) == "exit 1; 2 failed in 0.04s"
+
+
+def test_an_output_that_only_quotes_the_preview_mark_keeps_its_own_outcome() -> None:
+    # A search through this library's code prints the mark: that output is no preview.
+    found = (
+        "<returncode>1</returncode>\n<output>\n"
+        f'compaction/marker.py:42:PREVIEW_MARK = "{PREVIEW_MARK}"\n'
+        "ValueError: boom\n</output>"
+    )
+    assert told_outcome(found) is None
+    assert _ledger([user(found)]).trail == ("(an earlier call) → exit 1; ValueError: boom",)
 
 
 def test_a_failed_command_keeps_the_last_line_it_printed() -> None:

@@ -19,6 +19,7 @@ from compaction.plan import (
     _pins,
     _tokens,
     plan_compaction,
+    preview_slack,
     should_compact,
     target_tokens,
 )
@@ -79,6 +80,17 @@ def test_target_leaves_room_for_the_requested_output() -> None:
     assert target_tokens(100_000, 0.6, 10_000) == 60_000
     assert target_tokens(100_000, 0.6, 50_000) == 50_000
     assert target_tokens(100, 0.6, 500) == 0
+
+
+def test_previews_alone_must_reach_halfway_from_the_target_to_the_trigger() -> None:
+    assert preview_slack(100_000, 0.45, 0.85, None) == 20_000  # 45k + 20k: 0.65 of the window
+    # A large max_tokens brings the trigger closer (68k), and with it the halfway point (56.5k).
+    assert preview_slack(100_000, 0.45, 0.85, 32_000) == 11_500
+    assert preview_slack(100_000, 0.45, 0.85, 50_000) == 2_500  # trigger 50k, target 45k
+    # Or sets the target itself: no room between the two, previews must reach the target.
+    assert preview_slack(100_000, 0.45, 0.85, 60_000) == 0
+    assert preview_slack(100_000, 0.9, 0.85, None) == 0
+    assert preview_slack(8_000, 0.45, 0.85, None) == 1_600
 
 
 # ---------------------------------------------------------------- kept rounds

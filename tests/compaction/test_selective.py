@@ -24,10 +24,11 @@ from compaction import (
 )
 from compaction.checkpoints import Checkpoint, find_longest
 from compaction.invariants import check_tool_pairing
+from compaction.marker import PREVIEW_MARK
 from compaction.offload import JobMessages
 from compaction.plan import plan_compaction
 from compaction.segment import split
-from compaction.selective import PREVIEW_MARK, RECENT_TOOL_BLOCKS, preview_text
+from compaction.selective import RECENT_TOOL_BLOCKS, preview_text
 from compaction.stages import PlanJob, make_plan
 from compaction.tokens import HeuristicEstimator
 from tests import factories as f
@@ -43,8 +44,8 @@ FAILURE = (
 
 
 def compactor(strategy: str = "hybrid") -> Compactor:
-    # The histories here are sized for previews to reach a 0.6 target (their outputs would not
-    # reach a lower one, and a summary would act instead).
+    # The histories here are sized for previews to reach a 0.6 target: the tests below that
+    # check reaching the target, the choice of outputs and the checkpoints need them to.
     settings = CompactionSettings(strategy=strategy, target_ratio=0.6)  # type: ignore[arg-type]
     return Compactor(settings=settings)
 
@@ -127,6 +128,50 @@ async def test_hybrid_summarizes_when_previews_are_not_enough() -> None:
     assert result.model_calls == 2 and len(llm.calls) == 2
 
 
+@pytest.mark.parametrize(("blocks", "enough"), [(8, True), (6, False)])
+async def test_hybrid_takes_previews_that_reach_halfway_from_the_target_to_the_trigger(
+    blocks: int, enough: bool
+) -> None:
+    # At the default ratios (target 0.45, trigger 0.85) previews alone are enough when they
+    # bring the request to 0.65 of the window: eight blocks leave three long outputs to
+    # reduce, six only one.
+    messages = listing_conversation(blocks=blocks)
+    estimator = HeuristicEstimator()
+    window = int(sum(map(estimator.count_message, messages)) / 0.9)
+    llm = ScriptedLLM()
+    compaction = await Compactor(settings=CompactionSettings()).prepare(messages, window=window)
+    result = await compaction.run(llm=llm, session_id=None)
+    if enough:
+        assert result.path == "selective" and llm.calls == []
+        assert compaction.plan.target_tokens < result.tokens_after <= 0.65 * window
+    else:
+        assert result.path == "llm" and len(llm.calls) == result.model_calls > 0
+        assert result.tokens_after <= compaction.plan.target_tokens
+
+
+@pytest.mark.parametrize("options", [{"max_output_tokens": 0.3}, {"target_ratio": 0.37}])
+async def test_the_bar_moves_with_the_trigger_and_with_a_target_prepared_ahead(
+    options: dict[str, float],
+) -> None:
+    # Eight blocks leave the request at 0.59 of the window after every preview: enough against
+    # the defaults' 0.65, not when max_tokens brings the trigger to 0.7 (halfway from 0.45:
+    # 0.575), nor for a compaction prepared ahead at a target of 0.37 (0.37 + 0.2).
+    messages = listing_conversation(blocks=8)
+    estimator = HeuristicEstimator()
+    window = int(sum(map(estimator.count_message, messages)) / 0.9)
+    compactor = Compactor(settings=CompactionSettings())
+    assert (await compactor.prepare(messages, window=window)).plan.previews
+    if "max_output_tokens" in options:
+        planned = await compactor.prepare(
+            messages, window=window, max_output_tokens=int(options["max_output_tokens"] * window)
+        )
+    else:
+        planned = await compactor.prepare(
+            messages, window=window, target_ratio=options["target_ratio"]
+        )
+    assert planned.plan.previews == () and planned.plan.summarize
+
+
 async def test_selective_alone_never_calls_the_model() -> None:
     messages = f.simple_conversation(60)
     llm = ScriptedLLM()
@@ -185,6 +230,20 @@ def test_each_dialect_reduces_only_the_output_and_keeps_its_ids() -> None:
     assert reduced["content"][0] == {**turn["content"][0], "content": "OUT"}
     assert reduced["content"][1] is turn["content"][1]
     assert turn["content"][0]["content"] == "out"  # the caller's message is never edited
+
+
+def test_a_short_result_beside_a_long_one_is_left_whole() -> None:
+    long = {"type": "tool_result", "tool_use_id": "t1", "content": LISTING}
+    short = {
+        "type": "tool_result",
+        "tool_use_id": "t2",
+        "content": [{"type": "text", "text": "ok"}],
+    }
+    turn = {"role": "user", "content": [long, short]}
+    reduced = ANTHROPIC.with_output(turn, preview_text)
+    assert reduced is not None and reduced["content"][1] is short
+    assert PREVIEW_MARK in reduced["content"][0]["content"]
+    assert preview_text("total 0") == "total 0"
 
 
 async def test_a_selective_checkpoint_reproduces_the_previews_byte_for_byte() -> None:

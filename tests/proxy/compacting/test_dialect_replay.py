@@ -14,7 +14,7 @@ import pytest
 from bench.corpus import read_corpus
 from bench.dialects import WIRES
 from bench.replay import requests_of, summary_of
-from compaction.selective import PREVIEW_MARK
+from compaction.marker import PREVIEW_MARK
 from proxy.http import keys
 from tests.fakes.script import Script
 

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from compaction.selective import PREVIEW_MARK
+from compaction.marker import PREVIEW_MARK
 from proxy.http import keys
 from tests import factories as f
 from tests.fakes.script import Script
@@ -35,12 +35,9 @@ def listing_history(blocks: int) -> list[Any]:
 async def test_previews_go_out_instead_of_a_summary_and_are_reused_byte_for_byte(
     start: Any, script: Script, client: Any, tmp_path: Path
 ) -> None:
-    # Sized for previews to reach a 0.6 target (a summary would act below it).
-    proxy = await start(
-        models={"default_context_window": WINDOW},
-        compaction={"target_ratio": 0.6},
-        **sqlite_state(tmp_path),
-    )
+    # At the defaults (target 0.45, trigger 0.85) previews alone are enough once they bring the
+    # request to 0.65 of the window: sixteen long listings get there, not to the target.
+    proxy = await start(models={"default_context_window": WINDOW}, **sqlite_state(tmp_path))
     first = listing_history(16)
     response = await post(client, proxy, first)
     assert response.headers["x-compaction-status"] == "applied"
@@ -60,6 +57,7 @@ async def test_previews_go_out_instead_of_a_summary_and_are_reused_byte_for_byte
     record = proxy.app[keys.RECORDS].get("agent-1")["records"][0]
     assert record["path"] == "selective" and record["strategy"] == "selective"
     assert record["previews"] == len(previews) and record["model_calls"] == 0
+    assert 0.45 * WINDOW < record["tokens_after"] <= 0.65 * WINDOW < record["tokens_before"]
     # The reduced outputs are archived whole, for recall.
     reduced = next(i for i, (m, s) in enumerate(zip(first, sent_first, strict=True)) if m != s)
     assert "module_100.py" not in str(sent_first[reduced]["content"])  # cut from the preview
@@ -76,7 +74,7 @@ async def test_a_request_with_previews_only_carries_the_recall_tool_when_recall_
     the tool, though it has no summary to put the recall line in."""
     proxy = await start(
         models={"default_context_window": WINDOW},
-        compaction={"recall": "on", "target_ratio": 0.6},  # previews reach 0.6 here
+        compaction={"recall": "on"},  # previews are enough here (see above)
     )
     response = await post(client, proxy, listing_history(16))
     assert response.headers["x-compaction-status"] == "applied"
