@@ -26,7 +26,7 @@ keep as a message); a later compaction looks for it to know the task lives in th
 
 
 PREVIEW_MARK = "[tool output cut to a preview by the compaction proxy:"
-"""Opens a preview's last line; an output holding it is a preview already."""
+"""Opens a preview's last line (`is_preview_text`); a preview is never reduced again."""
 
 _PREVIEW_LINE = re.compile(
     re.escape(PREVIEW_MARK)
