@@ -150,7 +150,6 @@ async def replay(
     last_summary = ""
     start = 0
     for end in ends:
-        prefix = messages[:end]
         for message_facts in facts[start:end]:
             for kind in KINDS:
                 shown[kind] |= message_facts.by_kind[kind]
@@ -167,7 +166,7 @@ async def replay(
             last_summary = result.summary_text
         if applied:
             kept_ids = {id(m) for m in forwarded}
-            folded = [i for i in range(end) if id(prefix[i]) not in kept_ids]
+            folded = [i for i in range(end) if id(messages[i]) not in kept_ids]
             haystack = visible_text(forwarded) + "\n" + flatten("\n".join(memory))
             _measure(facts, shown, folded, haystack, tally)
         tally.requests += 1

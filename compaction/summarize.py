@@ -302,19 +302,13 @@ async def ask_summarizer(
     if llm is None:
         none = Reply(None, None)
         return none, none, 0
-    summary_request = build_summary_request(
-        question.transcript,
-        previous_summary=question.previous_summary,
-        max_tokens=question.summary_max_tokens,
-        cjk=question.cjk,
-    )
     if isinstance(llm, PrefixLLM):
         cached = await _ask_cached(llm, question, timeout_s)
         if cached is not None:
             return *cached, 1
         summary = await ask(
             llm,
-            summary_request,
+            _summary_request(question),
             purpose="summary",
             max_tokens=question.summary_max_tokens,
             timeout_s=timeout_s,
@@ -322,13 +316,24 @@ async def ask_summarizer(
         return summary, Reply(None, None), 1
     summary, memory = await ask_both(
         llm,
-        summary_request,
+        _summary_request(question),
         question.summary_max_tokens,
         build_memory_request(question.transcript, cjk=question.cjk),
         question.memory_max_tokens,
         timeout_s=timeout_s,
     )
     return summary, memory, 2
+
+
+def _summary_request(question: Question) -> list[Message]:
+    """The standalone summary request: built only when asked (it copies the whole transcript,
+    which a cached question does not carry)."""
+    return build_summary_request(
+        question.transcript,
+        previous_summary=question.previous_summary,
+        max_tokens=question.summary_max_tokens,
+        cjk=question.cjk,
+    )
 
 
 def _cached_question(question: Question, *, memory: bool) -> str:
