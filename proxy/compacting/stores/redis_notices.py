@@ -80,7 +80,7 @@ class Notices:
                             self._wake(self._waiters.get(bytes(message["data"]), ()))
                 finally:
                     with contextlib.suppress(Exception):
-                        await pubsub.aclose()  # type: ignore[no-untyped-call]
+                        await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
