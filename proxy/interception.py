@@ -7,9 +7,10 @@ one object that carries what this request needs from then on.
 
 1. `hook.prepare(ctx, body)` before anything goes upstream; `exchange.body` is what is sent,
    `exchange.outcome` is what the hook did (proxy.outcome: the handler renders it into the
-   client's response headers and the session records), `exchange.session_id` is the session
-   the request belongs to (possibly derived from the body), `exchange.wants_usage` asks the
-   handler to find the response's `usage` (a cheap probe, skipped when no one wants it).
+   client's response headers and keeps it in the session records), `exchange.session_id` is
+   the session the request belongs to (possibly derived from the body), `exchange.wants_usage`
+   asks the handler to find the response's `usage` (a cheap probe, skipped when no one wants
+   it).
 2. `exchange.retry_after_error(status, body)` only when the upstream answers 400, 413 or 422 and
    its error body is at most 1 MiB (decompressed when it came gzip/deflate encoded); new bytes
    make the handler retry once with them, None relays the upstream's error unchanged.
