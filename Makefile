@@ -47,7 +47,7 @@ redis-server:
 chromium:
 	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "make: installing the Debian packages chromium and chromium-driver (needed by tests/proxy/compacting/test_dashboard_browser.py)"; \
+	    echo "make: installing the Debian packages chromium and chromium-driver (needed by tests/proxy/admin/test_dashboard_browser.py)"; \
 	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } >/dev/null 2>&1 || true; \
 	  fi; \
 	  { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \

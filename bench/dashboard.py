@@ -18,10 +18,11 @@ import time
 
 import aiohttp
 
+from proxy.admin.records import SessionRecords
 from proxy.app import create_app
-from proxy.compacting.records import SessionRecords
 from proxy.http import keys
 from proxy.http.serving import serve_on_loopback
+from proxy.outcome import Outcome
 from proxy.settings import Settings
 
 TOKEN = "bench-admin"
@@ -49,16 +50,17 @@ def fill(app_records: SessionRecords, sessions: int, per_session: int) -> None:
                 (
                     1_767_225_600.0,  # 2026-01-01
                     dialect,
-                    "applied" if compacted else "none",
-                    before,
-                    before // 3 if compacted else before,
-                    before * 4,
-                    before * 4,
+                    Outcome(
+                        "applied" if compacted else "none",
+                        session,
+                        before,
+                        before // 3 if compacted else before,
+                    ),
                     None,
+                    before * 4,
+                    before * 4,
                     200,
                     0.4,
-                    0,
-                    0,
                 ),
             )
             if compacted:

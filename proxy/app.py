@@ -8,18 +8,19 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from compaction import CheckpointStore
+from proxy.admin import dashboard, routes
+from proxy.admin.records import SessionRecords
 from proxy.archive import Archive, build_archive
 from proxy.compacting.archiving import Archiving
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.hook import Replacements, Shared, build_hook
 from proxy.compacting.llm_client import LLMFactory
 from proxy.compacting.overflow import LearnedWindows
-from proxy.compacting.records import SessionRecords
 from proxy.compacting.stores.factory import build_backend
 from proxy.compacting.stores.roles import StateBackend
 from proxy.compacting.workers import Workers
 from proxy.heap import find_trim, trim_heap_every
-from proxy.http import admin, dashboard, handlers, keys
+from proxy.http import handlers, keys
 from proxy.http.middleware import GET_ONLY, AnyTarget, unmatched, wrap_handler
 from proxy.http.upstream import Upstream
 from proxy.interception import Hook
@@ -54,7 +55,7 @@ def create_app(
     app = web.Application(client_max_size=settings.server.max_body_bytes)
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics if metrics is not None else Metrics()
-    # Built here, kept by the compacting hook, read by the handlers (proxy.http.sessions).
+    # Built here, written by the compacting hook and forwarding, read by proxy.admin.
     records = SessionRecords(
         max_sessions=settings.admin.max_sessions,
         records_per_session=settings.admin.records_per_session,
@@ -209,9 +210,9 @@ def _add_routes(router: web.UrlDispatcher) -> None:
         )
     # The admin endpoints refuse other methods themselves, after answering 404 while disabled.
     for path, handler, route in (
-        ("/admin/sessions", admin.admin_sessions, "admin"),
-        ("/admin/sessions/{session}", admin.admin_session, "admin_session"),
-        ("/admin/sessions/{session}/archive", admin.admin_archive, "admin_archive"),
+        ("/admin/sessions", routes.admin_sessions, "admin"),
+        ("/admin/sessions/{session}", routes.admin_session, "admin_session"),
+        ("/admin/sessions/{session}/archive", routes.admin_archive, "admin_archive"),
     ):
         router.add_route(
             "*", path, wrap_handler(handler, route), expect_handler=handlers.expect_handler(route)

@@ -19,7 +19,7 @@ from pathlib import Path
 from aiohttp import web
 
 from compaction import is_valid_session_id
-from proxy import inspector
+from proxy.admin import inspect
 from proxy.app import create_app
 from proxy.archive import build_archive, search_session
 from proxy.http import keys
@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         return _run_demo()
     if args.command == "inspect":
-        return inspector.main(args, os.environ)
+        return inspect.main(args, os.environ)
     try:
         settings = load_settings(_config_path(args.config), os.environ, _overrides(args))
     except SettingsError as exc:
@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--upstream", help="upstream base URL (upstream.base_url)")
     commands = parser.add_subparsers(dest="command", metavar="{demo,inspect,recall}")
     commands.add_parser("demo", help="offline demo: fake upstream, scripted conversation")
-    inspector.add_parser(commands)
+    inspect.add_parser(commands)
     recall = commands.add_parser(
         "recall", help="search a session's archived turns and memory items (state per config)"
     )

@@ -22,8 +22,8 @@ from aiohttp import web
 
 from compaction import SUMMARY_MARKER, Message
 from proxy.app import create_app
-from proxy.compacting.exchange import STATUS, TOKENS_AFTER, TOKENS_BEFORE
 from proxy.http.serving import serve_on_loopback
+from proxy.outcome import PURPOSE, STATUS, TOKENS_AFTER, TOKENS_BEFORE
 from proxy.settings import Settings
 
 WINDOW = 6000
@@ -68,7 +68,7 @@ def _fake_memory(prompt: list[Message]) -> str:
 
 async def _fake_upstream(request: web.Request) -> web.Response:
     payload = await request.json()
-    purpose = request.headers.get("X-Compaction-Purpose")
+    purpose = request.headers.get(PURPOSE)
     prompt = [m for m in payload["messages"] if isinstance(m, dict)]
     if purpose == "summary":
         text = _fake_summary(prompt)

@@ -6,9 +6,11 @@ reads the whole body, builds a `RequestContext`, and asks the app's `Hook` for a
 one object that carries what this request needs from then on.
 
 1. `hook.prepare(ctx, body)` before anything goes upstream; `exchange.body` is what is sent,
-   `exchange.headers` are added to the client's response, `exchange.session_id` is the session
-   the request belongs to (possibly derived from the body), `exchange.wants_usage` asks the
-   handler to find the response's `usage` (a cheap probe, skipped when no one wants it).
+   `exchange.outcome` is what the hook did (proxy.outcome: the handler renders it into the
+   client's response headers and keeps it in the session records), `exchange.session_id` is
+   the session the request belongs to (possibly derived from the body), `exchange.wants_usage`
+   asks the handler to find the response's `usage` (a cheap probe, skipped when no one wants
+   it).
 2. `exchange.retry_after_error(status, body)` only when the upstream answers 400, 413 or 422 and
    its error body is at most 1 MiB (decompressed when it came gzip/deflate encoded); new bytes
    make the handler retry once with them, None relays the upstream's error unchanged.
@@ -24,11 +26,13 @@ proxy.compacting.hook.CompactingHook; tests pass in their own.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterable
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from multidict import CIMultiDictProxy
+
+from proxy.outcome import Outcome, RecallFigures
 
 Usage = dict[str, object]
 """A response's `usage` object as the upstream sent it (its fields differ by API)."""
@@ -59,7 +63,9 @@ class Exchange(Protocol):
     def body(self) -> bytes: ...
 
     @property
-    def headers(self) -> Mapping[str, str]: ...
+    def outcome(self) -> Outcome | None:
+        """What the hook did with the request (None: nothing to tell)."""
+        ...
 
     @property
     def session_id(self) -> str | None: ...
@@ -117,15 +123,16 @@ class Resend(Protocol):
 class Followed:
     """What the client receives after a followup: `response`'s status and headers (those it
     says are stale, Content-Length and Content-Encoding, are left out when `rewritten`), the
-    body from `chunks`, and `headers` to add. `usage` is the first response's (calibration reads
-    what the upstream counted of the request the hook sent). `length`: a rewritten body's
-    length when the followup has it whole (the client gets it as Content-Length; None: sent
-    chunked)."""
+    body from `chunks`, and the `recall` rounds it answered (told in the headers when known
+    before the body; a stream's are set once it is over, for the session records). `usage` is
+    the first response's (calibration reads what the upstream counted of the request the hook
+    sent). `length`: a rewritten body's length when the followup has it whole (the client gets
+    it as Content-Length; None: sent chunked)."""
 
     response: Response
     chunks: AsyncIterable[bytes]
     rewritten: bool
-    headers: Mapping[str, str] = field(default_factory=dict)
+    recall: RecallFigures | None = None
     usage: Usage | None = None
     length: int | None = None
 
@@ -146,7 +153,7 @@ class Passthrough:
 
     body: bytes
     session_id: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
+    outcome: Outcome | None = None
     wants_usage: bool = False
     followup: Followup | None = None
 

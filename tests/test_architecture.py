@@ -4,7 +4,12 @@
 - proxy/ uses the library through its public names only (`from compaction import X`, X in
   `compaction.__all__`): what the library does inside may change without the proxy knowing.
 - proxy/http/ moves bytes: it reaches what changes a request only through proxy/interception.py
-  (the hook protocol), never proxy/compacting/.
+  (the hook protocol), never proxy/compacting/, and never the library (the session id rule is
+  proxy/sessions.py's, the memory file admin's).
+- What a compaction did reaches HTTP as one typed value (proxy/outcome.py), and its
+  `x-compaction-*` headers are named and rendered in one place: at most two modules spell them.
+- proxy/admin/ reads the records: it imports nothing of how a request is compacted
+  (proxy/compacting/, proxy/recall/) and spells no header to parse back.
 - The speed machinery (proxy/compacting/fast/) is entered through its package only, so the
   plain design reads without it and each optimisation can go on its own.
 - proxy's shared modules (settings, logs, metrics, keys, ...) sit below both http/ and
@@ -226,6 +231,33 @@ def test_every_public_name_of_the_library_exists() -> None:
 
 def test_http_reaches_compacting_only_through_the_hook_protocol() -> None:
     assert _violations("proxy/http", ("proxy.compacting",)) == []
+
+
+def test_http_imports_nothing_of_the_library() -> None:
+    assert _violations("proxy/http", ("compaction",)) == []
+
+
+def _spelling(where: str, text: str) -> list[str]:
+    """The modules under `where` whose source spells `text` (case aside)."""
+    return [
+        str(path.relative_to(REPO))
+        for path in _modules(where)
+        if text.lower() in path.read_text(encoding="utf-8").lower()
+    ]
+
+
+def test_at_most_two_modules_spell_the_compaction_headers() -> None:
+    # proxy/outcome.py names and renders them; reading one back would be a second place.
+    assert len(_spelling("proxy", "x-compaction-")) <= 2, _spelling("proxy", "x-compaction-")
+
+
+def test_admin_reads_records_and_never_parses_headers() -> None:
+    assert _violations("proxy/admin", ("proxy.compacting", "proxy.recall")) == []
+    assert _spelling("proxy/admin", "x-compaction-") == []
+
+
+def test_the_spelling_finder_finds_a_header_name() -> None:
+    assert "proxy/outcome.py" in _spelling("proxy", "x-compaction-")
 
 
 def test_the_hook_protocol_knows_neither_side() -> None:

@@ -31,6 +31,7 @@ from compaction import (
     checkpoint_after,
     plan_key,
 )
+from proxy.admin.records import SessionRecords
 from proxy.compacting.applied import AppliedCompactions
 from proxy.compacting.archiving import Archiving
 from proxy.compacting.fallback import GRACE_S, fallback
@@ -43,7 +44,7 @@ from proxy.compacting.flight import (
 )
 from proxy.compacting.history import History, ListHistory, raw_tokens
 from proxy.compacting.llm_client import LLMFactory, Prefix
-from proxy.compacting.records import SessionRecords, folded_range, record_compaction
+from proxy.compacting.records import folded_range, record_compaction
 from proxy.compacting.request import Decision, ParsedRequest
 from proxy.compacting.reserve_writes import ReserveWrites
 from proxy.compacting.stores.roles import Cooldowns, ForwardedMarks, Leases

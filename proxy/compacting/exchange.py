@@ -8,7 +8,8 @@ purpose (like a flow): the retry replaces what was sent, and calibration reads w
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from proxy.compacting.calibration import Calibration
@@ -18,15 +19,10 @@ from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.request import Decision, ParsedRequest
 from proxy.interception import Exchange, Followup, Passthrough
 from proxy.metrics import CompactionMetrics
+from proxy.outcome import Outcome
 from proxy.recall import Recall
 
 log = logging.getLogger(__name__)
-
-STATUS = "x-compaction-status"
-TOKENS_BEFORE = "x-compaction-tokens-before"
-TOKENS_AFTER = "x-compaction-tokens-after"
-COMPACTION_ID = "x-compaction-id"
-SESSION = "x-compaction-session"
 
 # After an overflow without numbers, assume we under-counted by this much.
 _OVERFLOW_BUMP = 1.25
@@ -43,7 +39,7 @@ class CompactedExchange:
         *,
         body: bytes,
         tokens: int,
-        headers: Mapping[str, str],
+        outcome: Outcome,
         conversations: Conversations,
         calibration: Calibration,
         learned: LearnedWindows,
@@ -56,7 +52,7 @@ class CompactedExchange:
         self._full = full
         self._body = body
         self._tokens = tokens
-        self._headers = headers
+        self._outcome = outcome
         self._conversations = conversations
         self._calibration = calibration
         self._learned = learned
@@ -105,8 +101,8 @@ class CompactedExchange:
         return self._body
 
     @property
-    def headers(self) -> Mapping[str, str]:
-        return self._headers
+    def outcome(self) -> Outcome:
+        return self._outcome
 
     @property
     def session_id(self) -> str:
@@ -151,7 +147,7 @@ class CompactedExchange:
         if decision.status not in ("applied", "reused") or len(retry) >= len(self._body):
             return None  # nothing smaller to send: relay the upstream's error
         self._request, self._tokens, self._body = harder, decision.tokens_after, retry
-        self._headers = describe(harder, decision)  # the headers tell what went out last
+        self._outcome = describe(harder, decision)  # the outcome tells what went out last
         self._retried = True
         self._equip()
         log.info(
@@ -163,7 +159,7 @@ class CompactedExchange:
     @property
     def tokens_before(self) -> int:
         """The estimate of the request as the client sent it."""
-        return int(self._headers[TOKENS_BEFORE])
+        return self._outcome.tokens_before or 0  # describe() always tells it
 
     def observe(self, status: int, usage: dict[str, Any] | None) -> None:
         self.calibrate(status, usage, self._tokens)
@@ -209,7 +205,7 @@ class ExchangeFactory:
             request,
             body=body,
             tokens=decision.tokens_after,
-            headers=describe(request, decision),
+            outcome=describe(request, decision),
             conversations=self._conversations,
             calibration=self._calibration,
             learned=self._learned,
@@ -230,15 +226,15 @@ class ShadowExchange:
     def __init__(self, computed: CompactedExchange, original: bytes) -> None:
         self._computed = computed
         self._original = original
-        self._headers = {**computed.headers, STATUS: "shadow"}
+        self._outcome = replace(computed.outcome, status="shadow")
 
     @property
     def body(self) -> bytes:
         return self._original
 
     @property
-    def headers(self) -> Mapping[str, str]:
-        return self._headers
+    def outcome(self) -> Outcome:
+        return self._outcome
 
     @property
     def session_id(self) -> str:
@@ -251,23 +247,21 @@ class ShadowExchange:
         self._computed.calibrate(status, usage, self._computed.tokens_before)
 
 
-def describe(request: ParsedRequest, decision: Decision) -> dict[str, str]:
-    """The informational response headers for `decision` on `request`."""
-    headers = {
-        STATUS: decision.status,
-        SESSION: request.session_id,
-        TOKENS_BEFORE: str(decision.tokens_before),
-        TOKENS_AFTER: str(decision.tokens_after),
-    }
-    if decision.compaction_id:
-        headers[COMPACTION_ID] = decision.compaction_id
-    return headers
+def describe(request: ParsedRequest, decision: Decision) -> Outcome:
+    """The outcome the client is told of `decision` on `request`."""
+    return Outcome(
+        decision.status,
+        request.session_id,
+        decision.tokens_before,
+        decision.tokens_after,
+        decision.compaction_id or None,
+    )
 
 
 class UnparsedExchange:
     """The exchange of a request forwarded unparsed: passes through, unless the upstream
     answers a context-length error; then `retry` parses and compacts it, and the exchange that
-    made the retry speaks for the request from then on (headers, calibration)."""
+    made the retry speaks for the request from then on (outcome, calibration)."""
 
     def __init__(
         self,
@@ -282,8 +276,8 @@ class UnparsedExchange:
         return self._current.body
 
     @property
-    def headers(self) -> Mapping[str, str]:
-        return self._current.headers
+    def outcome(self) -> Outcome | None:
+        return self._current.outcome
 
     @property
     def session_id(self) -> str | None:

@@ -15,11 +15,10 @@ never fails the agent's request.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 
 from compaction import CheckpointStore, Compactor, MemoryWriter, MentionCache, Offload
+from proxy.admin.records import SessionRecords
 from proxy.compacting.archiving import Archiving
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations, Deadline
@@ -27,8 +26,6 @@ from proxy.compacting.dialects import Dialect, NotCompactable, for_route
 from proxy.compacting.discovery import WindowDiscovery
 from proxy.compacting.dumps import Dump, RequestDumps
 from proxy.compacting.exchange import (
-    SESSION,
-    STATUS,
     CompactedExchange,
     ExchangeFactory,
     ShadowExchange,
@@ -39,21 +36,18 @@ from proxy.compacting.history import History, ListHistory
 from proxy.compacting.llm_client import LLMFactory, UpstreamLLMFactory
 from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.precompute import Precompute
-from proxy.compacting.records import SessionRecords
 from proxy.compacting.request import Decision, ParsedRequest, RequestBuilder, may_need_parsing
 from proxy.compacting.stores.factory import build_local
 from proxy.compacting.stores.roles import StateBackend
 from proxy.http.upstream import Upstream
 from proxy.interception import Exchange, Passthrough, RequestContext
 from proxy.metrics import CompactionMetrics
+from proxy.outcome import UNCHANGED, Outcome, add_headers
 from proxy.recall import Recall
 from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
-
-# The headers of a request left as it came (one mapping shared by all: it is only read).
-_UNCHANGED: Mapping[str, str] = MappingProxyType({STATUS: "none"})
 
 # How much longer than a waiting request the summarizer call itself may take.
 _BACKGROUND_TIMEOUT_FACTOR = 3
@@ -146,7 +140,7 @@ class CompactingHook:
         self._lowest_ratio = min(self._options.precompute_ratio or 1.0, self._options.trigger_ratio)
 
     async def prepare(self, ctx: RequestContext, body: bytes) -> Exchange:
-        untouched = Passthrough(body=body, headers=_UNCHANGED, session_id=ctx.explicit_session)
+        untouched = Passthrough(body=body, outcome=UNCHANGED, session_id=ctx.explicit_session)
         dialect = for_route(ctx.route)
         if dialect is None or not self._options.enabled:
             return untouched
@@ -184,7 +178,7 @@ class CompactingHook:
             self._metrics.errors.inc()
             return Passthrough(
                 body=body,
-                headers={STATUS: "failed", SESSION: request.session_id},
+                outcome=Outcome("failed", request.session_id),
                 session_id=request.session_id,
             )
 
@@ -195,7 +189,7 @@ class CompactingHook:
         in shadow mode a compaction (applied or reused) is computed and recorded as in `on`,
         and the client's own `body` goes upstream instead. A compacted request is dumped
         (logging.dump_dir) as received and as compacted."""
-        status = exchange.headers[STATUS]
+        status = exchange.outcome.status
         shown: Exchange = exchange
         if status in ("applied", "reused"):
             if self._options.mode == "shadow":
@@ -203,7 +197,8 @@ class CompactingHook:
             elif self._recall is not None:
                 exchange.offer_recall(self._recall)
             if self._dumps is not None:
-                meta = {"route": ctx.route, "path": ctx.path, **shown.headers}
+                meta = {"route": ctx.route, "path": ctx.path}
+                add_headers(meta, shown.outcome)  # a dump tells what the client was told
                 self._dumps.dump(Dump(exchange.session_id, body, exchange.body, meta, ctx.headers))
         self._metrics.decided(status, dialect.name).inc()
         return shown

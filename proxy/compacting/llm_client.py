@@ -2,7 +2,7 @@
 
 Summary and memory-extraction calls go to the dialect's endpoint (`chat/completions`,
 `responses`, or Anthropic's `messages`), non-streaming, with the caller's own credentials and an
-`X-Compaction-Purpose` header so operators can tell their cost apart. They never reach the
+`PURPOSE` header (proxy.outcome) so operators can tell their cost apart. They never reach the
 client. A standalone call carries no tools and asks at a low temperature (where the model allows
 one). A cached call (`compaction.summary_request: cached`, a `PrefixLLM`) repeats the
 conversation's request as forwarded (model, system, tools, every field but the streaming and
@@ -24,6 +24,7 @@ from compaction import ChatLLM, Message, Purpose
 from proxy.compacting.dialects import Dialect
 from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
 from proxy.http.upstream import Upstream
+from proxy.outcome import PURPOSE
 from proxy.recall.tools import equip
 
 _ADAPTABLE = ("max_tokens", "temperature", "reasoning.effort")
@@ -167,7 +168,7 @@ class UpstreamLLM:
     async def _ask(self, body_for: Callable[[set[str]], bytes], purpose: Purpose) -> str:
         """The text of the answer to the body `body_for` builds without the parameters the
         model refused (learned, and asked again, as often as a new one is refused)."""
-        headers = {**self._headers, "X-Compaction-Purpose": purpose}
+        headers = {**self._headers, PURPOSE: purpose}
         for _ in range(len(_ADAPTABLE) + 1):  # each parameter learned once
             body = body_for(self._parameters.refused(self._model))
             status, answer = await self._upstream.post_json(

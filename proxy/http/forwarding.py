@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterable, Mapping
+from collections.abc import AsyncIterable
 
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -26,8 +26,8 @@ from proxy.http import keys
 from proxy.http.bodies import LimitedBody, RequestBody, read_body, too_large
 from proxy.http.encodings import decode_body
 from proxy.http.headers import upstream_request_headers
+from proxy.http.keys import TimelineLine
 from proxy.http.relay import relay
-from proxy.http.sessions import TimelineLine, resolve_session_id
 from proxy.http.upstream import Body, Response
 from proxy.http.usage import UsageProbe
 from proxy.interception import (
@@ -39,6 +39,8 @@ from proxy.interception import (
     Resend,
     Usage,
 )
+from proxy.outcome import RecallFigures
+from proxy.sessions import resolve_session_id
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +104,7 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
                 _Failing(cut),
                 info=info,
                 metrics=metrics,
-                extra_headers=exchange.headers,
+                outcome=exchange.outcome,
                 already_read=cut.partial,
             )
         retry = None
@@ -136,7 +138,7 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
         upstream.chunks(response),
         info=info,
         metrics=metrics,
-        extra_headers=exchange.headers,
+        outcome=exchange.outcome,
         already_read=already_read,
         probe=probe,
     )
@@ -161,21 +163,21 @@ async def _relay_followed(
     app = request.app
     info = request[keys.REQUEST_INFO]
     followed = await followup.follow(first, resend)
-    said = {**exchange.headers, **followed.headers}
     relayed = await relay(
         request,
         _Rewritten(followed.response, followed.length) if followed.rewritten else followed.response,
         followed.chunks,
         info=info,
         metrics=app[keys.METRICS],
-        extra_headers=said,
+        outcome=exchange.outcome,
+        recall=followed.recall,
     )
     _observe_usage(exchange, followed.response.status, followed.usage)
     session = exchange.session_id
     if session is not None:
-        said.update(followed.headers)  # a stream's followup tells its rounds once it is over
+        # A stream's followup tells its rounds once it is over: read them now.
         line = timeline_line(
-            info.route, body, exchange, followed.response.status, overhead_ms, said
+            info.route, body, exchange, followed.response.status, overhead_ms, followed.recall
         )
         app[keys.RECORDS].add_request(session, line)
     return relayed
@@ -244,57 +246,26 @@ class _Rewritten:
         self._response.close()
 
 
-# The informational headers a hook's exchange adds (named by proxy.compacting.exchange, which
-# http/ does not import): the timeline reads what the client was told.
-_STATUS, _BEFORE, _AFTER, _COMPACTION = (
-    "x-compaction-status",
-    "x-compaction-tokens-before",
-    "x-compaction-tokens-after",
-    "x-compaction-id",
-)
-
-
 def timeline_line(
     route: str,
     body: bytes,
     exchange: Exchange,
     status: int,
     overhead_ms: float,
-    said: Mapping[str, str] | None = None,
+    recall: RecallFigures | None = None,
 ) -> TimelineLine:
-    """A session's timeline line for one hooked request (AdminRecords.add_request), from what
-    the client was told: the exchange's headers, and `said` after a followup's rounds."""
-    told = exchange.headers
-    rounds, tokens = (0, 0) if said is None else _recall(said)
+    """A session's timeline line for one hooked request (AdminRecords.add_request): what the
+    exchange's outcome and a followup's `recall` rounds told the client."""
     return (
         time.time(),
         route,
-        told.get(_STATUS, "none"),
-        _int_or_none(told.get(_BEFORE)),
-        _int_or_none(told.get(_AFTER)),
+        exchange.outcome,
+        recall,
         len(body),
         len(exchange.body),
-        told.get(_COMPACTION),
         status,
         overhead_ms,
-        rounds,
-        tokens,
     )
-
-
-_RECALL_ROUNDS, _RECALL_TOKENS = "x-compaction-recall-rounds", "x-compaction-recall-tokens"
-
-
-def _recall(said: Mapping[str, str]) -> tuple[int, int]:
-    """The rounds a followup answered and the tokens they cost upstream."""
-    return (
-        _int_or_none(said.get(_RECALL_ROUNDS)) or 0,
-        _int_or_none(said.get(_RECALL_TOKENS)) or 0,
-    )
-
-
-def _int_or_none(value: str | None) -> int | None:
-    return int(value) if value is not None and value.isdigit() else None
 
 
 async def forward_verbatim(request: web.Request, path_session: str | None) -> web.StreamResponse:

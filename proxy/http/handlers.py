@@ -1,5 +1,5 @@
 """Thin handlers, one per endpoint: each picks its inputs from the request and delegates.
-The admin endpoints are in proxy.http.admin, the dashboard in proxy.http.dashboard."""
+The admin endpoints and the dashboard are in proxy.admin."""
 
 from __future__ import annotations
 

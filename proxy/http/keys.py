@@ -2,20 +2,67 @@
 
 They live in proxy.http because the handlers are their readers and the upstream client and the
 session records are their values: the app factory (proxy.app), which fills them, sits above.
+The session records are proxy.admin.records; proxy.http writes them through `AdminRecords`,
+the part of them the handlers and the admin routes use.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, Protocol
+
 from aiohttp import web
 
 from proxy.archive import Archive
-from proxy.http.sessions import AdminRecords
 from proxy.http.upstream import Upstream
 from proxy.interception import Hook
 from proxy.logs import RequestInfo
 from proxy.metrics import Metrics
+from proxy.outcome import Outcome, RecallFigures
 from proxy.settings import Settings
 from proxy.tasks import BackgroundTasks
+
+TimelineLine = tuple[float, str, Outcome | None, RecallFigures | None, int, int, int, float]
+"""One hooked request as forwarding saw it: when it was relayed (`time.time()`), the route's API
+shape (chat, responses, messages), what the hook did (its `Outcome`; None: nothing told), the
+recall rounds a followup answered (None: none), the bytes as sent and as forwarded, the
+upstream's status, the proxy's own time before forwarding (ms). A plain tuple of the objects
+the request already holds: a request pays for it, not for a document; `AdminRecords.timeline`
+makes the documents when the dashboard asks (a named tuple cost a microsecond more per
+request)."""
+
+
+class AdminRecords(Protocol):
+    """The records the app keeps per session (proxy.admin.records), as proxy.http and the admin
+    routes use them: a forwarded request is counted and put in its session's timeline, /admin
+    lists the sessions and shows one, the dashboard pages through them."""
+
+    def touch(self, session_id: str) -> None: ...
+
+    def list(self) -> dict[str, Any]: ...
+
+    def get(self, session_id: str) -> dict[str, Any] | None: ...
+
+    def add_request(self, session_id: str, line: TimelineLine) -> None:
+        """A hooked request's line in its session's timeline (proxy.http.forwarding)."""
+        ...
+
+    def page(
+        self,
+        *,
+        sort: str = "last_seen",
+        descending: bool = True,
+        search: str = "",
+        offset: int = 0,
+        limit: int = 50,
+    ) -> dict[str, Any]:
+        """One page of session summaries for the dashboard, ordered by a sortable field."""
+        ...
+
+    def timeline(self, session_id: str) -> Sequence[dict[str, Any]] | None: ...
+
+    def overhead_quantiles(self) -> dict[str, float | None]: ...
+
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)

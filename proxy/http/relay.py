@@ -10,7 +10,7 @@ The status is fixed before `prepare()`; after that a failure can only end the st
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterable, Mapping
+from collections.abc import AsyncIterable
 
 from aiohttp import web
 
@@ -20,10 +20,9 @@ from proxy.http.upstream import Response
 from proxy.http.usage import UsageProbe
 from proxy.logs import RequestInfo
 from proxy.metrics import Metrics
+from proxy.outcome import Outcome, RecallFigures, add_headers
 
 log = logging.getLogger(__name__)
-
-OVERHEAD_HEADER = "x-compaction-proxy-overhead-ms"
 
 
 async def relay(
@@ -33,20 +32,20 @@ async def relay(
     *,
     info: RequestInfo,
     metrics: Metrics,
-    extra_headers: Mapping[str, str] | None = None,
+    outcome: Outcome | None = None,
+    recall: RecallFigures | None = None,
     already_read: bytes = b"",
     probe: UsageProbe | None = None,
 ) -> web.StreamResponse:
     """Send `upstream` to the client, its body read from `chunks` (Upstream.chunks, where the
     upstream's failures are mapped); `already_read` is body the caller read first (it is sent
-    before the rest). Closes `upstream` unless it was read to the end."""
+    before the rest). The client is also told the hook's `outcome`, the `recall` rounds and the
+    proxy's own time (proxy.outcome). Closes `upstream` unless it was read to the end."""
     # A body of known length follows its headers at once: send both in one write.
     kind = _HeadersWithBody if "Content-Length" in upstream.headers else web.StreamResponse
     response = kind(status=upstream.status, reason=upstream.reason)
     response.headers.extend(client_response_headers(upstream.headers))
-    if extra_headers:
-        response.headers.update(extra_headers)
-    response.headers[OVERHEAD_HEADER] = f"{info.overhead_ms():.3f}"
+    add_headers(response.headers, outcome, recall, info.overhead_ms())
     sent = 0
     info.outcome = "incomplete"
     try:

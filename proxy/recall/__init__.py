@@ -14,7 +14,7 @@ sees a recall call.
 from __future__ import annotations
 
 from proxy.recall.equipping import Recall
-from proxy.recall.rounds import PROXY_MS, ROUNDS, TOKENS, RecallRounds
+from proxy.recall.rounds import RecallRounds
 from proxy.recall.tools import NAME
 
-__all__ = ["NAME", "PROXY_MS", "ROUNDS", "TOKENS", "Recall", "RecallRounds"]
+__all__ = ["NAME", "Recall", "RecallRounds"]

@@ -9,15 +9,15 @@ ordinary response without any recall call.
   its recall call, never an error of ours.
 - Rounds exhausted: the last response minus its recall call.
 - `usage` of the final response is the sum of every call's (the request really cost that); the
-  `id` is the first response's. The headers say the rounds, their tokens and the proxy's own
-  time in them (`x-compaction-recall-ms`: what a bench reads to bound a round's cost).
+  `id` is the first response's. The rounds, their tokens and the proxy's own time in them go
+  back as `RecallFigures` (proxy.outcome renders them into the client's headers).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import orjson
@@ -25,15 +25,12 @@ import orjson
 from proxy.errors import ProxyError, UpstreamStreamCut
 from proxy.interception import Body, Followed, Resend, Response, Usage
 from proxy.metrics import RecallMetrics
+from proxy.outcome import RecallFigures
 from proxy.recall.answers import CHARS_PER_TOKEN, Answers
 from proxy.recall.streams import StreamedTurn, read_events, stream_for
 from proxy.recall.turns import TURNS, JsonObject, add_usage
 
 log = logging.getLogger(__name__)
-
-ROUNDS = "x-compaction-recall-rounds"
-TOKENS = "x-compaction-recall-tokens"
-PROXY_MS = "x-compaction-recall-ms"
 
 
 @dataclass(frozen=True)
@@ -68,7 +65,7 @@ class RecallRounds:
         if content_type.startswith("text/event-stream"):
             turn = stream_for(self._dialect)
             if turn is not None:
-                followed = Followed(_Current(first), _empty(), rewritten=True, headers={})
+                followed = Followed(_Current(first), _empty(), rewritten=True)
                 followed.chunks = self._stream(turn, followed, upstream)
                 return followed
         try:
@@ -155,10 +152,10 @@ class RecallRounds:
             final = {**final, "id": response.get("id", final.get("id"))}
             if total_usage is not None:
                 final["usage"] = total_usage
-        headers = {ROUNDS: str(rounds), TOKENS: str(tokens), PROXY_MS: f"{proxy_s * 1000:.3f}"}
+        recall = RecallFigures(rounds, tokens, proxy_s * 1000)
         log.info("answered recall calls", extra={"rounds": rounds, "dialect": self._dialect})
         return _whole(
-            current_http, orjson.dumps(final), headers=headers, usage=_usage(response.get("usage"))
+            current_http, orjson.dumps(final), recall=recall, usage=_usage(response.get("usage"))
         )
 
     async def _stream(
@@ -217,11 +214,7 @@ class RecallRounds:
         ending = turn.ending()
         if ending:
             yield ending
-        followed.headers = {
-            ROUNDS: str(rounds),
-            TOKENS: str(tokens),
-            PROXY_MS: f"{proxy_s * 1000:.3f}",
-        }
+        followed.recall = RecallFigures(rounds, tokens, proxy_s * 1000)
 
     async def _send(self, upstream: Resend, body: bytes) -> tuple[Response, bytes] | str:
         """The next response and its body, or why the round is given up."""
@@ -293,12 +286,12 @@ def _whole(
     response: Response,
     body: bytes,
     *,
-    headers: Mapping[str, str] | None = None,
+    recall: RecallFigures | None = None,
     usage: Usage | None = None,
 ) -> Followed:
     """The client's response when its whole body is known: sent with its Content-Length."""
     return Followed(
-        response, _once(body), rewritten=True, headers=headers or {}, usage=usage, length=len(body)
+        response, _once(body), rewritten=True, recall=recall, usage=usage, length=len(body)
     )
 
 

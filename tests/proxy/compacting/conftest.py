@@ -13,10 +13,10 @@ import aiohttp
 import orjson
 import pytest
 
+from proxy.admin.records import SessionRecords
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.hook import Replacements, Shared, build_hook
 from proxy.compacting.overflow import LearnedWindows
-from proxy.compacting.records import SessionRecords
 from proxy.compacting.stores.local import LocalStore
 from proxy.http.upstream import Upstream
 from proxy.metrics import Metrics

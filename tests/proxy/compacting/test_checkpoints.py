@@ -9,7 +9,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.compacting.records import SessionRecords
+from proxy.admin.records import SessionRecords
 from proxy.http import keys
 from tests import factories as f
 from tests.fakes.offload import SlowFirstPlan

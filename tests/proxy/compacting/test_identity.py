@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from compaction import is_valid_session_id
 from proxy.compacting.identity import is_injected, named_session
-from proxy.http.sessions import is_valid_session_id
 from tests.fakes.upstream import FakeUpstream
 from tests.proxy.conftest import RunningProxy, StartProxy
 

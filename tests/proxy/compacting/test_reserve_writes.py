@@ -17,7 +17,7 @@ import orjson
 
 from compaction import Compactor, MemoryWriter
 from compaction.checkpoints import Checkpoint
-from proxy.compacting.records import SessionRecords
+from proxy.admin.records import SessionRecords
 from proxy.compacting.stores.local import LocalStore
 from proxy.http import keys
 from tests import factories as f

@@ -13,7 +13,7 @@ import pytest
 from bench.corpus import read_corpus
 from bench.dialects import WIRES
 from bench.replay import replay_on_and_shadow, shadow_differences
-from proxy.compacting.records import SessionRecords
+from proxy.admin.records import SessionRecords
 from proxy.http import keys
 from tests import factories as f
 from tests.fakes.script import Script

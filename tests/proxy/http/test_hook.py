@@ -12,6 +12,7 @@ import orjson
 from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
 from proxy.compacting.request import fingerprint as fingerprint_of
 from proxy.interception import Exchange, RequestContext
+from proxy.outcome import Outcome
 from tests.fakes.upstream import (
     FakeUpstream,
     chat_chunk,
@@ -62,7 +63,7 @@ class RecordingExchange:
     hook: RecordingHook
     body: bytes
     session_id: str
-    headers: dict[str, str] = field(default_factory=lambda: {"x-compaction-status": "applied"})
+    outcome: Outcome = field(default_factory=lambda: Outcome("applied"))
     wants_usage: bool = True
     followup: None = None
 

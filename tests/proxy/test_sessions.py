@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 
+from compaction import is_valid_session_id
 from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
 from proxy.compacting.request import fingerprint as fingerprint_of
 from proxy.errors import SessionIdRefused
-from proxy.http.sessions import is_valid_session_id, resolve_session_id
+from proxy.sessions import resolve_session_id
 
 
 def fingerprint(payload: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
-"""The admin endpoints: sessions, their compaction records and totals, the search of a session's
-archived turns (`admin.token` required).
+"""The admin endpoints: sessions, their compaction records and totals (proxy.admin.records), the
+search of a session's archived turns (`admin.token` required).
 
 They do not exist (404) while `admin.token` is null.
 """
@@ -15,7 +15,7 @@ from proxy.errors import ArchiveUnavailable, BadRequest, NotFound, Unauthorized
 from proxy.http import keys
 from proxy.http.handlers import json_response
 from proxy.http.middleware import GET_ONLY
-from proxy.http.sessions import check_session_id
+from proxy.sessions import check_session_id
 
 
 async def admin_sessions(request: web.Request) -> web.Response:

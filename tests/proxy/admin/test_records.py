@@ -1,11 +1,14 @@
-"""The records kept for /admin (proxy.compacting.records)."""
+"""The records kept for /admin (proxy.admin.records)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from proxy.compacting.records import SessionRecords
-from proxy.http.sessions import SORTABLE, TIMELINE_FIELDS, TimelineLine
+from proxy.admin.records import SORTABLE, TIMELINE_FIELDS, SessionRecords
+from proxy.http.keys import TimelineLine
+from proxy.outcome import Outcome, RecallFigures
 
 _DEFAULTS = {
     "time": 1_700_000_000.0, "dialect": "chat", "status": "none", "tokens_before": None,
@@ -14,10 +17,27 @@ _DEFAULTS = {
 }  # fmt: skip
 
 
-def line(**fields: object) -> TimelineLine:
-    """A timeline line with these fields, the others at their defaults."""
+def line(**fields: Any) -> TimelineLine:
+    """A timeline line whose document has these fields, the others at their defaults."""
     values = {**_DEFAULTS, **fields}
-    return tuple(values[name] for name in TIMELINE_FIELDS)  # type: ignore[return-value]
+    outcome = Outcome(
+        values["status"],
+        None,
+        values["tokens_before"],
+        values["tokens_after"],
+        values["compaction_id"],
+    )
+    recall = RecallFigures(values["recall_rounds"], values["recall_tokens"], 0.0)
+    return (
+        values["time"],
+        values["dialect"],
+        outcome,
+        recall,
+        values["bytes_before"],
+        values["bytes_after"],
+        values["upstream_status"],
+        values["overhead_ms"],
+    )
 
 
 def test_session_records_are_bounded() -> None:

@@ -1,4 +1,4 @@
-"""The dashboard (proxy.http.dashboard) over a proxy that compacted: its page and files, its
+"""The dashboard (proxy.admin.dashboard) over a proxy that compacted: its page and files, its
 token, and the figures its JSON shows for sessions, a session's timeline and receipts, and live."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.http.dashboard import quantile_of_buckets
+from proxy.admin.dashboard import quantile_of_buckets
 from tests.fakes.script import SUMMARY_TEXT, Script
 from tests.proxy.compacting.conftest import WINDOW, conversation_of, post
 from tests.proxy.conftest import RunningProxy, StartProxy

@@ -1,4 +1,4 @@
-"""`compaction-proxy inspect` (proxy.inspector) against a running proxy that compacted."""
+"""`compaction-proxy inspect` (proxy.admin.inspect) against a running proxy that compacted."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from proxy.admin.inspect import InspectError, inspect, main
 from proxy.cli import _parser
-from proxy.inspector import InspectError, inspect, main
 from tests.fakes.script import Script
 from tests.proxy.compacting.conftest import WINDOW, conversation_of, post
 

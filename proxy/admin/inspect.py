@@ -1,5 +1,5 @@
 """`compaction-proxy inspect [SESSION]`: the dashboard's views in a terminal, read from a running
-proxy's admin API (/admin/api/, proxy.http.dashboard).
+proxy's admin API (/admin/api/, proxy.admin.dashboard).
 
 Without SESSION: the live figures and a table of sessions. With one: its totals, its timeline
 and its last compaction's receipt (summary, memory written, diff). The admin token comes from

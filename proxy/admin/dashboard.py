@@ -1,6 +1,7 @@
-"""The dashboard at /admin/ (DESIGN §4): a page, its script and style served from package data
-(proxy/http/static: nothing built, nothing from elsewhere), and the JSON it reads under
-/admin/api/, behind the same `admin.token` as the admin endpoints.
+"""The dashboard at /admin/ (docs/operations.md): a page, its script and style served from
+package data (proxy/admin/static: nothing built, nothing from elsewhere), and the JSON it reads
+under /admin/api/ (from the session records, proxy.admin.records), behind the same
+`admin.token` as the admin endpoints.
 
 The page asks for the token in a form and keeps it in the tab's sessionStorage; the script
 sends it as `Authorization: Bearer` on each call, so it never appears in a URL or an access line.
@@ -28,12 +29,13 @@ import orjson
 from aiohttp import web
 
 from compaction import MemoryWriter
+from proxy.admin.records import SORTABLE
+from proxy.admin.routes import require_admin
 from proxy.errors import BadRequest, NotFound
 from proxy.http import keys
-from proxy.http.admin import require_admin
 from proxy.http.middleware import GET_ONLY
-from proxy.http.sessions import SORTABLE, check_session_id
 from proxy.metrics import Metrics
+from proxy.sessions import check_session_id
 from proxy.settings import ModelsSettings
 
 MAX_PAGE = 500
@@ -237,7 +239,7 @@ def _json(payload: object) -> web.Response:
 @functools.cache
 def _asset(name: str) -> bytes:
     """A dashboard file from the package (read once: they never change while running)."""
-    return (importlib.resources.files("proxy.http") / "static" / name).read_bytes()
+    return (importlib.resources.files("proxy.admin") / "static" / name).read_bytes()
 
 
 def _read_tail(path: Path, limit: int) -> tuple[str, int]:
