@@ -62,6 +62,7 @@ from compaction.messages import (
     strip_injected,
 )
 from compaction.offload import Inline, JsonArray, Offload, OffloadLost
+from compaction.plan import Trigger
 from compaction.settings import CompactionSettings, Strategy
 from compaction.stages import worker_mentions
 from compaction.summarize import is_substantive, recall_note, summary_message, summary_text
@@ -127,6 +128,7 @@ __all__ = [
     "TokenEstimator",
     "ToolCall",
     "Tools",
+    "Trigger",
     "Verification",
     "View",
     "blocks_text",
