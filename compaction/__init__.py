@@ -31,6 +31,7 @@ from compaction.checkpoints import (
     CheckpointCache,
     CheckpointStore,
     DigestPrefix,
+    Layout,
     View,
     checkpoint_after,
     conversation_seed,
@@ -62,6 +63,7 @@ from compaction.messages import (
     strip_injected,
 )
 from compaction.offload import Inline, JsonArray, Offload, OffloadLost
+from compaction.plan import Trigger
 from compaction.settings import CompactionSettings, Strategy
 from compaction.stages import worker_mentions
 from compaction.summarize import is_substantive, recall_note, summary_message, summary_text
@@ -110,6 +112,7 @@ __all__ = [
     "ItemClaims",
     "JsonArray",
     "Kind",
+    "Layout",
     "Ledger",
     "MemoryItem",
     "MemoryWriter",
@@ -127,6 +130,7 @@ __all__ = [
     "TokenEstimator",
     "ToolCall",
     "Tools",
+    "Trigger",
     "Verification",
     "View",
     "blocks_text",

@@ -10,6 +10,7 @@ it: the summary then sits inside the folded span and the library writes an updat
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -98,6 +99,63 @@ class DigestPrefix(Sequence[bytes]):
         return self._digests.index(value, begin, end)
 
 
+Part = int | range | Message
+"""A piece of a view: one original message by index (a pinned one), a run of them, or a message
+of the checkpoint's own (its summary, a preview)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a checkpoint's view is made of the original list: `messages[:cut]` becomes `parts`, in
+    order, and `messages[cut:]` follows as sent. The one description of a view that everything
+    reading one follows: applying it (Checkpoint.apply), estimating it and splicing its bytes (the
+    proxy's history and fast path), saying what it folded (the proxy's records)."""
+
+    parts: tuple[Part, ...]
+    head_end: int
+    """Where what the checkpoint replaces starts: messages before it are the head, kept."""
+    cut: int
+    reduced: tuple[int, ...] = ()
+    """The original messages that stand in the view as their previews, in order."""
+
+    def parts_of(self, count: int) -> list[Part]:
+        """The view of a list of `count` messages (at least `cut`): the parts, then the rest."""
+        return [*self.parts, range(self.cut, count)]
+
+    @functools.cached_property
+    def kept(self) -> tuple[range, ...]:
+        """The original messages the view carries before the cut, as runs (a pinned one: a run
+        of one); everything else before the cut is folded or reduced."""
+        runs: list[range] = []
+        for part in self.parts:
+            if isinstance(part, int):
+                runs.append(range(part, part + 1))
+            elif isinstance(part, range) and part:
+                runs.append(part)
+        return tuple(runs)
+
+    def apply(self, messages: Sequence[Message]) -> list[Message]:
+        view: list[Message] = []
+        for part in self.parts_of(len(messages)):
+            if isinstance(part, range):
+                view += messages[part.start : part.stop]
+            elif isinstance(part, int):
+                view.append(messages[part])
+            else:
+                view.append(part)
+        return view
+
+    def folded_since(self, base: Layout | None) -> range:
+        """The original messages this layout folds (or reduces to previews) that the view of
+        `base` (None: the original list) still carried: from the base's cut (or the head's
+        end), or from an earlier message reduced to its preview now, to the cut."""
+        start = base.cut if base is not None else self.head_end
+        if self.reduced:
+            before = set(base.reduced) if base is not None else set()
+            start = min([start, *(i for i in self.reduced if i not in before)])
+        return range(start, self.cut)
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """`messages[:cut]` of a conversation becomes head + summary + pinned messages + run.
@@ -137,26 +195,25 @@ class Checkpoint:
         """Where the run starts in the view: after the head, the summary and the pinned."""
         return self.head_end + (self.summary_message is not None) + len(self.pinned)
 
-    def apply(self, messages: Sequence[Message]) -> list[Message]:
-        """The compacted view of a request whose first `cut` messages match this checkpoint."""
-        if not self.previews:
-            return [
-                *messages[: self.head_end],
-                *([] if self.summary_message is None else [self.summary_message]),
-                *(messages[i] for i in self.pinned),
-                *messages[self.run_start :],
-            ]
-        view = [*messages[: self.head_end]]
+    @functools.cached_property
+    def layout(self) -> Layout:
+        """Where each message of its view comes from (Layout), worked out once per object."""
+        parts: list[int | range | Message] = [range(self.head_end)]
         if self.summary_message is not None:
-            view.append(self.summary_message)
-        view += (messages[i] for i in self.pinned)
+            parts.append(self.summary_message)
+        parts += self.pinned
         start = self.run_start
         for index, preview in self.previews:
-            view += messages[start:index]
-            view.append(preview)
+            parts += [range(start, index), preview]
             start = index + 1
-        view += messages[start:]
-        return view
+        parts.append(range(start, self.cut))
+        return Layout(
+            tuple(parts), self.head_end, self.cut, tuple(index for index, _ in self.previews)
+        )
+
+    def apply(self, messages: Sequence[Message]) -> list[Message]:
+        """The compacted view of a request whose first `cut` messages match this checkpoint."""
+        return self.layout.apply(messages)
 
     @property
     def prefix_len(self) -> int:

@@ -36,7 +36,7 @@ from compaction.memory import MemoryWriter, write_items
 from compaction.mentions import MentionCache
 from compaction.messages import CHAT, Shape
 from compaction.offload import Inline, JobMessages, JsonArray, Offload, OffloadLost
-from compaction.plan import preview_slack, should_compact
+from compaction.plan import Trigger, preview_slack
 from compaction.selective import apply_previews
 from compaction.settings import CompactionSettings
 from compaction.stages import (
@@ -86,6 +86,7 @@ class Compactor:
         `mentions` lets a longer fold scan only new texts (inline; a job sent to another process
         travels without it and uses that process's own, `stages.worker_mentions`)."""
         self.settings = settings or CompactionSettings()
+        self.trigger = Trigger(self.settings.trigger_ratio, self.settings.trigger_tokens)
         self.offload: Offload = offload or Inline()
         self.crossing: bool = self.offload.crossing
         self.shape = shape
@@ -106,16 +107,12 @@ class Compactor:
     def needs_compaction(
         self, tokens: int, window: int, max_output_tokens: int | None = None
     ) -> bool:
-        return should_compact(
-            tokens,
-            window,
-            trigger_ratio=self.settings.trigger_ratio,
-            max_output_tokens=max_output_tokens,
-        )
+        return self.trigger.is_reached(tokens, window, max_output_tokens)
 
     def summary_budget(self, window: int) -> int:
-        """Tokens the summary message may take: the setting, capped by the window's share."""
-        share = int(window * self.settings.summary_window_ratio)
+        """Tokens the summary message may take: the setting, capped by the (effective) window's
+        share."""
+        share = int(self.trigger.effective_window(window) * self.settings.summary_window_ratio)
         return max(MIN_SUMMARY_TOKENS, min(self.settings.summary_max_tokens, share))
 
     def plan(
@@ -198,12 +195,15 @@ class Compactor:
             summary_budget_tokens=self.summary_budget(window),
             max_output_tokens=max_output_tokens,
             strict_alternation=self.settings.strict_alternation,
-            pinned_budget_tokens=int(window * self.settings.pinned_ratio),
+            pinned_budget_tokens=int(
+                self.trigger.effective_window(window) * self.settings.pinned_ratio
+            ),
             keep_reading=keep_reading,
             strategy=self.settings.strategy,
             preview_slack=preview_slack(
-                window, self.settings.target_ratio, self.settings.trigger_ratio, max_output_tokens
+                window, self.settings.target_ratio, self.trigger, max_output_tokens
             ),
+            trigger=self.trigger,
         )
 
     def shape_of(self, estimator: TokenEstimator) -> Shape:

@@ -21,7 +21,7 @@ from compaction.ledger import build_ledger, is_overflow_item
 from compaction.memory import MemoryWriter
 from compaction.mentions import MentionCache
 from compaction.messages import is_summary_message, read_items
-from compaction.plan import should_compact
+from compaction.plan import Trigger
 from compaction.segment import split
 from compaction.settings import KEEP_RECENT_ROUNDS, CompactionSettings
 from compaction.summarize import summary_text
@@ -60,7 +60,8 @@ class CompactionEngine:
         self.memory.path_for(session_id)  # an invalid session id fails here, not mid-compaction
 
     async def should_compact(self, current_tokens: int, budget: int) -> bool:
-        return should_compact(current_tokens, budget, trigger_ratio=self.settings.trigger_ratio)
+        trigger = Trigger(self.settings.trigger_ratio, self.settings.trigger_tokens)
+        return trigger.is_reached(current_tokens, budget)
 
     async def compact(
         self, conversation_history: list[Any], keep_recent: int = KEEP_RECENT_ROUNDS

@@ -9,6 +9,7 @@ they fit), and a round cut inside keeps its user message pinned, as does the con
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain, takewhile
@@ -18,26 +19,58 @@ from compaction.tokens import REPLY_PRIMING_TOKENS
 from compaction.types import Block, Plan, Round, Segments
 
 
-def should_compact(
-    tokens: int,
+@dataclass(frozen=True)
+class Trigger:
+    """When a request is compacted, the one rule: its estimate reaches `ratio` of its window or
+    `tokens` (an absolute trigger; None: the ratio alone), whichever comes first, or the prompt
+    plus the output it asks for (`max_tokens`) no longer fits the window.
+
+    An absolute trigger far below the ratio's (200k on a 1M window: the ratio says 850k) moves
+    every other share with it: the target, the room for previews, the standing instructions, the
+    summary's share and preparing ahead are shares of `effective_window`, the window whose
+    `ratio` the absolute trigger is, so a request after a compaction sits as far below an
+    absolute trigger as it would below the ratio's. Only the `max_tokens` rule reads the model's
+    own window.
+    """
+
+    ratio: float = TRIGGER_RATIO
+    tokens: int | None = None
+
+    def at(self, window: int, max_output_tokens: int | None = None) -> int:
+        """The smallest estimate at which a request of `window` asking `max_output_tokens` is
+        compacted."""
+        at = math.ceil(self.ratio * window)
+        if self.tokens is not None:
+            at = min(at, self.tokens)
+        if max_output_tokens is not None:
+            at = min(at, window - max_output_tokens + 1)
+        return at
+
+    def is_reached(self, tokens: int, window: int, max_output_tokens: int | None = None) -> bool:
+        return tokens >= self.at(window, max_output_tokens)
+
+    def effective_window(self, window: int) -> int:
+        """The window the other ratios are shares of: `window`, or, when the absolute trigger
+        comes before `ratio` of it, the smaller one whose `ratio` it is (200k at 0.85: 235,294)."""
+        if self.tokens is None or self.tokens >= self.ratio * window:
+            return window
+        return int(self.tokens / self.ratio)
+
+
+def target_tokens(
     window: int,
-    *,
-    trigger_ratio: float = TRIGGER_RATIO,
-    max_output_tokens: int | None = None,
-) -> bool:
-    """True at `trigger_ratio` of the window, or when prompt plus requested output overflows."""
-    if tokens >= trigger_ratio * window:
-        return True
-    return max_output_tokens is not None and tokens + max_output_tokens > window
-
-
-def target_tokens(window: int, target_ratio: float, max_output_tokens: int | None) -> int:
-    """The prompt size to aim for: `target_ratio` of the window, and room for the output.
+    target_ratio: float,
+    max_output_tokens: int | None,
+    trigger: Trigger | None = None,
+) -> int:
+    """The prompt size to aim for: `target_ratio` of the window (of the trigger's effective
+    window: Trigger), and room for the output.
 
     A caller asking for a large `max_tokens` needs the prompt to leave that much of the window
     free, whatever the ratio says; the smaller of the two limits wins.
     """
-    target = int(target_ratio * window)
+    shares = window if trigger is None else trigger.effective_window(window)
+    target = int(target_ratio * shares)
     if max_output_tokens is not None:
         target = min(target, window - max_output_tokens)
     return max(target, 0)
@@ -50,15 +83,13 @@ before the next compaction, without a summarizer call. Less is not worth a cache
 
 
 def preview_slack(
-    window: int, target_ratio: float, trigger_ratio: float, max_output_tokens: int | None
+    window: int, target_ratio: float, trigger: Trigger, max_output_tokens: int | None
 ) -> int:
     """How far above its target previews alone may leave a request (see PREVIEW_REACH): that
-    share of the room between the target and the trigger, whichever rule of should_compact
-    fires first (a large `max_tokens` brings the trigger closer)."""
-    trigger = trigger_ratio * window
-    if max_output_tokens is not None:
-        trigger = min(trigger, window - max_output_tokens)
-    room = trigger - target_tokens(window, target_ratio, max_output_tokens)
+    share of the room between the target and the trigger (Trigger.at: a large `max_tokens` or
+    an absolute trigger brings it closer)."""
+    target = target_tokens(window, target_ratio, max_output_tokens, trigger)
+    room = trigger.at(window, max_output_tokens) - target
     return max(0, round(PREVIEW_REACH * room))
 
 
@@ -89,6 +120,7 @@ def plan_compaction(
     max_output_tokens: int | None = None,
     strict_alternation: bool = False,
     pinned_budget_tokens: int = 0,
+    trigger: Trigger | None = None,
 ) -> Plan:
     """Where to cut `segments` so that head + summary + kept part reaches the target.
 
@@ -101,11 +133,14 @@ def plan_compaction(
     and the kept part starts with a block the user did not open.
 
     `pinned_budget_tokens` bounds the standing instructions in the summary (see _Budget.pinned).
+    `trigger`: with an absolute trigger, the target and the task's share are shares of its
+    effective window (Trigger; None: of `window`).
 
     Deterministic and pure. A plan with keep_from == head_end folds nothing ("unchanged");
     `fits` is False (with a note) when even the smallest keepable part misses the target.
     """
-    target = target_tokens(window, target_ratio, max_output_tokens)
+    target = target_tokens(window, target_ratio, max_output_tokens, trigger)
+    window = window if trigger is None else trigger.effective_window(window)  # the task's share
     budget = _Budget(
         segments.head_tokens + segments.tools_tokens + REPLY_PRIMING_TOKENS,
         summary_budget_tokens,

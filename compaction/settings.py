@@ -12,6 +12,11 @@ from typing import Literal
 TRIGGER_RATIO = 0.85
 """Compact when the request reaches this share of the context window."""
 
+TRIGGER_TOKENS: int | None = None
+"""Or compact at this many tokens, whichever comes first (None: the ratio alone). With 1M-token
+windows the ratio's trigger sits where long-context recall has long fallen off and every request
+costs the most; agents' own harnesses compact at 100-200k there (plan.Trigger)."""
+
 TARGET_RATIO = 0.45
 """Aim the compacted request at this share of the window, well below the trigger: each
 compaction breaks the prompt cache once (the new prefix is read at the full input price), and
@@ -59,6 +64,7 @@ LLM_TIMEOUT_S = 60.0
 @dataclass(frozen=True)
 class CompactionSettings:
     trigger_ratio: float = TRIGGER_RATIO
+    trigger_tokens: int | None = TRIGGER_TOKENS
     target_ratio: float = TARGET_RATIO
     keep_recent_rounds: int = KEEP_RECENT_ROUNDS
     summary_max_tokens: int = SUMMARY_MAX_TOKENS

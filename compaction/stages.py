@@ -32,7 +32,7 @@ from compaction.mentions import MentionCache, scan_prose
 from compaction.messages import Item, Shape, read_items
 from compaction.offload import JobMessages
 from compaction.pinned import Pinned
-from compaction.plan import plan_compaction
+from compaction.plan import Trigger, plan_compaction
 from compaction.sections import Body
 from compaction.segment import split
 from compaction.selective import choose_previews
@@ -92,6 +92,8 @@ class PlanJob:
     preview_slack: int = 0
     """How far above the plan's target previews alone may leave the request (plan.preview_slack;
     0: they must reach the target)."""
+    trigger: Trigger | None = None
+    """An absolute trigger moves the target with it (plan.Trigger; None: the window's ratios)."""
 
 
 class Reading(NamedTuple):
@@ -138,6 +140,7 @@ def _make_plan(job: PlanJob) -> Planned:
         max_output_tokens=job.max_output_tokens,
         strict_alternation=job.strict_alternation,
         pinned_budget_tokens=job.pinned_budget_tokens,
+        trigger=job.trigger,
     )
     if (
         items is not None

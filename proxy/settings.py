@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from compaction import CompactionSettings, Strategy
+from compaction import CompactionSettings, Strategy, Trigger
 
 _LIBRARY = CompactionSettings()
 """The library's defaults, which this section's defaults are."""
@@ -132,6 +132,9 @@ class CompactionSection(_Section):
     """shadow: compute, record and show every compaction as `on` would, and forward the
     client's original bytes untouched."""
     trigger_ratio: float = Field(default=_LIBRARY.trigger_ratio, gt=0, le=1)
+    trigger_tokens: int | None = Field(default=_LIBRARY.trigger_tokens, gt=0)
+    """Or at this many tokens, whichever comes first (compaction.Trigger: the other ratios then
+    follow it, as on the window whose `trigger_ratio` it is)."""
     target_ratio: float = Field(default=_LIBRARY.target_ratio, gt=0, le=1)
     precompute_ratio: float = Field(default=0.7, ge=0, le=1)
     keep_recent_rounds: int = Field(default=_LIBRARY.keep_recent_rounds, gt=0)
@@ -190,12 +193,18 @@ class CompactionSection(_Section):
         return value
 
     @property
+    def trigger(self) -> Trigger:
+        """The one trigger rule, with this section's ratio and absolute trigger."""
+        return Trigger(self.trigger_ratio, self.trigger_tokens)
+
+    @property
     def scanned_chars(self) -> int:
         return int(self.scanned_texts_mb * 1024 * 1024) // 3
 
     def library_settings(self, *, llm_timeout_s: float) -> CompactionSettings:
         return CompactionSettings(
             trigger_ratio=self.trigger_ratio,
+            trigger_tokens=self.trigger_tokens,
             target_ratio=self.target_ratio,
             keep_recent_rounds=self.keep_recent_rounds,
             summary_max_tokens=self.summary_max_tokens,

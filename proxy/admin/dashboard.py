@@ -99,7 +99,7 @@ async def api_session(request: web.Request) -> web.Response:
     found.update(estimate_savings(settings.models, found["model"], found["tokens_saved"]))
     found["timeline"] = timeline
     found["window"] = window
-    found["trigger"] = int(window * settings.compaction.trigger_ratio)
+    found["trigger"] = settings.compaction.trigger.at(window)
     return _json(found)
 
 

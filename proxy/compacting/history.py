@@ -78,19 +78,16 @@ class ListHistory:
 
 def raw_tokens(history: History, base: Checkpoint | None, shape: Shape) -> int:
     """The estimate (calibration 1) of the view `base` gives of `history` (None: the history
-    itself): the head, the summary, the pinned items, the run with its previews and the items
-    kept after the cut."""
+    itself): the items its layout keeps before the cut (head, pinned, the run between previews),
+    the summary and the previews, and the items after the cut."""
     total = history.tokens_to(len(history))
     if base is None:
         return total
-    pinned = sum(history.tokens_to(i + 1) - history.tokens_to(i) for i in base.pinned)
+    layout = base.layout
+    kept = sum(history.tokens_to(run.stop) - history.tokens_to(run.start) for run in layout.kept)
     summary = base.summary_message
     summary_tokens = (
         0 if summary is None else HeuristicEstimator(shape=shape).count_message(summary)
     )
-    run = history.tokens_to(base.cut) - history.tokens_to(base.run_start)
-    if base.previews:
-        replaced = sum(history.tokens_to(i + 1) - history.tokens_to(i) for i, _ in base.previews)
-        run += base.preview_tokens(shape) - replaced
-    kept = total - history.tokens_to(base.cut)
-    return history.tokens_to(base.head_end) + summary_tokens + pinned + run + kept
+    own = summary_tokens + (base.preview_tokens(shape) if base.previews else 0)
+    return kept + own + total - history.tokens_to(layout.cut)

@@ -138,6 +138,7 @@ class CompactingHook:
             [models.default_context_window, *models.context_windows.values()]
         )
         self._lowest_ratio = min(self._options.precompute_ratio or 1.0, self._options.trigger_ratio)
+        self._trigger = self._options.trigger
 
     async def prepare(self, ctx: RequestContext, body: bytes) -> Exchange:
         untouched = Passthrough(body=body, outcome=UNCHANGED, session_id=ctx.explicit_session)
@@ -212,7 +213,8 @@ class CompactingHook:
         return may_need_parsing(
             body,
             smallest_window=smallest,
-            lowest_ratio=self._lowest_ratio,
+            # The ratios are shares of the trigger's effective window (compaction.Trigger).
+            lowest_tokens=self._lowest_ratio * self._trigger.effective_window(smallest),
             factor=self._calibration.max_factor,
         )
 

@@ -2,10 +2,12 @@
 
 Past `compaction.precompute_ratio`, after a request was forwarded, the next compaction runs in
 the background; its checkpoint is held in reserve until the trigger (see Conversations.view).
-The trigger is whichever rule fires first: `trigger_ratio` of the window, or the prompt plus the
-request's `max_tokens` no longer fitting it (a client asking 32k of a 100k window is compacted
-at 68k); preparing starts as far before it as `precompute_ratio` is before `trigger_ratio`, so
-a client asking a large `max_tokens` is prepared for as early, relative to its trigger.
+The trigger is whichever rule fires first (compaction.Trigger): `trigger_ratio` of the window,
+`trigger_tokens`, or the prompt plus the request's `max_tokens` no longer fitting it (a client
+asking 32k of a 100k window is compacted at 68k); preparing starts as far before it as
+`precompute_ratio` is before `trigger_ratio`, so a client asking a large `max_tokens` is
+prepared for as early, relative to its trigger. The ratios are shares of the trigger's
+effective window: with `trigger_tokens` 200k on a 1M window, preparing starts at 0.7 of 235k.
 A conversation for which a check found nothing to do is left quiet until its history grew past
 what could change that.
 
@@ -188,7 +190,7 @@ class Precompute:
         if task is None:
             # Nothing new to fold yet (the recent rounds are all there is): look again once the
             # conversation grew a little, not on every request.
-            self._quiet_for(request, raw_tokens, _RECHECK_GROWTH * request.window)
+            self._quiet_for(request, raw_tokens, _RECHECK_GROWTH * _shares(self._options, request))
         else:
             task.add_done_callback(self._learn)
 
@@ -196,7 +198,7 @@ class Precompute:
         """The target minus the growth still to come before the trigger: applied then, the
         reserve leaves the request near the target rather than already near the trigger."""
         options = self._options
-        growth = max(0.0, trigger(options, request) - tokens) / request.window
+        growth = max(0.0, trigger(options, request) - tokens) / _shares(options, request)
         return max(MIN_PRECOMPUTE_TARGET_RATIO, options.target_ratio - growth)
 
     def _threshold(self, request: ParsedRequest) -> float:
@@ -206,8 +208,9 @@ class Precompute:
         ratio = options.precompute_ratio
         if not ratio:
             return float("inf")
-        lead = (options.trigger_ratio - ratio) * request.window
-        return max(0.0, min(ratio * request.window, trigger(options, request) - lead))
+        shares = _shares(options, request)
+        lead = (options.trigger_ratio - ratio) * shares
+        return max(0.0, min(ratio * shares, trigger(options, request) - lead))
 
     def _is_quiet(self, request: ParsedRequest, raw_tokens: int) -> bool:
         """True while an earlier check of this conversation proved a precompute pointless."""
@@ -219,13 +222,13 @@ class Precompute:
 
 
 def trigger(options: CompactionSection, request: ParsedRequest) -> int:
-    """The smallest estimate at which `request` is compacted (compaction.should_compact): at
-    `trigger_ratio` of its window, or sooner when the prompt plus its `max_tokens` would not
-    fit the window."""
-    at_ratio = math.ceil(options.trigger_ratio * request.window)
-    if request.max_output_tokens is None:
-        return at_ratio
-    return min(at_ratio, request.window - request.max_output_tokens + 1)
+    """The smallest estimate at which `request` is compacted (compaction.Trigger)."""
+    return options.trigger.at(request.window, request.max_output_tokens)
+
+
+def _shares(options: CompactionSection, request: ParsedRequest) -> int:
+    """The window the precompute and target ratios are shares of (Trigger.effective_window)."""
+    return options.trigger.effective_window(request.window)
 
 
 def _conversation_key(request: ParsedRequest) -> bytes:

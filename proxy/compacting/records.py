@@ -124,15 +124,11 @@ def record_compaction(
 
 def folded_range(view: View, checkpoint: Checkpoint | None) -> list[int] | None:
     """Original message indices [start, end) this compaction folded (or reduced to previews)
-    for the first time."""
+    for the first time (compaction.Layout.folded_since)."""
     if checkpoint is None:
         return None
-    base = view.base
-    start = base.cut if base is not None else checkpoint.head_end
-    if checkpoint.previews:  # a reduced output may lie before the base's cut
-        before = {i for i, _ in base.previews} if base is not None else set()
-        start = min([start, *(i for i, _ in checkpoint.previews if i not in before)])
-    return [start, checkpoint.cut]
+    folded = checkpoint.layout.folded_since(view.base.layout if view.base is not None else None)
+    return [folded.start, folded.stop]
 
 
 def describe_diff(

@@ -41,13 +41,14 @@ _DECIDING_KEYS = re.compile(
 
 
 def may_need_parsing(
-    body: bytes, *, smallest_window: int, lowest_ratio: float, factor: float
+    body: bytes, *, smallest_window: int, lowest_tokens: float, factor: float
 ) -> bool:
-    """False only when no estimate of `body` can reach `lowest_ratio` of the smallest window:
-    its bytes bound its text's tokens, and only a fixed-cost part or an output reservation can
-    add to them (any reservation: of a key given twice, the parser keeps the last)."""
+    """False only when no estimate of `body` can reach `lowest_tokens` (where anything starts in
+    the smallest window) nor, with its output reservation, overflow that window: its bytes bound
+    its text's tokens, and only a fixed-cost part or an output reservation can add to them (any
+    reservation: of a key given twice, the parser keeps the last)."""
     bound = len(body) * max(1.0, factor)
-    if bound >= lowest_ratio * smallest_window:
+    if bound >= lowest_tokens:
         return True
     for found in _DECIDING_KEYS.finditer(body):
         if found.group(1) is not None or bound + int(found.group(2)) > smallest_window:

@@ -14,13 +14,13 @@ from bench.corpus import read_corpus
 from compaction import is_summary_message
 from compaction.invariants import check_compacted
 from compaction.plan import (
+    Trigger,
     _kept_tokens,
     _pinned_tokens,
     _pins,
     _tokens,
     plan_compaction,
     preview_slack,
-    should_compact,
     target_tokens,
 )
 from compaction.segment import split
@@ -65,14 +65,38 @@ def output_tokens(messages: list[Any], plan: Plan) -> int:
 
 
 def test_should_compact_at_the_trigger_ratio() -> None:
-    assert should_compact(85_000, 100_000)
-    assert not should_compact(84_999, 100_000)
-    assert should_compact(50, 100, trigger_ratio=0.5)
+    assert Trigger().is_reached(85_000, 100_000)
+    assert not Trigger().is_reached(84_999, 100_000)
+    assert Trigger(0.5).is_reached(50, 100)
 
 
 def test_should_compact_when_the_requested_output_no_longer_fits() -> None:
-    assert should_compact(70_000, 100_000, max_output_tokens=30_001)
-    assert not should_compact(70_000, 100_000, max_output_tokens=30_000)
+    assert Trigger().is_reached(70_000, 100_000, max_output_tokens=30_001)
+    assert not Trigger().is_reached(70_000, 100_000, max_output_tokens=30_000)
+
+
+def test_an_absolute_trigger_fires_first_when_it_comes_before_the_ratio() -> None:
+    trigger = Trigger(0.85, 200_000)
+    assert trigger.at(1_000_000) == 200_000
+    assert trigger.is_reached(200_000, 1_000_000)
+    assert not trigger.is_reached(199_999, 1_000_000)
+    # The ratio's trigger comes first on a small window, and so does a max_tokens that no
+    # longer fits.
+    assert trigger.at(128_000) == 108_800
+    assert trigger.at(1_000_000, max_output_tokens=900_000) == 100_001
+    assert Trigger(0.85, None).at(1_000_000) == 850_000
+
+
+def test_an_absolute_trigger_moves_the_target_and_the_previews_bar_with_it() -> None:
+    # 200k on a 1M window: the ratios are shares of the window whose 0.85 is 200k (235,294).
+    trigger = Trigger(0.85, 200_000)
+    assert trigger.effective_window(1_000_000) == 235_294
+    assert trigger.effective_window(128_000) == 128_000  # the ratio comes first: no change
+    assert target_tokens(1_000_000, 0.45, None, trigger) == 105_882
+    assert target_tokens(1_000_000, 0.45, None) == 450_000  # above that trigger: a loop
+    # Halfway from the target to the trigger, as at the ratio's trigger on that window.
+    assert preview_slack(1_000_000, 0.45, trigger, None) == 47_059
+    assert preview_slack(235_294, 0.45, Trigger(0.85), None) == 47_059
 
 
 def test_target_leaves_room_for_the_requested_output() -> None:
@@ -83,14 +107,15 @@ def test_target_leaves_room_for_the_requested_output() -> None:
 
 
 def test_previews_alone_must_reach_halfway_from_the_target_to_the_trigger() -> None:
-    assert preview_slack(100_000, 0.45, 0.85, None) == 20_000  # 45k + 20k: 0.65 of the window
+    # 45k + 20k: 0.65 of the window.
+    assert preview_slack(100_000, 0.45, Trigger(0.85), None) == 20_000
     # A large max_tokens brings the trigger closer (68k), and with it the halfway point (56.5k).
-    assert preview_slack(100_000, 0.45, 0.85, 32_000) == 11_500
-    assert preview_slack(100_000, 0.45, 0.85, 50_000) == 2_500  # trigger 50k, target 45k
+    assert preview_slack(100_000, 0.45, Trigger(0.85), 32_000) == 11_500
+    assert preview_slack(100_000, 0.45, Trigger(0.85), 50_000) == 2_500  # trigger 50k, target 45k
     # Or sets the target itself: no room between the two, previews must reach the target.
-    assert preview_slack(100_000, 0.45, 0.85, 60_000) == 0
-    assert preview_slack(100_000, 0.9, 0.85, None) == 0
-    assert preview_slack(8_000, 0.45, 0.85, None) == 1_600
+    assert preview_slack(100_000, 0.45, Trigger(0.85), 60_000) == 0
+    assert preview_slack(100_000, 0.9, Trigger(0.85), None) == 0
+    assert preview_slack(8_000, 0.45, Trigger(0.85), None) == 1_600
 
 
 # ---------------------------------------------------------------- kept rounds

@@ -35,6 +35,18 @@ def test_pinned_ratio_defaults_to_a_tenth_and_reaches_the_library() -> None:
     assert section.library_settings(llm_timeout_s=5).pinned_ratio == 0.2
 
 
+def test_trigger_tokens_is_off_by_default_and_the_environment_sets_it(tmp_path: Path) -> None:
+    section = load_settings(None, {}, {}).compaction
+    assert section.trigger_tokens is None and section.trigger.at(1_000_000) == 850_000
+    environ = {"COMPACTION_PROXY__COMPACTION__TRIGGER_TOKENS": "200000"}
+    section = load_settings(None, environ, {}).compaction
+    assert section.library_settings(llm_timeout_s=5).trigger_tokens == 200_000
+    assert section.trigger.at(1_000_000) == 200_000
+    text = "compaction:\n  trigger_tokens: 200000\n"
+    environ = {"COMPACTION_PROXY__COMPACTION__TRIGGER_TOKENS": "null"}
+    assert load_settings(write(tmp_path, text), environ, {}).compaction.trigger_tokens is None
+
+
 def test_compaction_mode_is_on_or_shadow_as_yaml_and_the_environment_write_it(
     tmp_path: Path,
 ) -> None:
@@ -121,6 +133,7 @@ def test_context_window_exact_then_glob_then_default() -> None:
         ),
         ("compaction:\n  target_ratio: 0.9\n", {}, "compaction.target_ratio: must be below"),
         ("compaction:\n  trigger_ratio: 1.5\n", {}, "compaction.trigger_ratio:"),
+        ("compaction:\n  trigger_tokens: 0\n", {}, "compaction.trigger_tokens:"),
         ("compaction:\n  precompute_ratio: 0.9\n", {}, "compaction.precompute_ratio: must not"),
         ("compaction:\n  keep_recent_rounds: 0\n", {}, "compaction.keep_recent_rounds:"),
         ("models:\n  context_windows:\n    m: -1\n", {}, "models.context_windows"),

@@ -175,22 +175,23 @@ class FastPath:
 def _wire_parts(index: BodyIndex, checkpoint: Checkpoint, dialect: Dialect) -> list[Part] | None:
     """Checkpoint.apply then Dialect.wire, as splice parts: the bytes the full path splices."""
     summary = checkpoint.summary_message
-    if checkpoint.previews:
+    if summary is not None and dialect.joins_summary:
         # Anthropic joins a summary with the turns after it: with previews too, the full path.
-        return (
-            None if summary is not None and dialect.joins_summary else _previewed(checkpoint, index)
-        )
-    if summary is None:
+        return None if checkpoint.previews else _joined(index, checkpoint, summary, dialect)
+    if summary is None and not checkpoint.previews:
         return None
-    if not dialect.joins_summary:
-        return [
-            range(checkpoint.head_end),
-            orjson.dumps(summary),
-            *checkpoint.pinned,
-            range(checkpoint.cut, index.count),
-        ]
-    # The wire joins the summary with the user turns right after it: only those are read. A head
-    # before the summary would have to be read too (Anthropic's head is its top-level `system`).
+    return [
+        part if isinstance(part, (int, range)) else orjson.dumps(part)
+        for part in checkpoint.layout.parts_of(index.count)
+    ]
+
+
+def _joined(
+    index: BodyIndex, checkpoint: Checkpoint, summary: Message, dialect: Dialect
+) -> list[Part] | None:
+    """The wire joins the summary with the user turns right after it: only those are read. A
+    head before the summary would have to be read too (Anthropic's head is its top-level
+    `system`)."""
     if checkpoint.head_end:
         return None
     taken = list(checkpoint.pinned)
@@ -208,19 +209,3 @@ def _wire_parts(index: BodyIndex, checkpoint: Checkpoint, dialect: Dialect) -> l
     # view_parts numbers the turns by their place in `turns`; the splice wants their index.
     wired = view_parts(turns, dialect.wire([summary, *turns]))
     return [*(taken[p] if isinstance(p, int) else p for p in wired), range(end, index.count)]
-
-
-def _previewed(checkpoint: Checkpoint, index: BodyIndex) -> list[Part]:
-    """A checkpoint with previews: the head, its summary and pinned items if any, then the run
-    with each preview's bytes in its item's place, then the rest as sent."""
-    summary = checkpoint.summary_message
-    parts: list[Part] = [range(checkpoint.head_end)]
-    if summary is not None:
-        parts.append(orjson.dumps(summary))
-    parts += checkpoint.pinned
-    start = checkpoint.run_start
-    for at, preview in checkpoint.previews:
-        parts += [range(start, at), orjson.dumps(preview)]
-        start = at + 1
-    parts.append(range(start, index.count))
-    return parts

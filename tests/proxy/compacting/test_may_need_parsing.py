@@ -16,7 +16,7 @@ def _small(part_type: str) -> bytes:
 
 
 def _decide(body: bytes) -> bool:
-    return may_need_parsing(body, smallest_window=128_000, lowest_ratio=0.6, factor=1.2)
+    return may_need_parsing(body, smallest_window=128_000, lowest_tokens=0.6 * 128_000, factor=1.2)
 
 
 @pytest.mark.parametrize(
