@@ -642,7 +642,7 @@ def print_outcome(title: str, outcome: Outcome) -> None:
     print(
         f"  {'source':<36}{'convs':>6}{'direct $':>10}{'proxy $':>10}{'ratio':>7}"
         f"{'own $':>9}{'own %':>7}{'own calls':>10}{'hit direct':>11}{'hit proxy':>10}"
-        f"{'fwd/orig tokens':>17}"
+        f"{'fwd/orig tokens':>17}{'own hit':>9}{'own out/call':>13}"
     )
     rows = [*outcome.by_source.items(), ("compacting conversations", outcome.compacting)]
     rows.append(("never-compacting conversations", outcome.quiet))
@@ -652,7 +652,8 @@ def print_outcome(title: str, outcome: Outcome) -> None:
             f"  {name[:35]:<36}{f.conversations:>6}{f.direct.dollars:>10.4f}{f.proxied:>10.4f}"
             f"{f.ratio:>7.3f}{f.own.dollars:>9.4f}{100 * f.own_share:>6.1f}%{f.own.requests:>10}"
             f"{100 * f.direct.hit_rate:>10.1f}%{100 * f.agent.hit_rate:>9.1f}%"
-            f"{forwarded:>17.3f}"
+            f"{forwarded:>17.3f}{100 * f.own.hit_rate:>8.1f}%"
+            f"{f.own.output_tokens / f.own.requests if f.own.requests else 0:>13.0f}"
         )
 
 
