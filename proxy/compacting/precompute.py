@@ -76,7 +76,7 @@ class _Course(NamedTuple):
     steps: tuple[_Step, ...]
 
 
-MIN_PRECOMPUTE_TARGET_RATIO = 0.35
+MIN_PRECOMPUTE_TARGET_RATIO = 0.25
 """However early a reserve is prepared, it never folds the request below this share."""
 
 
@@ -199,11 +199,20 @@ class Precompute:
             task.add_done_callback(self._learn)
 
     def _target_ratio(self, request: ParsedRequest, tokens: int) -> float:
-        """The target minus the growth still to come before the trigger: applied then, the
-        reserve leaves the request near the target rather than already near the trigger."""
+        """The target minus the growth still to come before the compaction applies: up to the
+        trigger (a reserve is held until then), and while its summary runs (one started at the
+        trigger applies on the first request after it is ready). Applied then, it leaves the
+        request near the target rather than already on its way back to the trigger."""
         options = self._options
-        growth = max(0.0, trigger(options, request) - tokens) / request.window
-        return max(MIN_PRECOMPUTE_TARGET_RATIO, options.target_ratio - growth)
+        to_trigger = max(0.0, trigger(options, request) - tokens)
+        course = self._courses.get(_conversation_key(request))
+        while_running = 0.0
+        if course is not None and course.steps:
+            growth = max(step.tokens for step in course.steps)
+            pace = max(1e-3, min(step.seconds for step in course.steps))
+            while_running = growth * math.ceil(self._summary_s / pace)
+        ahead = max(to_trigger, while_running) / request.window
+        return max(MIN_PRECOMPUTE_TARGET_RATIO, options.target_ratio - ahead)
 
     def _threshold(self, request: ParsedRequest) -> float:
         """Where preparing starts: `precompute_ratio` of the window, or as far before the
