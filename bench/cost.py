@@ -15,33 +15,41 @@ receives, the proxy's own summary and memory calls included:
 
 Agent requests are billed the tokens of the corpus' next assistant turn as output, the same
 direct and through the proxy; the fake summarizer answers at `SUMMARY_FILL` of the requested
-`max_tokens` and the memory extraction with `MEMORY_ITEMS` items. Time is modelled: `--turn-s`
-seconds between two requests of a conversation, the cache's TTL `TTL_S`. The proxy lives in that
-time scaled by `--time-scale` (default `TIME_SCALE`: a modelled second lasts 10 ms): it sees the
-replay's pace, and a summarizer answering in `FIRST_TOKEN_S` plus its output at
-`OUTPUT_TOKENS_PER_S`, in their modelled proportion, which is what its choice of when to prepare
-a compaction reads. The proxy's own work is not scaled: its milliseconds of planning count as
-modelled seconds, so a smaller scale overstates how long a compaction takes against a turn
-(at a millisecond a second, 30-110 ms of planning read as 30-110 s, longer than a turn, and
-conversations were prepared for two or three requests ahead: never-compacting ones at 8k cost
-1.04 of direct, against 1.000 at 10 ms a second). At 10 ms a second a proxied run of the 31
-conversations takes about 7 minutes.
+`max_tokens` and the memory extraction with `MEMORY_ITEMS` items.
+
+Two time models (`--pace`):
+- `agent` (the default): every conversation at once, each at an agent's pace (`Pace`): a model
+  turn takes `--turn-units`, the client's tool `--tool-units`, each of the proxy's own calls
+  (summary, memory) `--own-units`, a unit lasting `--unit-s` real seconds and standing for
+  `--unit-modelled-s` seconds of the cache's clock. The agent never waits for the proxy's
+  background work; the proxy lives in real time. A run of the 41 conversations at 8k takes a few
+  minutes.
+- `sequential` (the former model, kept for comparison): one conversation after the other,
+  `--turn-s` modelled seconds between two requests, the proxy living in that time scaled by
+  `--time-scale` (default `TIME_SCALE`: a modelled second lasts 10 ms), a summarizer answering
+  in `FIRST_TOKEN_S` plus its output at `OUTPUT_TOKENS_PER_S`. The proxy's own work is not
+  scaled: its milliseconds of planning count as modelled seconds, so a smaller scale overstates
+  how long a compaction takes against a turn. A proxied run of the conversations takes about 7
+  minutes.
 
     .venv/bin/python -m bench.cost [--quick] [--windows 8000 32000] [--per-source 10]
                                    [--dialect chat|responses|anthropic] [--config config.yaml]
-                                   [--set target_ratio=0.5 ...] [--time-scale 0.01]
+                                   [--set target_ratio=0.5 ...] [--pace agent|sequential]
+                                   [--unit-s 0.1] [--turn-units 3] [--tool-units 1]
+                                   [--own-units 6] [--unit-modelled-s 5] [--time-scale 0.01]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import re
 import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,11 +66,14 @@ from proxy.http.serving import serve_on_loopback
 from proxy.settings import CompactionSection, Price, Settings, load_settings
 
 SOURCES = (
+    "swe_mini_gemini3pro.jsonl",
     "swe_mini_gemini3pro_toolcalls.jsonl",
     "swe_gym_openhands.jsonl",
     "tau_bench_airline_gpt4o.jsonl",
     "locomo10.jsonl",
 )
+QUICK_SOURCES = SOURCES[1:3]
+"""`--quick`: one coding agent's conversation with tool calls, one OpenHands'."""
 MODEL = "replay"
 DEFAULT_PRICE = Price(input=2.50, cached_input=0.25, output=10.00)
 BLOCK_TOKENS = 1024
@@ -80,6 +91,8 @@ FIRST_TOKEN_S = 1.0
 OUTPUT_TOKENS_PER_S = 50.0
 """A summarizer's modelled speed: a slow model's (a quicker one is prepared for later)."""
 OUTPUT_HEADER = "X-Bench-Output-Tokens"
+CREDENTIAL_PREFIX = "replay-"
+"""The paced replay's credentials: `Bearer replay-<conversation>`."""
 PURPOSE = "X-Compaction-Purpose"
 
 
@@ -254,34 +267,58 @@ class Ledger:
 
 
 class CostUpstream:
-    """Bills each request on the modelled cache; answers summary and memory calls with a text of
-    realistic length and agent requests with a short reply."""
+    """Bills each request on the modelled cache at `now(conversation)`; answers summary and
+    memory calls with a text of realistic length after `own_delay(output_tokens)` real seconds,
+    agent requests with a short reply after `agent_delay` real seconds (the model's turn).
+
+    A request is the conversation named by its credential when `by_credential` (the paced
+    replay gives each conversation its own, so the proxy's own calls, which carry it, are told
+    apart while all run at once), else by `X-Session-Id`, else the conversation whose request
+    came last (one at a time, the proxy's own call is made for it)."""
 
     def __init__(
-        self, wire: Wire, cache: PromptCache, ledger: Ledger, time_scale: float = TIME_SCALE
+        self,
+        wire: Wire,
+        cache: PromptCache,
+        ledger: Ledger,
+        *,
+        now: Callable[[str], float],
+        own_delay: Callable[[int], float],
+        agent_delay: float = 0.0,
+        by_credential: bool = False,
     ) -> None:
         self.wire, self.cache, self.ledger = wire, cache, ledger
-        self.time_scale = time_scale
-        self.clock: dict[str, float] = {}
-        """Each conversation's modelled time, set by the replay before each request."""
+        self.now, self.own_delay, self.agent_delay = now, own_delay, agent_delay
+        self.by_credential = by_credential
         self.latest = ""
-        """The conversation whose request came last: a proxy's own call is made for it."""
+
+    def conversation_of(self, request: web.Request) -> str:
+        if self.by_credential:
+            credential = request.headers.get("Authorization", "")
+            return credential.removeprefix(f"Bearer {CREDENTIAL_PREFIX}")
+        return request.headers.get("X-Session-Id", self.latest)
 
     async def handle(self, request: web.Request) -> web.Response:
         body = orjson.loads(await request.read())
         purpose = request.headers.get(PURPOSE, "agent")
-        conversation = request.headers.get("X-Session-Id", self.latest)
+        conversation = self.conversation_of(request)
         if purpose == "agent":
             self.latest = conversation
             text = "ok"
             output = int(request.headers.get(OUTPUT_HEADER, "1"))
-        else:
+            bill = self._bill(conversation, purpose, body, output)
+            await asyncio.sleep(self.agent_delay)
+        else:  # billed when answered, as the sequential model always did
             text = answer_for(purpose, body, self.cache.estimator)
             output = self.cache.estimator.count_text(text)
-            await asyncio.sleep((FIRST_TOKEN_S + output / OUTPUT_TOKENS_PER_S) * self.time_scale)
-        bill = self.cache.bill(body, output, self.clock.get(conversation, 0.0))
-        self.ledger.bills[conversation, purpose].add(bill)
+            await asyncio.sleep(self.own_delay(output))
+            bill = self._bill(conversation, purpose, body, output)
         return web.json_response(self.wire.answer(text, bill.prompt_tokens))
+
+    def _bill(self, conversation: str, purpose: str, body: dict[str, Any], output: int) -> Bill:
+        bill = self.cache.bill(body, output, self.now(conversation))
+        self.ledger.bills[conversation, purpose].add(bill)
+        return bill
 
 
 def answer_for(purpose: str, body: dict[str, Any], estimator: HeuristicEstimator) -> str:
@@ -350,10 +387,30 @@ def session_of(conversation: dict[str, Any]) -> str:
     return str(conversation["id"]).replace("/", "_")[:100]
 
 
+@dataclass(frozen=True)
+class Pace:
+    """An agent's pace, in units: a model turn, the client's tool between two requests, one of
+    the proxy's own calls (a summary writes about four times an agent reply's tokens). A unit
+    lasts `unit_s` real seconds and stands for `unit_modelled_s` seconds of the prompt cache's
+    clock (5: a coding turn of 15 s, a summary of 30 s, the 5-minute TTL 60 units)."""
+
+    unit_s: float = 0.1
+    turn_units: float = 3.0
+    tool_units: float = 1.0
+    own_units: float = 6.0
+    unit_modelled_s: float = 5.0
+
+    @property
+    def step_units(self) -> float:
+        """From one request of a conversation to its next, when nothing waits."""
+        return self.turn_units + self.tool_units
+
+
 def direct(
     wire: Wire, price: Price, picked: dict[str, list[dict[str, Any]]], turn_s: float
 ) -> Ledger:
-    """Every request as sent, billed on a cache of its own (the unlimited window)."""
+    """Every request as sent, billed on a cache of its own (the unlimited window), one
+    conversation after the other, `turn_s` modelled seconds apart."""
     ledger = Ledger()
     cache = PromptCache(wire, price)
     clock = 0.0
@@ -366,20 +423,33 @@ def direct(
     return ledger
 
 
-async def through_proxy(
-    wire: Wire,
-    price: Price,
-    picked: dict[str, list[dict[str, Any]]],
-    window: int,
-    compaction: dict[str, Any],
-    turn_s: float,
-    time_scale: float = TIME_SCALE,
+def direct_paced(
+    wire: Wire, price: Price, picked: dict[str, list[dict[str, Any]]], pace: Pace
 ) -> Ledger:
-    """Every request through a proxy at `window` with `compaction` settings, one conversation
-    after the other, the proxy's background work given time between turns."""
+    """Every request as sent, every conversation at once at `pace` (its k-th request k steps
+    after its start), billed on one cache in the order they arrive."""
     ledger = Ledger()
     cache = PromptCache(wire, price)
-    upstream = CostUpstream(wire, cache, ledger, time_scale)
+    step_s = pace.step_units * pace.unit_modelled_s
+    arrivals: list[tuple[float, int, str, Turn]] = []
+    order = 0
+    for conversations in picked.values():
+        for conversation in conversations:
+            session = session_of(conversation)
+            for k, turn in enumerate(turns_of(wire, conversation, cache.estimator)):
+                arrivals.append((k * step_s, order, session, turn))
+                order += 1
+    for at, _, session, turn in sorted(arrivals, key=lambda arrival: arrival[:2]):
+        ledger.bills[session, "agent"].add(cache.bill(turn.body, turn.output_tokens, at))
+    return ledger
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    wire: Wire, upstream: CostUpstream, window: int, compaction: dict[str, Any]
+) -> AsyncIterator[str]:
+    """The fake upstream and a real proxy at `window` with `compaction` settings in front of
+    it, on loopback: yields the proxy's URL."""
     upstream_app = web.Application(client_max_size=64 * 2**20)
     upstream_app.router.add_post(f"/v1/{wire.path}", upstream.handle)
     upstream_runner, upstream_url = await serve_on_loopback(upstream_app)
@@ -397,31 +467,102 @@ async def through_proxy(
             }
         )
         proxy_runner, proxy_url = await serve_on_loopback(create_app(settings))
-        clock = 0.0
         try:
-            async with aiohttp.ClientSession() as client:
-                for conversations in picked.values():
-                    for conversation in conversations:
-                        session = session_of(conversation)
-                        for turn in turns_of(wire, conversation, cache.estimator):
-                            clock += turn_s
-                            upstream.clock[session] = clock
-                            status = await _send(client, proxy_url, wire, session, turn)
-                            ledger.statuses[session].add(status)
-                            await _settle(turn_s * time_scale)
-                        await _settle(0.2)
+            yield proxy_url
         finally:
             await proxy_runner.cleanup()
             await upstream_runner.cleanup()
+
+
+async def through_proxy(
+    wire: Wire,
+    price: Price,
+    picked: dict[str, list[dict[str, Any]]],
+    window: int,
+    compaction: dict[str, Any],
+    turn_s: float,
+    time_scale: float = TIME_SCALE,
+) -> Ledger:
+    """Every request through a proxy at `window` with `compaction` settings, one conversation
+    after the other, the proxy's background work given time between turns."""
+    ledger = Ledger()
+    cache = PromptCache(wire, price)
+    clock: dict[str, float] = {}
+    upstream = CostUpstream(
+        wire,
+        cache,
+        ledger,
+        now=lambda conversation: clock.get(conversation, 0.0),
+        own_delay=lambda output: (FIRST_TOKEN_S + output / OUTPUT_TOKENS_PER_S) * time_scale,
+    )
+    async with serving(wire, upstream, window, compaction) as proxy_url:
+        modelled = 0.0
+        async with aiohttp.ClientSession() as client:
+            for conversations in picked.values():
+                for conversation in conversations:
+                    session = session_of(conversation)
+                    for turn in turns_of(wire, conversation, cache.estimator):
+                        modelled += turn_s
+                        clock[session] = modelled
+                        status = await _send(client, proxy_url, wire, session, turn)
+                        ledger.statuses[session].add(status)
+                        await _settle(turn_s * time_scale)
+                    await _settle(0.2)
+    return ledger
+
+
+async def through_proxy_paced(
+    wire: Wire,
+    price: Price,
+    picked: dict[str, list[dict[str, Any]]],
+    window: int,
+    compaction: dict[str, Any],
+    pace: Pace,
+) -> Ledger:
+    """Every conversation through one proxy at once, each at `pace`: its next request a tool's
+    time after the answer to its last. The cache's clock is real time in modelled units."""
+    ledger = Ledger()
+    cache = PromptCache(wire, price)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    upstream = CostUpstream(
+        wire,
+        cache,
+        ledger,
+        now=lambda _: (loop.time() - started) / pace.unit_s * pace.unit_modelled_s,
+        own_delay=lambda _: pace.own_units * pace.unit_s,
+        agent_delay=pace.turn_units * pace.unit_s,
+        by_credential=True,
+    )
+
+    async def replay(client: aiohttp.ClientSession, proxy_url: str, conversation: Any) -> None:
+        session = session_of(conversation)
+        credential = f"Bearer {CREDENTIAL_PREFIX}{session}"
+        for turn in turns_of(wire, conversation, cache.estimator):
+            status = await _send(client, proxy_url, wire, session, turn, credential)
+            ledger.statuses[session].add(status)
+            await asyncio.sleep(pace.tool_units * pace.unit_s)
+
+    async with serving(wire, upstream, window, compaction) as proxy_url:
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as client:
+            everyone = [c for conversations in picked.values() for c in conversations]
+            await asyncio.gather(*(replay(client, proxy_url, c) for c in everyone))
+        await asyncio.sleep(pace.own_units * pace.unit_s)  # the last own calls are billed
     return ledger
 
 
 async def _send(
-    client: aiohttp.ClientSession, proxy_url: str, wire: Wire, session: str, turn: Turn
+    client: aiohttp.ClientSession,
+    proxy_url: str,
+    wire: Wire,
+    session: str,
+    turn: Turn,
+    credential: str = "Bearer replay",
 ) -> str:
     headers = {
         "X-Session-Id": session,
-        "Authorization": "Bearer replay",
+        "Authorization": credential,
         OUTPUT_HEADER: str(turn.output_tokens),
     }
     async with client.post(f"{proxy_url}/v1/{wire.path}", json=turn.body, headers=headers) as r:
@@ -501,7 +642,7 @@ def print_outcome(title: str, outcome: Outcome) -> None:
     print(
         f"  {'source':<36}{'convs':>6}{'direct $':>10}{'proxy $':>10}{'ratio':>7}"
         f"{'own $':>9}{'own %':>7}{'own calls':>10}{'hit direct':>11}{'hit proxy':>10}"
-        f"{'fwd/orig tokens':>17}"
+        f"{'fwd/orig tokens':>17}{'own hit':>9}{'own out/call':>13}"
     )
     rows = [*outcome.by_source.items(), ("compacting conversations", outcome.compacting)]
     rows.append(("never-compacting conversations", outcome.quiet))
@@ -511,7 +652,8 @@ def print_outcome(title: str, outcome: Outcome) -> None:
             f"  {name[:35]:<36}{f.conversations:>6}{f.direct.dollars:>10.4f}{f.proxied:>10.4f}"
             f"{f.ratio:>7.3f}{f.own.dollars:>9.4f}{100 * f.own_share:>6.1f}%{f.own.requests:>10}"
             f"{100 * f.direct.hit_rate:>10.1f}%{100 * f.agent.hit_rate:>9.1f}%"
-            f"{forwarded:>17.3f}"
+            f"{forwarded:>17.3f}{100 * f.own.hit_rate:>8.1f}%"
+            f"{f.own.output_tokens / f.own.requests if f.own.requests else 0:>13.0f}"
         )
 
 
@@ -546,13 +688,37 @@ def price_of(config: str | None) -> Price:
     return models.prices[MODEL] if MODEL in models.prices else models.price_for(MODEL)
 
 
+def pace_of(args: argparse.Namespace) -> Pace | None:
+    """The agent pace the arguments ask for; None: the sequential model."""
+    if getattr(args, "pace", "sequential") != "agent":
+        return None
+    return Pace(
+        unit_s=args.unit_s,
+        turn_units=args.turn_units,
+        tool_units=args.tool_units,
+        own_units=args.own_units,
+        unit_modelled_s=args.unit_modelled_s,
+    )
+
+
+def describe_time(args: argparse.Namespace, pace: Pace | None) -> str:
+    if pace is None:
+        return f"one conversation at a time, {args.turn_s:g} s between turns"
+    return (
+        f"all conversations at once; a model turn {pace.turn_units:g} units, a tool "
+        f"{pace.tool_units:g}, the proxy's own calls {pace.own_units:g}; a unit "
+        f"{pace.unit_s:g} s real, {pace.unit_modelled_s:g} s of the cache's clock"
+    )
+
+
 async def run(args: argparse.Namespace) -> list[tuple[str, Outcome]]:
     wire = WIRES[args.dialect]
     price = price_of(args.config)
-    sources = SOURCES[:2] if args.quick else SOURCES
+    sources = QUICK_SOURCES if args.quick else tuple(getattr(args, "sources", None) or SOURCES)
     per_source = 1 if args.quick else args.per_source
     picked = {name: conversations_of(name, per_source) for name in sources}
     windows = args.windows[:1] if args.quick else args.windows
+    pace = pace_of(args)
     print(
         f"prices per million tokens: input ${price.input:.2f}, cached input "
         f"${price.cached_input:.2f}, output ${price.output:.2f}"
@@ -565,16 +731,22 @@ async def run(args: argparse.Namespace) -> list[tuple[str, Outcome]]:
             if wire.name == "anthropic"
             else f"prefix in {BLOCK_TOKENS}-token blocks"
         )
-        + f", TTL {TTL_S:.0f} s, {args.turn_s:g} s between turns; "
+        + f", TTL {TTL_S:.0f} s; {describe_time(args, pace)}; "
         f"{sum(map(len, picked.values()))} conversations"
     )
-    direct_ledger = direct(wire, price, picked, args.turn_s)
+    if pace is None:
+        direct_ledger = direct(wire, price, picked, args.turn_s)
+    else:
+        direct_ledger = direct_paced(wire, price, picked, pace)
     outcomes = []
     for window in windows:
         for options in variants(args.quick, dict(args.set)):
-            proxied = await through_proxy(
-                wire, price, picked, window, options, args.turn_s, args.time_scale
-            )
+            if pace is None:
+                proxied = await through_proxy(
+                    wire, price, picked, window, options, args.turn_s, args.time_scale
+                )
+            else:
+                proxied = await through_proxy_paced(wire, price, picked, window, options, pace)
             title = f"window {window}, " + (
                 ", ".join(f"{k} {v}" for k, v in options.items()) or "defaults"
             )
@@ -594,12 +766,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2 sources, 1 conversation, 8k")
     parser.add_argument("--windows", type=int, nargs="+", default=[8000, 32000])
     parser.add_argument("--per-source", type=int, default=10)
-    parser.add_argument("--turn-s", type=float, default=20.0)
+    parser.add_argument("--sources", nargs="*", choices=SOURCES, help="default: all")
+    parser.add_argument(
+        "--pace",
+        choices=["agent", "sequential"],
+        default="agent",
+        help="agent: all conversations at once at an agent's pace; sequential: the former model",
+    )
+    default = Pace()
+    parser.add_argument("--unit-s", type=float, default=default.unit_s, help="(agent)")
+    parser.add_argument("--turn-units", type=float, default=default.turn_units, help="(agent)")
+    parser.add_argument("--tool-units", type=float, default=default.tool_units, help="(agent)")
+    parser.add_argument("--own-units", type=float, default=default.own_units, help="(agent)")
+    parser.add_argument(
+        "--unit-modelled-s", type=float, default=default.unit_modelled_s, help="(agent)"
+    )
+    parser.add_argument("--turn-s", type=float, default=20.0, help="(sequential)")
     parser.add_argument(
         "--time-scale",
         type=float,
         default=TIME_SCALE,
-        help="real seconds per modelled second for the proxy (smaller: quicker, less true)",
+        help="(sequential) real seconds per modelled second for the proxy",
     )
     parser.add_argument("--dialect", choices=list(WIRES), default="chat")
     parser.add_argument("--config", help="a config.yaml whose models.prices names `replay`")

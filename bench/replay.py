@@ -69,7 +69,7 @@ _TIMES = frozenset({"time", "duration_ms", "first_seen", "last_seen"})
 _IDS = frozenset({"id", "extends"})
 # The runs of the shadow proof: each compaction on the request that reaches the trigger, which
 # waits for it (see --shadow).
-_PROOF = {"precompute_ratio": 0, "summary_timeout_s": 120}
+_PROOF = {"precompute_ratio": 0, "fit_ratio": None, "summary_timeout_s": 120}
 
 
 def pick(path: Path, count: int) -> list[dict[str, Any]]:

@@ -137,6 +137,10 @@ class CompactionSection(_Section):
     follow it, as on the window whose `trigger_ratio` it is)."""
     target_ratio: float = Field(default=_LIBRARY.target_ratio, gt=0, le=1)
     precompute_ratio: float = Field(default=0.7, ge=0, le=1)
+    fit_ratio: float | None = Field(default=0.95, gt=0, le=1)
+    """Past the trigger a compaction starts; until it is ready, a request goes out as it is
+    while it still fits: under this share of the window, its `max_tokens` within the window.
+    None: a request over the trigger waits for its compaction (the trigger is also the fit)."""
     keep_recent_rounds: int = Field(default=_LIBRARY.keep_recent_rounds, gt=0)
     summary_model: str | None = None
     summary_request: Literal["cached", "standalone"] = "cached"
@@ -190,6 +194,14 @@ class CompactionSection(_Section):
         trigger = info.data.get("trigger_ratio")
         if trigger is not None and value > trigger:
             raise ValueError(f"must not exceed compaction.trigger_ratio ({trigger})")
+        return value
+
+    @field_validator("fit_ratio")
+    @classmethod
+    def _fit_from_trigger(cls, value: float | None, info: ValidationInfo) -> float | None:
+        trigger = info.data.get("trigger_ratio")
+        if value is not None and trigger is not None and value < trigger:
+            raise ValueError(f"must not be below compaction.trigger_ratio ({trigger}), or null")
         return value
 
     @property

@@ -11,7 +11,9 @@ from bench.cost import (
     BLOCK_TOKENS,
     DEFAULT_PRICE,
     TTL_S,
+    Pace,
     PromptCache,
+    direct_paced,
     mark_last_turn,
     run,
 )
@@ -70,6 +72,7 @@ async def test_the_quick_run_replays_the_corpus_and_its_figures_add_up(corpus_di
         per_source=1,
         turn_s=20.0,
         time_scale=0.001,  # quick; the figures asserted here do not depend on the pace
+        pace="sequential",
         dialect="chat",
         config=None,
         set=[],
@@ -91,3 +94,47 @@ async def test_the_quick_run_replays_the_corpus_and_its_figures_add_up(corpus_di
     assert outcome.compacting.conversations == 2
     assert outcome.compacting.agent.prompt_tokens < outcome.compacting.direct.prompt_tokens
     assert outcome.compacting.own.requests > 0
+
+
+def test_the_paced_direct_replay_bills_every_conversation_in_the_order_requests_arrive() -> None:
+    """Two conversations at once: each request is billed at its own step's time, so a prefix
+    the other conversation shares is read from the cache only once it was written."""
+    pace = Pace(unit_modelled_s=5.0)  # a step of 4 units: 20 s of the cache's clock
+    shared = long_history(rounds=20)
+    one = {"id": "one", "messages": [*shared, f.user("first")]}
+    two = {"id": "two", "messages": [*shared, f.user("second"), f.assistant("ok"), f.user("3")]}
+    ledger = direct_paced(WIRES["chat"], DEFAULT_PRICE, {"file": [one, two]}, pace)
+    first, second = ledger.bills["one", "agent"], ledger.bills["two", "agent"]
+    assert first.requests >= 1 and second.requests >= 1
+    # Both open with the same history at time 0: whichever is billed second reads it cached.
+    assert first.cached_tokens + second.cached_tokens > 0
+
+
+async def test_the_paced_run_replays_conversations_at_once_and_bills_the_proxy_s_own_calls(
+    corpus_dir: Path,
+) -> None:
+    args = argparse.Namespace(
+        quick=True,
+        windows=[8000],
+        per_source=1,
+        pace="agent",
+        unit_s=0.005,  # quick; what is asserted does not depend on the pace
+        turn_units=3.0,
+        tool_units=1.0,
+        own_units=6.0,
+        unit_modelled_s=5.0,
+        turn_s=20.0,
+        time_scale=0.001,
+        dialect="chat",
+        config=None,
+        set=[],
+    )
+    [(_, outcome)] = await run(args)
+    rows = list(outcome.by_source.values())
+    assert len(rows) == 2 and all(row.direct.dollars > 0 and row.proxied > 0 for row in rows)
+    for row in rows:
+        assert row.agent.output_tokens == row.direct.output_tokens
+        assert row.agent.requests == row.direct.requests  # every request reached the upstream
+    # The proxy's own calls, made while both conversations ran, are each billed to its own.
+    assert outcome.compacting.conversations == 2
+    assert all(row.own.requests > 0 for row in rows)

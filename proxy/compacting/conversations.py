@@ -152,16 +152,24 @@ class Conversations:
     def needs(self, req: ParsedRequest, tokens: int) -> bool:
         return self._compactor.needs_compaction(tokens, req.window, req.max_output_tokens)
 
+    def fits(self, req: ParsedRequest, tokens: int) -> bool:
+        """True while a view of `tokens` over the trigger may still go out as it is, its
+        compaction running meanwhile (see fit_limit)."""
+        return tokens <= fit_limit(self._options, req)
+
     async def decide(self, req: ParsedRequest, history: History) -> Choice:
         """The one decision per request, whichever way its history was read (parsed, or
         remembered: proxy.compacting.fast): below the trigger it goes as sent; at the trigger
-        the view to forward is chosen (`view`), and a compaction is called for when no view
-        fits."""
+        the view to forward is chosen (`view`): a checkpoint's view under the trigger, else the
+        view as it is while it still fits (its compaction starts in the background:
+        proxy.compacting.precompute), else a compaction is called for."""
         before = self.estimate(req, history)
         if not self.needs(req, before):
             return Choice(before, None, before)
         base, after, _ = await self.view(req, history)
-        return Choice(before, base, after, base is None or self.needs(req, after))
+        if base is not None and not self.needs(req, after):
+            return Choice(before, base, after)
+        return Choice(before, base, after, not self.fits(req, after))
 
     def deadline(self) -> Deadline:
         """The waits of a request arriving now (see Deadline)."""
@@ -453,6 +461,21 @@ class Conversations:
 
     async def stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:
         return await stored_under(self._store, digests, key)
+
+
+def fit_limit(options: CompactionSection, req: ParsedRequest) -> int:
+    """The largest estimate at which a request over the trigger still goes out as it is while
+    its compaction runs: `fit_ratio` of the window, and its `max_tokens` within the window;
+    below the trigger when `fit_ratio` is None (every request at the trigger waits for its
+    compaction). The trigger is where a compaction starts, this is where it must apply: a
+    conversation that ends in between never pays for a summary, one that goes on finds it
+    ready, and no request waits unless it would no longer fit."""
+    if options.fit_ratio is None:
+        return -1
+    limit = int(options.fit_ratio * req.window)
+    if req.max_output_tokens is not None:
+        limit = min(limit, req.window - req.max_output_tokens)
+    return limit
 
 
 async def stored_under(

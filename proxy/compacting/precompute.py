@@ -11,17 +11,21 @@ effective window: with `trigger_tokens` 200k on a 1M window, preparing starts at
 A conversation for which a check found nothing to do is left quiet until its history grew past
 what could change that.
 
-Past the ratio, preparing waits for the last request that leaves it time: the one after which,
-at the conversation's largest growth of its last few requests, the next reaches the trigger
-(`LEAD_REQUESTS`), or earlier when the next request, at the quickest pace of its last few, would
-leave less than `SUMMARY_MARGIN` times what a compaction prepared ahead takes. A summary
-prepared for a conversation that ends before its trigger is paid for nothing (at 8k, a tenth of
-such a conversation's cost); waiting to the last request that leaves the summary its time pays
-it only for a conversation that ends one request short of its trigger (or, with summaries
-slower than its turns, within their time), and the summary is still ready when the trigger
-comes, so no request waits on it. What a compaction takes is learned from those that ran (the
-slowest recent one; until the first, a third of `summary_timeout_s`). A conversation seen for
-the first time past the ratio has no pace yet: it is prepared for, as before.
+Two moments: the trigger is where a compaction starts, the fit limit
+(proxy.compacting.conversations.fit_limit: `fit_ratio` of the window, `max_tokens` within it)
+where it must apply. A request past the trigger that still fits goes out as it is and starts
+its conversation's compaction here; the compaction applies on the first request after it is
+ready, and only a request that would no longer fit waits for it.
+
+Before the trigger, past the ratio, preparing waits for the last request that leaves it time:
+the one after which, at the conversation's largest growth of its last few requests, the next
+would no longer fit (`LEAD_REQUESTS`), or earlier when the next request, at the quickest pace
+of its last few, would leave less than `SUMMARY_MARGIN` times what a compaction prepared ahead
+takes. A summary prepared for a conversation that ends before its trigger is paid for nothing;
+with room between the trigger and the fit limit, most conversations start theirs at the
+trigger, and one that ends short of it pays none. What a compaction takes is learned from those
+that ran (the slowest recent one; until the first, a third of `summary_timeout_s`). A
+conversation seen for the first time past the ratio has no pace yet: it is prepared for.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from typing import NamedTuple
 from cachetools import LRUCache
 
 from compaction import CompactionResult, View, plan_key
-from proxy.compacting.conversations import Conversations
+from proxy.compacting.conversations import Conversations, fit_limit
 from proxy.compacting.history import ListHistory
 from proxy.compacting.request import ParsedRequest
 from proxy.settings import CompactionSection
@@ -74,7 +78,7 @@ class _Course(NamedTuple):
     steps: tuple[_Step, ...]
 
 
-MIN_PRECOMPUTE_TARGET_RATIO = 0.35
+MIN_PRECOMPUTE_TARGET_RATIO = 0.25
 """However early a reserve is prepared, it never folds the request below this share."""
 
 
@@ -103,11 +107,13 @@ class Precompute:
         steps = self._follow(request, raw_tokens)
         if forwarded_tokens < self._threshold(request) or self._is_quiet(request, raw_tokens):
             return False
-        if not steps:
-            return True
+        if not steps or forwarded_tokens >= trigger(self._options, request):
+            return True  # the trigger is where a compaction starts
         growth = max(step.tokens for step in steps)
         pace = min(step.seconds for step in steps)
-        left = math.ceil((trigger(self._options, request) - forwarded_tokens) / growth)
+        # Requests until one would no longer fit: the last moment a compaction can apply.
+        last = max(trigger(self._options, request) - 1, fit_limit(self._options, request))
+        left = math.ceil((last + 1 - forwarded_tokens) / growth)
         if left <= LEAD_REQUESTS:
             return True
         # Waiting for the next request leaves its summary (left - 1) requests' time.
@@ -195,11 +201,20 @@ class Precompute:
             task.add_done_callback(self._learn)
 
     def _target_ratio(self, request: ParsedRequest, tokens: int) -> float:
-        """The target minus the growth still to come before the trigger: applied then, the
-        reserve leaves the request near the target rather than already near the trigger."""
+        """The target minus the growth still to come before the compaction applies: up to the
+        trigger (a reserve is held until then), and while its summary runs (one started at the
+        trigger applies on the first request after it is ready). Applied then, it leaves the
+        request near the target rather than already on its way back to the trigger."""
         options = self._options
-        growth = max(0.0, trigger(options, request) - tokens) / _shares(options, request)
-        return max(MIN_PRECOMPUTE_TARGET_RATIO, options.target_ratio - growth)
+        to_trigger = max(0.0, trigger(options, request) - tokens)
+        course = self._courses.get(_conversation_key(request))
+        while_running = 0.0
+        if course is not None and course.steps:
+            growth = max(step.tokens for step in course.steps)
+            pace = max(1e-3, min(step.seconds for step in course.steps))
+            while_running = growth * math.ceil(self._summary_s / pace)
+        ahead = max(to_trigger, while_running) / _shares(options, request)
+        return max(MIN_PRECOMPUTE_TARGET_RATIO, options.target_ratio - ahead)
 
     def _threshold(self, request: ParsedRequest) -> float:
         """Where preparing starts: `precompute_ratio` of the window, or as far before the
@@ -207,7 +222,10 @@ class Precompute:
         options = self._options
         ratio = options.precompute_ratio
         if not ratio:
-            return float("inf")
+            # Nothing prepared before the trigger. Past it, a request that still fits goes out as
+            # it is and its compaction starts here; without that room (`fit_ratio` None) the
+            # request at the trigger compacts itself and nothing is started.
+            return float("inf") if options.fit_ratio is None else trigger(options, request)
         shares = _shares(options, request)
         lead = (options.trigger_ratio - ratio) * shares
         return max(0.0, min(ratio * shares, trigger(options, request) - lead))

@@ -42,10 +42,14 @@ def build_settings(fake: FakeUpstream, **sections: dict[str, Any]) -> Settings:
     # State in the process unless a test names a backend: no test shares a state file. The
     # scripted fake answers whatever it is sent, a model listing included, so a test's window is
     # the one it types unless it turns `models.discover` on (tests/proxy/compacting/test_discovery).
+    # A request at the trigger compacts before it goes (`fit_ratio` None), so a test reads the
+    # compaction in the response to the request that crossed it; the room between the trigger
+    # and the fit limit is tested where a test names `fit_ratio` (test_two_moments.py).
     data: dict[str, Any] = {
         "upstream": {"base_url": fake.base_url},
         "state": {"backend": "memory"},
         "models": {"discover": False},
+        "compaction": {"fit_ratio": None},
     }
     for section, values in sections.items():
         data.setdefault(section, {}).update(values)

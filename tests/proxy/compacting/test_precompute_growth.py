@@ -53,8 +53,11 @@ def request(session: str = "s") -> ParsedRequest:
     )
 
 
-def precompute(clock: Clock) -> Precompute:
-    options = CompactionSection(precompute_ratio=0.7, summary_timeout_s=60)
+def precompute(clock: Clock, fit_ratio: float | None = None) -> Precompute:
+    """The unit tests below measure the lead to the trigger, the last moment a compaction can
+    apply with `fit_ratio` null; with room past the trigger the lead is measured to the fit
+    limit instead (test_with_room_past_the_trigger_the_lead_is_measured_to_the_fit_limit)."""
+    options = CompactionSection(precompute_ratio=0.7, summary_timeout_s=60, fit_ratio=fit_ratio)
     return Precompute(options, conversations=None, tasks=BackgroundTasks(), clock=clock)  # type: ignore[arg-type]
 
 
@@ -109,6 +112,18 @@ async def test_a_conversation_whose_summary_fits_a_turn_is_prepared_for_one_requ
     # conversation that ends there pays no summary), one request from it, it is.
     sizes = [TRIGGER - 400, TRIGGER - 300, TRIGGER - 200, TRIGGER - 100]
     assert walk(ahead, clock, sizes, 20.0)[1:] == [False, False, True]
+
+
+async def test_with_room_past_the_trigger_the_lead_is_measured_to_the_fit_limit() -> None:
+    """Two moments: a compaction starts at the trigger and must apply at the fit limit, so a
+    conversation one request short of its trigger is not prepared for ahead; one request short
+    of the fit limit it would be, and past the trigger it always is (the trigger starts it)."""
+    clock = Clock()
+    ahead = precompute(clock, fit_ratio=0.95)
+    ahead._learn(finished(8.0))  # type: ignore[arg-type]  # summaries take 8 s, a turn 20 s
+    sizes = [TRIGGER - 300, TRIGGER - 200, TRIGGER - 100]
+    assert walk(ahead, clock, sizes, 20.0)[1:] == [False, False]  # null: [False, True]
+    assert walk(ahead, clock, [TRIGGER], 20.0) == [True]
 
 
 async def test_a_quick_conversation_is_prepared_for_a_summarys_time_ahead() -> None:
