@@ -224,6 +224,8 @@ async def test_a_conversation_that_reaches_its_trigger_finds_its_summary_ready(
     # One request from the trigger: prepared while the agent takes its turn.
     statuses, messages = await grow_at_pace(client, proxy, ON_TO_IT[:1], messages)
     await wait_for(lambda: len(script.calls("summary")) == 1, 10)
+    # The record is written once the summary's answer is in, a moment after it was asked.
+    await wait_for(lambda: bool(proxy.app[keys.RECORDS].get("agent-1")), 10)
     [prepared] = proxy.app[keys.RECORDS].get("agent-1")["records"]
     assert prepared["reason"] == "precompute" and prepared["waited"] is None
     statuses, _ = await grow_at_pace(client, proxy, ON_TO_IT[1:], messages)
