@@ -21,8 +21,8 @@ import orjson
 from cachetools import LRUCache
 
 from compaction import ChatLLM, Message, Purpose
-from proxy.compacting.dialects import Dialect
-from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
+from proxy.dialects import Dialect
+from proxy.dialects.chat import CHAT_COMPLETIONS
 from proxy.http.upstream import Upstream
 from proxy.recall.tools import equip
 

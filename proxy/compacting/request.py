@@ -19,11 +19,11 @@ import orjson
 
 from compaction import HeuristicEstimator, JsonArray, Message, conversation_seed
 from proxy.compacting.calibration import Calibration
-from proxy.compacting.dialects import Dialect
 from proxy.compacting.discovery import WindowDiscovery
 from proxy.compacting.identity import is_injected, named_session
 from proxy.compacting.llm_client import LLMRequest, Prefix
 from proxy.compacting.overflow import LearnedWindows
+from proxy.dialects import Dialect
 from proxy.interception import RequestContext
 from proxy.settings import ModelsSettings
 

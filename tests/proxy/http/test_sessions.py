@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
 from proxy.compacting.request import fingerprint as fingerprint_of
+from proxy.dialects.chat import CHAT_COMPLETIONS
 from proxy.errors import SessionIdRefused
 from proxy.http.sessions import is_valid_session_id, resolve_session_id
 

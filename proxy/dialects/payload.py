@@ -11,13 +11,7 @@ import orjson
 from compaction import Message
 from proxy.compacting.identity import user_words
 from proxy.compacting.splice import load_json, locate_field
-
-JsonObject = dict[str, object]
-"""A JSON object whose fields are unknown until read: each is narrowed where it is used."""
-
-
-class NotCompactable(ValueError):
-    """The body is not a request this dialect compacts: forward it untouched."""
+from proxy.dialects.base import JsonObject, NotCompactable
 
 
 def load_object(body: bytes) -> JsonObject:

@@ -6,10 +6,10 @@ import orjson
 import pytest
 
 from bench.dialects import check_anthropic, check_responses
-from proxy.compacting.dialects import Dialect, NotCompactable, for_route
-from proxy.compacting.dialects.anthropic import ANTHROPIC_MESSAGES
-from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
-from proxy.compacting.dialects.responses import RESPONSES_API
+from proxy.dialects import Dialect, NotCompactable, for_route
+from proxy.dialects.anthropic import ANTHROPIC_MESSAGES
+from proxy.dialects.chat import CHAT_COMPLETIONS
+from proxy.dialects.responses import RESPONSES_API
 from tests.fakes.apis import anthropic_message, responses_object
 from tests.fakes.upstream import chat_completion
 

@@ -1,11 +1,5 @@
-"""One module per API shape: chat completions, the Responses API, Anthropic Messages.
-
-A `Dialect` is everything the compacting layer needs to know about one API: how a request reads
-into (payload, list, what else it costs) and serializes back with only the list changed, how its
-summary request and answer look, which fields carry its usage. The rest of proxy.compacting
-works on any dialect; `for_route` maps the route kind (proxy.interception.RequestContext.route)
-to one.
-"""
+"""What every dialect is: the `Dialect` protocol the rest of the proxy talks to, and the payload
+types it speaks in (`JsonObject`, `NotCompactable`)."""
 
 from __future__ import annotations
 
@@ -13,12 +7,13 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from compaction import Message, Shape
-from proxy.compacting.dialects.anthropic import ANTHROPIC_MESSAGES
-from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
-from proxy.compacting.dialects.payload import JsonObject, NotCompactable
-from proxy.compacting.dialects.responses import RESPONSES_API
 
-__all__ = ["Dialect", "JsonObject", "NotCompactable", "for_route"]
+JsonObject = dict[str, object]
+"""A JSON object whose fields are unknown until read: each is narrowed where it is used."""
+
+
+class NotCompactable(ValueError):
+    """The body is not a request this dialect compacts: forward it untouched."""
 
 
 class Dialect(Protocol):
@@ -109,15 +104,3 @@ class Dialect(Protocol):
     def summary_text(self, answer: object) -> str | None:
         """The summarizer's text in `answer`, None when the answer has none."""
         ...
-
-
-_BY_ROUTE: dict[str, Dialect] = {
-    "chat": CHAT_COMPLETIONS,
-    "responses": RESPONSES_API,
-    "messages": ANTHROPIC_MESSAGES,
-}
-
-
-def for_route(route: str) -> Dialect | None:
-    """The dialect of a hooked route kind; None for a route no dialect compacts."""
-    return _BY_ROUTE.get(route)

@@ -8,16 +8,16 @@ from collections.abc import Mapping
 import orjson
 
 from compaction import CHAT, Message, Shape, message_text
-from proxy.compacting.dialects.payload import (
+from proxy.compacting.identity import without_markers
+from proxy.dialects.base import JsonObject
+from proxy.dialects.payload import (
     ItemsDialect,
-    JsonObject,
     first_user_words,
     int_field,
     positive_int,
     replace_field,
     tool_names,
 )
-from proxy.compacting.identity import without_markers
 
 _HEAD_ROLES = ("system", "developer")
 # Fields of the agent's request that shape its answer, not its prompt: a cached summary request

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 import orjson
 
 from compaction import RESPONSES, Message, Shape, content_text, is_message_item
-from proxy.compacting.dialects.payload import (
+from proxy.compacting.identity import without_markers
+from proxy.dialects.base import JsonObject, NotCompactable
+from proxy.dialects.payload import (
     ItemsDialect,
-    JsonObject,
-    NotCompactable,
     first_user_words,
     int_field,
     list_field,
@@ -23,7 +23,6 @@ from proxy.compacting.dialects.payload import (
     replace_field,
     tool_names,
 )
-from proxy.compacting.identity import without_markers
 
 _HEAD_ROLES = ("system", "developer")
 _KEPT_UPSTREAM = ("previous_response_id", "conversation")

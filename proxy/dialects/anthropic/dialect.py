@@ -12,16 +12,16 @@ from collections.abc import Mapping
 import orjson
 
 from compaction import ANTHROPIC, Message, Shape, blocks_text, join_summary
-from proxy.compacting.dialects.payload import (
+from proxy.compacting.identity import without_markers
+from proxy.dialects.base import JsonObject
+from proxy.dialects.payload import (
     ItemsDialect,
-    JsonObject,
     first_user_words,
     int_field,
     positive_int,
     replace_field,
     tool_names,
 )
-from proxy.compacting.identity import without_markers
 
 _CACHE_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens")
 
