@@ -216,7 +216,7 @@ class CachedUpstreamLLM(UpstreamLLM):
             if prefix.recall:
                 # Placed as in the forwarded request: the tool after the client's tools, the
                 # line in the summary (the body's keys are in the order serialized).
-                serialized = equip(serialized, body, dialect.name) or serialized
+                serialized = equip(serialized, body, dialect) or serialized
             return serialized
 
         return await self._ask(body_for, purpose)

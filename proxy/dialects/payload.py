@@ -5,13 +5,14 @@ fields read as ints or tool names, and the body with one field replaced."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import orjson
 
-from compaction import Message
-from proxy.compacting.identity import user_words
-from proxy.compacting.splice import load_json, locate_field
+from compaction import Message, strip_injected
 from proxy.dialects.base import JsonObject, NotCompactable
+from proxy.dialects.splice import load_json, locate_field
+from proxy.errors import openai_error_body
 
 
 def load_object(body: bytes) -> JsonObject:
@@ -26,9 +27,19 @@ def load_object(body: bytes) -> JsonObject:
 
 class ItemsDialect:
     """What every dialect does alike: a body is a JSON object whose `items_key` holds the list,
-    and the list goes upstream as it is. A dialect overrides what differs."""
+    the list goes upstream as it is, `usage` sits at a response's top level, a message's tool
+    calls are in its content, the OpenAI-shaped upstream lists the models, and the proxy's own
+    errors take OpenAI's shape. A dialect overrides what differs."""
 
     items_key: str
+    lists_models = True
+    usage_holder: str | None = None
+
+    def calls_outside_content(self, message: Mapping[str, object]) -> object:
+        return None
+
+    def error_body(self, status: int, message: str, type_: str, code: str | None) -> bytes:
+        return openai_error_body(message, type_, code)
 
     def parse(self, body: bytes) -> tuple[JsonObject, list[Message]]:
         payload = load_object(body)
@@ -50,7 +61,7 @@ def list_field(payload: Mapping[str, object], name: str) -> list[Message]:
 
 def replace_field(body: bytes, payload: Mapping[str, object], name: str, value: object) -> bytes:
     """`body` (which `payload` was parsed from) with field `name` replaced by `value`: every
-    other byte as sent (proxy.compacting.splice), or, for a body it cannot place the field in
+    other byte as sent (proxy.dialects.splice), or, for a body it cannot place the field in
     with certainty, the payload re-serialized."""
     span = locate_field(body, payload, name)
     if span is not None:
@@ -87,7 +98,7 @@ def tool_names(payload: Mapping[str, object]) -> list[str]:
 
 
 def first_user_words(messages: Iterable[object]) -> object:
-    """The first user turn's words of the person (proxy.compacting.identity.user_words): turns
+    """The first user turn's words of the person (`user_words`): turns
     holding only what the client injected are passed over; None when there is none yet."""
     for message in messages:
         if isinstance(message, Mapping) and message.get("role") == "user":
@@ -95,3 +106,58 @@ def first_user_words(messages: Iterable[object]) -> object:
             if words is not None:
                 return words
     return None
+
+
+# -- what a fingerprint reads ----------------------------------------------------------------
+#
+# A fingerprint must be the same for every request of one conversation and differ between two:
+# it leaves out the per-request markers (`cache_control`, which Claude Code puts on the newest
+# turn only) and the context the client injects into user turns (Codex's `<environment_context>`
+# and AGENTS.md blocks, Claude Code's `<system-reminder>`...), which is the same for every
+# conversation started in one folder on one day. The list of those elements is the library's
+# (`compaction.strip_injected`), which reads user turns through it too: never taken for the task.
+
+# Keys of a content part that differ between requests of one conversation.
+_MARKERS = frozenset({"cache_control"})
+
+
+def is_injected(content: Any) -> bool:
+    """True for a user turn's content that holds only what the client injected (no words of
+    the person's own)."""
+    return user_words(content) is None
+
+
+def user_words(content: Any) -> Any:
+    """A user turn's `content` as a fingerprint reads it: injected elements and per-request
+    markers left out (a part left empty is dropped); None when nothing of the person's is left.
+    Content the rule does not know (an image part) is kept as it is, markers aside."""
+    if isinstance(content, str):
+        said = strip_injected(content).strip()
+        return said or None
+    if not isinstance(content, list):
+        return content
+    parts = []
+    for part in content:
+        if not isinstance(part, Mapping):
+            parts.append(part)
+            continue
+        text = part.get("text")
+        if isinstance(text, str):
+            words = strip_injected(text).strip()
+            if not words:
+                continue
+            part = {**part, "text": words}
+        elif part.get("type") == "tool_result":  # an Anthropic tool loop's turn: not the person's
+            continue
+        parts.append({key: value for key, value in part.items() if key not in _MARKERS})
+    return parts or None
+
+
+def without_markers(content: Any) -> Any:
+    """`content` (a head message's, a system prompt) without per-request markers."""
+    if not isinstance(content, list):
+        return content
+    return [
+        {k: v for k, v in part.items() if k not in _MARKERS} if isinstance(part, Mapping) else part
+        for part in content
+    ]
