@@ -1,6 +1,7 @@
 """A request's payload as every dialect reads and writes it: the JSON object a body must be
-(`NotCompactable` otherwise), the list field the dialect compacts (`ItemsDialect`), its other
-fields read as ints or tool names, and the body with one field replaced."""
+(`NotCompactable` otherwise), the list field the dialect compacts and what the dialects do alike
+(`ItemsDialect`), its other fields read as ints or tool names, the body with one field replaced,
+and a user turn's words as a fingerprint reads them."""
 
 from __future__ import annotations
 
@@ -98,8 +99,8 @@ def tool_names(payload: Mapping[str, object]) -> list[str]:
 
 
 def first_user_words(messages: Iterable[object]) -> object:
-    """The first user turn's words of the person (`user_words`): turns
-    holding only what the client injected are passed over; None when there is none yet."""
+    """The first user turn's words of the person (`user_words`): turns holding only what the
+    client injected are passed over; None when there is none yet."""
     for message in messages:
         if isinstance(message, Mapping) and message.get("role") == "user":
             words = user_words(message.get("content"))
