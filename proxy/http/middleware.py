@@ -44,8 +44,8 @@ def wrap_handler(
     handler: Handler, route: str, *, methods: Collection[str] | None = None
 ) -> Handler:
     """`handler` with the middleware around it. `route` labels its metrics and access lines (and
-    its dialect shapes its errors); `methods`, when given, are the only ones it
-    takes, any other is a 405."""
+    its dialect shapes its errors); `methods`, when given, are the only ones it takes, any other
+    is a 405."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
         info = RequestInfo(route=route)
