@@ -305,7 +305,7 @@ class Wire:
         return list(body[self.listed])
 
     def tokens(self, body: dict[str, Any]) -> int:
-        # The proxy's own reading (proxy.compacting.dialects): chat's `tools` as they are, the
+        # The proxy's own reading (proxy.dialects): chat's `tools` as they are, the
         # other APIs' fields besides the list as one list.
         found = [body[key] for key in self.extras if body.get(key) is not None]
         extras: Any = found[0] if self.name == "chat" and found else (found or None)

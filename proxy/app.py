@@ -175,7 +175,7 @@ async def _tasks_ctx(app: web.Application) -> AsyncIterator[None]:
 def _add_routes(router: web.UrlDispatcher) -> None:
     """Every route's handler is wrapped in the middleware (proxy.http.middleware) with the
     route's kind, which labels its metrics and access lines; hooked routes' kinds are also their
-    dialects (proxy.compacting.dialects). Nothing is left to the router's own answers: GET-only
+    dialects (proxy.dialects). Nothing is left to the router's own answers: GET-only
     endpoints take every method and refuse the others in the middleware (the admin ones in
     their handler), a catch-all route answers every unknown target, and every route answers an
     `Expect` header through its middleware too, so a 405, 404 or 417 is shaped and counted like

@@ -1,5 +1,5 @@
-"""The errors the proxy originates, and the OpenAI error shape they become (Anthropic's shape,
-`{"type": "error", "error": {"type", "message"}}`, on Anthropic's paths).
+"""The errors the proxy originates, and the OpenAI error shape they become (on an API's paths,
+that API's shape: its dialect's `error_body`, Anthropic's `{"type": "error", "error": {...}}`).
 
     ProxyError                       every error we answer ourselves ({"error": {...}})
     ├── BadRequest            400    invalid_request_error
@@ -25,7 +25,15 @@ these. `http.middleware` is the one place that turns these into responses.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import orjson
+
+
+class ErrorShape(Protocol):
+    """How an API writes an error (proxy.dialects.Dialect.error_body)."""
+
+    def error_body(self, status: int, message: str, type_: str, code: str | None) -> bytes: ...
 
 
 class ProxyError(Exception):
@@ -39,7 +47,7 @@ class ProxyError(Exception):
         super().__init__(message)
         self.message = message
 
-    def body(self, api: str = "openai") -> bytes:
+    def body(self, api: ErrorShape | None = None) -> bytes:
         return error_body(self.message, self.type, self.code, status=self.status, api=api)
 
 
@@ -131,22 +139,15 @@ class UpstreamStreamCut(Exception):
         """The body bytes read before the failure, when the reader kept them."""
 
 
-# Anthropic's error types by status, for the proxy's own errors on Anthropic's paths.
-_ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    413: "request_too_large",
-}
-
-
 def error_body(
-    message: str, type_: str, code: str | None, *, status: int = 400, api: str = "openai"
+    message: str, type_: str, code: str | None, *, status: int = 400, api: ErrorShape | None = None
 ) -> bytes:
-    """The error in the API's shape: OpenAI's `{"error": {message, type, code}}`, or for
-    api "anthropic" `{"type": "error", "error": {type, message}}`."""
-    if api == "anthropic":
-        kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else type_)
-        return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
+    """The error in `api`'s shape; OpenAI's `{"error": {message, type, code}}` without one."""
+    if api is not None:
+        return api.error_body(status, message, type_, code)
+    return openai_error_body(message, type_, code)
+
+
+def openai_error_body(message: str, type_: str, code: str | None) -> bytes:
     payload: dict[str, object] = {"error": {"message": message, "type": type_, "code": code}}
     return orjson.dumps(payload)

@@ -16,6 +16,9 @@
   compacting/: only the app's assembly (app.py, cli.py, demo.py) imports those.
 - No import cycle between the modules of proxy/ and compaction/ (imports under TYPE_CHECKING,
   which never run, aside): a cycle means two modules share one job, or one of them has two.
+- Each API's wire lives in its dialect (proxy/dialects/): no other module of proxy/ (the demo
+  aside, which plays a client) names a wire item, block or event of one API, and the dialects
+  stand below the rooms that ask them (http/, compacting/, recall/), importing none of them.
 
 Module size is not tested: modules are split by responsibility, never by line count. `make
 review` lists the long ones for a reviewer to look at (tests/review.py).
@@ -49,6 +52,64 @@ ASSEMBLY = (
     "proxy/demo.py",
 )
 """The modules that put the proxy together: they may import everything."""
+
+
+WIRE_STRINGS = frozenset(
+    {
+        # items and blocks
+        "tool_use",
+        "tool_result",
+        "server_tool_use",
+        "function_call",
+        "function_call_output",
+        "reasoning",
+        "thinking",
+        "redacted_thinking",
+        "input_schema",
+        # their fields
+        "tool_calls",
+        "tool_call_id",
+        "tool_use_id",
+        "call_id",
+        "stop_reason",
+        "finish_reason",
+        "choices",
+        # stream events and deltas
+        "chat.completion.chunk",
+        "[DONE]",
+        "message_start",
+        "message_delta",
+        "message_stop",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "text_delta",
+        "thinking_delta",
+        "signature_delta",
+        "input_json_delta",
+        "response.created",
+        "response.in_progress",
+        "response.queued",
+        "response.output_item.done",
+        "response.completed",
+        "response.incomplete",
+        "response.failed",
+        # identity and usage fields
+        "prompt_cache_key",
+        "client_metadata",
+        "prompt_tokens",
+        "completion_tokens",
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+    }
+)
+"""Wire names of one API (items, blocks, their fields, stream events, identity and usage
+fields): only proxy/dialects/ spells them."""
+
+WIRE_EXEMPT = ("proxy/dialects", "proxy/demo.py")
+"""The dialects, and the demo, which plays a client and its upstream."""
 
 
 def _modules(where: str) -> list[Path]:
@@ -332,3 +393,44 @@ def test_the_speed_machinery_is_entered_through_its_package_only() -> None:
         if any(name == module or name.startswith(f"{module}.") for module in inner)
     ]
     assert found == []
+
+
+def _wire_strings(source: str) -> list[tuple[int, str]]:
+    """(line, name) of every string constant of `source` that is a wire name of one API,
+    alone or quoted as a JSON key in bytes (b'"tool_use"')."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Constant):
+            continue
+        if isinstance(node.value, str) and node.value in WIRE_STRINGS:
+            found.append((node.lineno, node.value))
+        elif isinstance(node.value, bytes):
+            text = node.value.decode("utf-8", "replace")
+            found += [(node.lineno, name) for name in WIRE_STRINGS if f'"{name}"' in text]
+            if text in WIRE_STRINGS:
+                found.append((node.lineno, text))
+    return found
+
+
+def test_no_module_outside_the_dialects_names_a_wire_item_or_event() -> None:
+    found = [
+        f"{path.relative_to(REPO)}:{line} names {name!r}"
+        for path in _modules("proxy")
+        if not str(path.relative_to(REPO)).startswith(WIRE_EXEMPT)
+        for line, name in _wire_strings(path.read_text(encoding="utf-8"))
+    ]
+    assert found == []
+
+
+def test_the_wire_scan_finds_a_wire_name_and_only_one() -> None:
+    source = (
+        '"""A docstring about tool_use blocks is prose."""\n'
+        'kind = "tool_use"\n'
+        "marker = b'\"content_block_delta\"'\n"
+        'other = "tool"\n'
+    )
+    assert _wire_strings(source) == [(2, "tool_use"), (3, "content_block_delta")]
+
+
+def test_the_dialects_import_none_of_the_rooms_that_ask_them() -> None:
+    assert _violations("proxy/dialects", ("proxy.http", "proxy.compacting", "proxy.recall")) == []

@@ -4,7 +4,7 @@ Bodies that cannot reach the lowest ratio are not parsed; below the trigger the 
 upstream untouched. At the trigger the conversations (proxy.compacting.conversations) give the
 view to forward: a remembered checkpoint, or a new compaction; one decision
 (Conversations.decide) reads the request's history. Each hooked route has its dialect
-(proxy.compacting.dialects). The speed machinery sits behind one door (proxy.compacting.fast):
+(proxy.dialects). The speed machinery sits behind one door (proxy.compacting.fast):
 a long conversation's next request is recognized from its last one and mostly answered from
 what is remembered, a large body is parsed in pieces, forwarded lists are spliced from the
 client's bytes. A parsed request becomes a CompactedExchange (proxy.compacting.exchange), which
@@ -22,7 +22,6 @@ from proxy.admin.records import SessionRecords
 from proxy.compacting.archiving import Archiving
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.conversations import Conversations, Deadline
-from proxy.compacting.dialects import Dialect, NotCompactable, for_route
 from proxy.compacting.discovery import WindowDiscovery
 from proxy.compacting.dumps import Dump, RequestDumps
 from proxy.compacting.exchange import (
@@ -39,6 +38,7 @@ from proxy.compacting.precompute import Precompute
 from proxy.compacting.request import Decision, ParsedRequest, RequestBuilder, may_need_parsing
 from proxy.compacting.stores.factory import build_local
 from proxy.compacting.stores.roles import StateBackend
+from proxy.dialects import Dialect, NotCompactable, for_route
 from proxy.http.upstream import Upstream
 from proxy.interception import Exchange, Passthrough, RequestContext
 from proxy.metrics import CompactionMetrics

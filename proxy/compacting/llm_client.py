@@ -21,8 +21,8 @@ import orjson
 from cachetools import LRUCache
 
 from compaction import ChatLLM, Message, Purpose
-from proxy.compacting.dialects import Dialect
-from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
+from proxy.dialects import Dialect
+from proxy.dialects.chat import CHAT_COMPLETIONS
 from proxy.http.upstream import Upstream
 from proxy.outcome import PURPOSE
 from proxy.recall.tools import equip
@@ -217,7 +217,7 @@ class CachedUpstreamLLM(UpstreamLLM):
             if prefix.recall:
                 # Placed as in the forwarded request: the tool after the client's tools, the
                 # line in the summary (the body's keys are in the order serialized).
-                serialized = equip(serialized, body, dialect.name) or serialized
+                serialized = equip(serialized, body, dialect) or serialized
             return serialized
 
         return await self._ask(body_for, purpose)

@@ -17,6 +17,7 @@ import orjson
 
 from compaction import Checkpoint, CompactionResult, View
 from proxy.admin.records import SessionRecords
+from proxy.dialects import Dialect
 from proxy.metrics import CompactionMetrics
 
 if TYPE_CHECKING:  # a request's parts are only read here
@@ -63,7 +64,7 @@ def record_compaction(
             }
             for item in result.memory_items[:RECEIPT_MEMORY_ITEMS]
         ],
-        "diff": describe_diff(view.messages, result, texts=texts),
+        "diff": describe_diff(view.messages, result, request.dialect, texts=texts),
     }
     records.add_record(
         request.session_id,
@@ -132,7 +133,11 @@ def folded_range(view: View, checkpoint: Checkpoint | None) -> list[int] | None:
 
 
 def describe_diff(
-    sent: Sequence[dict[str, Any]], result: CompactionResult, *, texts: bool = True
+    sent: Sequence[dict[str, Any]],
+    result: CompactionResult,
+    dialect: Dialect,
+    *,
+    texts: bool = True,
 ) -> dict[str, Any]:
     """What the compaction changed: `result.messages[:prefix_len]` replaced `sent[:keep_from]`
     and the rest went on untouched (compaction.CompactionResult); of the replaced part, the
@@ -145,15 +150,17 @@ def describe_diff(
     while same < min(len(replaced), len(replacing)) and replaced[same] == replacing[same]:
         same += 1
     return {
-        "removed": _previews(replaced, same, texts),
-        "added": _previews(replacing, same, texts),
+        "removed": _previews(replaced, same, dialect, texts),
+        "added": _previews(replacing, same, dialect, texts),
         "removed_total": len(replaced) - same,
         "added_total": len(replacing) - same,
         "kept": len(sent) - result.keep_from + same,
     }
 
 
-def _previews(messages: Sequence[dict[str, Any]], start: int, texts: bool) -> list[dict[str, Any]]:
+def _previews(
+    messages: Sequence[dict[str, Any]], start: int, dialect: Dialect, texts: bool
+) -> list[dict[str, Any]]:
     """Previews of `messages[start:]`: all of them, or their first and last halves."""
     half = RECEIPT_DIFF_MESSAGES // 2
     end = len(messages)
@@ -161,17 +168,18 @@ def _previews(messages: Sequence[dict[str, Any]], start: int, texts: bool) -> li
         indices = [*range(start, end)]
     else:
         indices = [*range(start, start + half), *range(end - half, end)]
-    return [_preview(index, messages[index], texts) for index in indices]
+    return [_preview(index, messages[index], dialect, texts) for index in indices]
 
 
-def _preview(index: int, message: dict[str, Any], texts: bool) -> dict[str, Any]:
+def _preview(index: int, message: dict[str, Any], dialect: Dialect, texts: bool) -> dict[str, Any]:
     content = message.get("content")
     if content is None:
         text = ""
     else:
         text = content if isinstance(content, str) else orjson.dumps(content).decode()
-    if message.get("tool_calls"):
-        calls = orjson.dumps(message["tool_calls"]).decode()[:RECEIPT_PREVIEW_CHARS]
+    outside = dialect.calls_outside_content(message)
+    if outside:
+        calls = orjson.dumps(outside).decode()[:RECEIPT_PREVIEW_CHARS]
         text = f"{text} {calls}" if text else calls
     return {
         "index": index,

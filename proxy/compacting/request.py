@@ -19,11 +19,11 @@ import orjson
 
 from compaction import HeuristicEstimator, JsonArray, Message, conversation_seed
 from proxy.compacting.calibration import Calibration
-from proxy.compacting.dialects import Dialect
 from proxy.compacting.discovery import WindowDiscovery
-from proxy.compacting.identity import is_injected, named_session
+from proxy.compacting.identity import named_session
 from proxy.compacting.llm_client import LLMRequest, Prefix
 from proxy.compacting.overflow import LearnedWindows
+from proxy.dialects import Dialect, is_injected
 from proxy.interception import RequestContext
 from proxy.settings import ModelsSettings
 
@@ -222,7 +222,7 @@ class RequestBuilder:
         """Look up the window of a model the configuration does not name, once per model (the
         OpenAI-shaped upstream publishes it; Anthropic's models are not listed there)."""
         model = model_of(payload)
-        if self._discovery is None or dialect.name == "anthropic" or not model:
+        if self._discovery is None or not dialect.lists_models or not model:
             return
         if self._models.configured_window(model) is None:
             names = ("Authorization", *SCOPE_HEADERS)
@@ -251,7 +251,9 @@ class RequestBuilder:
         )
         if opening is None:  # hashing the opening costs as much as the first user message is long
             opening = fingerprint(dialect.opening(payload, opening_messages), tenant)
-        session_id = ctx.explicit_session or named_session(payload, tenant) or opening
+        session_id = (
+            ctx.explicit_session or named_session(dialect.session_name(payload), tenant) or opening
+        )
         window, source = self._window_of(model)
         budget = self._learned.window(model, window)  # an upstream's refusal may lower it
         factor = self._calibration.factor(model)

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Collection
 
 from aiohttp import web
 
+from proxy.dialects import Dialect, for_route
 from proxy.errors import ProxyError, error_body
 from proxy.http import keys
 from proxy.http.targets import is_anthropic_tail
@@ -43,8 +44,8 @@ def wrap_handler(
     handler: Handler, route: str, *, methods: Collection[str] | None = None
 ) -> Handler:
     """`handler` with the middleware around it. `route` labels its metrics and access lines (and
-    "messages" shapes its errors as Anthropic's); `methods`, when given, are the only ones it
-    takes, any other is a 405."""
+    its dialect shapes its errors); `methods`, when given, are the only ones it takes, any other
+    is a 405."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
         info = RequestInfo(route=route)
@@ -98,11 +99,13 @@ class AnyTarget(web.PlainResource):
         return {}
 
 
-def api_of(request: web.Request, route: str) -> str:
-    """ "anthropic" for Anthropic's paths (their errors take Anthropic's shape), else "openai"."""
-    if route == "messages" or is_anthropic_tail(request.match_info.get("tail", "")):
-        return "anthropic"
-    return "openai"
+def api_of(request: web.Request, route: str) -> Dialect | None:
+    """The dialect whose error shape the request's errors take: its route's, Anthropic's on a
+    path passed through to Anthropic; None (OpenAI's shape) for the rest."""
+    dialect = for_route(route)
+    if dialect is None and is_anthropic_tail(request.match_info.get("tail", "")):
+        return for_route("messages")
+    return dialect
 
 
 def _shaped(request: web.Request, route: str, exc: Exception) -> web.Response:

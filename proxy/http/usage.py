@@ -2,9 +2,9 @@
 
 The probe sees each chunk as it is relayed (it never delays one): a JSON body is kept while it
 stays under 1 MiB; an SSE stream keeps only its first 16 KiB and its last 64 KiB, where the APIs
-put their usage: chat completions in the last chunk (`stream_options.include_usage`), the
-Responses API in `response.completed`'s `response`, Anthropic in `message_start`'s `message` and
-`message_delta`. An event longer than the tail (Responses' `response.completed`) has its usage read from its end.
+put their usage (in the last chunk or event, or near the first); where in a document or an event
+the `usage` sits is the dialects' (proxy.dialects.usage_of). An event longer than the tail
+(Responses' last event repeats the whole response) has its usage read from its end.
 Usage found in several events is merged, later fields winning. Parsing happens
 once, after the response is complete, and only when the bytes mention `"usage"`. Anything odd
 gives None.
@@ -17,6 +17,7 @@ from collections import deque
 
 import orjson
 
+from proxy.dialects import usage_of
 from proxy.http.encodings import decode_body
 from proxy.interception import Usage
 
@@ -72,20 +73,9 @@ class UsageProbe:
         return merged or None
 
 
-def _usage_of(document: object) -> Usage | None:
-    """`usage` of a document, or of its `response` (Responses) or `message` (Anthropic)."""
-    if not isinstance(document, dict):
-        return None
-    for holder in (document, document.get("response"), document.get("message")):
-        usage = holder.get("usage") if isinstance(holder, dict) else None
-        if isinstance(usage, dict):
-            return usage
-    return None
-
-
 def _from_json(data: bytes) -> Usage | None:
     try:
-        return _usage_of(orjson.loads(data))
+        return usage_of(orjson.loads(data))
     except orjson.JSONDecodeError:
         return None
 
@@ -100,7 +90,7 @@ def _from_sse(lines: list[bytes]) -> list[Usage]:
         tried += 1
         if line.startswith(b"data:"):
             try:
-                usage = _usage_of(orjson.loads(line[5:].strip()))
+                usage = usage_of(orjson.loads(line[5:].strip()))
             except orjson.JSONDecodeError:
                 usage = None
         else:

@@ -2,12 +2,13 @@
 it from the session's archive and memory items, then calls the upstream again; the client never
 sees a recall call.
 
-- tools: the tool as each dialect declares it, and a compacted body equipped with it (the tool
-  after the client's tools, fixed bytes; the summary's recall line);
+- tools: the tool (each dialect declares it in its shape), and a compacted body equipped with it
+  (the tool after the client's tools, fixed bytes; the summary's recall line);
 - answers: a call's arguments read as a query, searched in the request's own session and
   credential, rendered best first and clipped to the room left in the window;
-- turns: a whole response's recall calls per dialect, taken out or answered into the request;
-- rounds: the rounds of one request (a proxy.interception.Followup);
+- rounds: the rounds of one request (a proxy.interception.Followup), reading each response
+  through the request's dialect (its calls, whole or streamed, taken out or answered into the
+  request: proxy.dialects);
 - equipping: which compacted requests carry the tool (`Recall`, built once per app).
 """
 

@@ -11,7 +11,6 @@ from proxy.archive import Archive
 from proxy.metrics import RecallMetrics
 from proxy.recall.answers import Answers
 from proxy.recall.rounds import Budget, RecallRounds
-from proxy.recall.streams import stream_for
 from proxy.recall.tools import added_text, equip, has_own_recall
 
 if TYPE_CHECKING:  # the request module builds summarizers, whose cached request equips too
@@ -47,30 +46,25 @@ class Recall:
 
     def offered(self, request: ParsedRequest) -> bool:
         """True when a compacted `request` goes out with the recall tool (when its body lets
-        the tool be placed): not when the client has its own `recall`, nor for a stream of a
-        dialect whose recall calls are not answered in streams."""
-        payload = request.payload
-        streamed = payload.get("stream") is True
-        return not has_own_recall(payload) and not (
-            streamed and stream_for(request.dialect.name) is None
-        )
+        the tool be placed): not when the client has its own `recall`."""
+        return not has_own_recall(request.payload)
 
     def equip(self, request: ParsedRequest, body: bytes, tokens: int) -> Equipped | None:
         """The compacted `body` of `request` (estimated at `tokens`) with the recall tool, and
         the rounds that answer it; None: it goes out as it is (the client has its own `recall`,
-        a stream of a dialect not handled, a body the tool cannot be placed in)."""
+        a body the tool cannot be placed in)."""
         if not self.offered(request):
             return None
         payload = request.payload
-        equipped = equip(body, payload, request.dialect.name)
+        equipped = equip(body, payload, request.dialect)
         if equipped is None:
             return None
-        added = request.estimator.count_text(added_text(request.dialect.name))
+        added = request.estimator.count_text(added_text(request.dialect))
         tokens += added
         answers = Answers(self.archive, self.memory_dir, request.session_id, request.tenant.hex())
         room = recall_room(request.window, tokens, request.max_output_tokens)
         budget = Budget(room_tokens=room, max_rounds=self.max_rounds)
-        rounds = RecallRounds(request.dialect.name, equipped, answers, budget, self.metrics)
+        rounds = RecallRounds(request.dialect, equipped, answers, budget, self.metrics)
         return Equipped(equipped, rounds, added)
 
 

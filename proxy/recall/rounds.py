@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 import orjson
 
+from proxy.dialects import Dialect, JsonObject, StreamedTurn, add_usage, read_events
 from proxy.errors import ProxyError, UpstreamStreamCut
 from proxy.interception import Body, Followed, Resend, Response, Usage
 from proxy.metrics import RecallMetrics
 from proxy.outcome import RecallFigures
 from proxy.recall.answers import CHARS_PER_TOKEN, Answers
-from proxy.recall.streams import StreamedTurn, read_events, stream_for
-from proxy.recall.turns import TURNS, JsonObject, add_usage
+from proxy.recall.tools import NAME
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Budget:
 class RecallRounds:
     def __init__(
         self,
-        dialect: str,
+        dialect: Dialect,
         body: bytes,
         answers: Answers,
         budget: Budget,
@@ -53,7 +53,7 @@ class RecallRounds:
     ) -> None:
         """`body`: the request as it went upstream (the recall tool included)."""
         self._dialect = dialect
-        self._turns = TURNS[dialect]
+        self._turns = dialect.turns(NAME)
         self._body = body
         self._answers = answers
         self._budget = budget
@@ -63,11 +63,9 @@ class RecallRounds:
     async def follow(self, first: Response, upstream: Resend) -> Followed:
         content_type = first.headers.get("Content-Type", "")
         if content_type.startswith("text/event-stream"):
-            turn = stream_for(self._dialect)
-            if turn is not None:
-                followed = Followed(_Current(first), _empty(), rewritten=True)
-                followed.chunks = self._stream(turn, followed, upstream)
-                return followed
+            followed = Followed(_Current(first), _empty(), rewritten=True)
+            followed.chunks = self._stream(self._dialect.stream(NAME), followed, upstream)
+            return followed
         try:
             raw = await upstream.read(first)
         except UpstreamStreamCut as cut:
@@ -84,7 +82,7 @@ class RecallRounds:
         except Exception:  # fail open: the response as it would have been without recall
             log.exception("answering a recall call failed; the client gets the response without it")
             self._metrics.given_up.labels(reason="error").inc()
-            plain = orjson.dumps(self._turns.without_recall(response))
+            plain = orjson.dumps(self._turns.without_calls(response))
             return _whole(first, plain, usage=_usage(usage))
 
     async def _rounds(self, first: Response, response: JsonObject, upstream: Resend) -> Followed:
@@ -103,7 +101,7 @@ class RecallRounds:
             if calls.others or rounds >= self._budget.max_rounds:
                 if not calls.others:
                     metrics.given_up.labels(reason="max_rounds").inc()
-                final = turns.without_recall(current)
+                final = turns.without_calls(current)
                 break
             started = self._clock()
             answered = []
@@ -120,7 +118,7 @@ class RecallRounds:
                 if current_http is not first:
                     current_http.release()
                 current_http = first
-                final = turns.without_recall(response)
+                final = turns.without_calls(response)
                 break
             next_http, next_raw = outcome
             started = self._clock()
@@ -132,13 +130,13 @@ class RecallRounds:
                 if current_http is not first:
                     current_http.release()
                 current_http = first
-                final = turns.without_recall(response)
+                final = turns.without_calls(response)
                 break
             rounds += 1
             proxy_s += spent
-            metrics.rounds.labels(dialect=self._dialect).inc()
+            metrics.rounds.labels(dialect=self._dialect.name).inc()
             metrics.round_seconds.observe(spent)
-            spent_in, spent_out = _tokens(parsed.get("usage"))
+            spent_in, spent_out = self._dialect.spent_tokens(parsed.get("usage"))
             metrics.tokens.labels(kind="input").inc(spent_in)
             metrics.tokens.labels(kind="output").inc(spent_out)
             tokens += spent_in + spent_out
@@ -153,7 +151,7 @@ class RecallRounds:
             if total_usage is not None:
                 final["usage"] = total_usage
         recall = RecallFigures(rounds, tokens, proxy_s * 1000)
-        log.info("answered recall calls", extra={"rounds": rounds, "dialect": self._dialect})
+        log.info("answered recall calls", extra={"rounds": rounds, "dialect": self._dialect.name})
         return _whole(
             current_http, orjson.dumps(final), recall=recall, usage=_usage(response.get("usage"))
         )
@@ -162,7 +160,7 @@ class RecallRounds:
         self, turn: StreamedTurn, followed: Followed, upstream: Resend
     ) -> AsyncIterator[bytes]:
         """The client's one stream: each upstream response's events as they arrive, rounds
-        answered in between (see proxy.recall.streams)."""
+        answered in between (the dialect's stream reader: proxy.dialects.StreamedTurn)."""
         current = followed.response
         assert isinstance(current, _Current)
         payload: JsonObject | None = None
@@ -175,7 +173,7 @@ class RecallRounds:
                     yield sent
             followed.usage = _usage(turn.usage)
             if rounds:
-                spent_in, spent_out = _tokens(turn.spent)
+                spent_in, spent_out = self._dialect.spent_tokens(turn.spent)
                 self._metrics.tokens.labels(kind="input").inc(spent_in)
                 self._metrics.tokens.labels(kind="output").inc(spent_out)
                 tokens += spent_in + spent_out
@@ -209,7 +207,7 @@ class RecallRounds:
             turn.begin()
             rounds += 1
             proxy_s += spent
-            self._metrics.rounds.labels(dialect=self._dialect).inc()
+            self._metrics.rounds.labels(dialect=self._dialect.name).inc()
             self._metrics.round_seconds.observe(spent)
         ending = turn.ending()
         if ending:
@@ -242,18 +240,6 @@ def _object(raw: bytes) -> JsonObject | None:
 
 def _usage(usage: object) -> dict[str, object] | None:
     return usage if isinstance(usage, dict) else None
-
-
-def _tokens(usage: object) -> tuple[int, int]:
-    """(input, output) tokens of a `usage` in any dialect."""
-    if not isinstance(usage, dict):
-        return 0, 0
-    spent_in = usage.get("prompt_tokens", usage.get("input_tokens", 0))
-    spent_out = usage.get("completion_tokens", usage.get("output_tokens", 0))
-    return (
-        spent_in if isinstance(spent_in, int) else 0,
-        spent_out if isinstance(spent_out, int) else 0,
-    )
 
 
 class _Current:

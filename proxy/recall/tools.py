@@ -1,4 +1,5 @@
-"""The `recall` tool as each dialect declares it, and a compacted request equipped with it.
+"""The `recall` tool (its name, description and parameters; each dialect declares it in its own
+shape), and a compacted request equipped with it.
 
 The tool's bytes are fixed (one JSON text per dialect, built once): appended after the client's
 own tools, they keep the forwarded `tools` array byte-stable from one request to the next, so
@@ -15,7 +16,8 @@ from typing import Any
 import orjson
 
 from compaction import PREVIEW_MARK, SUMMARY_MARKER, recall_note
-from proxy.compacting.splice import locate_field
+from proxy.dialects import Dialect, tool_names
+from proxy.dialects.splice import locate_field
 
 NAME = "recall"
 
@@ -54,27 +56,19 @@ PARAMETERS: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-# Each dialect's own tool shape, serialized once: the same bytes on every request.
-TOOL_BYTES: Mapping[str, bytes] = {
-    "chat": orjson.dumps(
-        {
-            "type": "function",
-            "function": {"name": NAME, "description": DESCRIPTION, "parameters": PARAMETERS},
-        }
-    ),
-    "responses": orjson.dumps(
-        {
-            "type": "function",
-            "name": NAME,
-            "description": DESCRIPTION,
-            "parameters": PARAMETERS,
-            "strict": False,
-        }
-    ),
-    "anthropic": orjson.dumps(
-        {"name": NAME, "description": DESCRIPTION, "input_schema": PARAMETERS}
-    ),
-}
+
+_TOOL_BYTES: dict[str, bytes] = {}
+
+
+def tool_bytes(dialect: Dialect) -> bytes:
+    """The tool as `dialect` declares it, serialized once: the same bytes on every request."""
+    serialized = _TOOL_BYTES.get(dialect.name)
+    if serialized is None:
+        serialized = _TOOL_BYTES[dialect.name] = orjson.dumps(
+            dialect.tool(NAME, DESCRIPTION, PARAMETERS)
+        )
+    return serialized
+
 
 # How far past the summary marker the framing's line about tools may lie.
 _FRAMING_SPAN = 4096
@@ -83,33 +77,21 @@ _FRAMING_SPAN = 4096
 def has_own_recall(payload: Mapping[str, object]) -> bool:
     """True when the client declares a tool named `recall` itself: then the proxy neither adds
     its own nor answers any call to it."""
-    tools = payload.get("tools")
-    if not isinstance(tools, list):
-        return False
-    for tool in tools:
-        if not isinstance(tool, dict):
-            continue
-        function = tool.get("function")
-        named = function.get("name") if isinstance(function, dict) else tool.get("name")
-        if named == NAME:
-            return True
-    return False
+    return NAME in tool_names(payload)
 
 
-def added_text(dialect: str) -> str:
+def added_text(dialect: Dialect) -> str:
     """What equipping adds to a request of `dialect`: the tool and the summary's line."""
-    return TOOL_BYTES[dialect].decode() + recall_note()[1]
+    return tool_bytes(dialect).decode() + recall_note()[1]
 
 
-def equip(body: bytes, payload: Mapping[str, object], dialect: str) -> bytes | None:
+def equip(body: bytes, payload: Mapping[str, object], dialect: Dialect) -> bytes | None:
     """The compacted request `body` (its fields, list aside, those of `payload`, in order) with
     the recall tool after the client's tools and the recall line in its summary; None when
     either cannot be placed with certainty (the body then goes out unequipped). A request whose
     compaction only cut tool outputs to previews has no summary: the previews themselves say
     the whole can be recalled, and the tool goes out alone."""
-    tool = TOOL_BYTES.get(dialect)
-    if tool is None:
-        return None
+    tool = tool_bytes(dialect)
     noted = _with_note(body)
     if noted is None:
         if _PREVIEW_BYTES not in body:

@@ -23,7 +23,7 @@ from aiohttp import web
 from bench.dialects import check_anthropic, check_responses, signature_of
 from compaction import SUMMARY_MARKER
 from compaction.invariants import check_tool_pairing
-from proxy.compacting.identity import is_injected
+from proxy.dialects import is_injected
 from proxy.http.serving import serve_on_loopback
 from tests.fakes.script import MEMORY_TEXT, PURPOSE, SUMMARY_TEXT, body_tokens
 

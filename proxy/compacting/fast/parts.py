@@ -16,7 +16,7 @@ import orjson
 from compaction import Message
 from proxy.compacting.fast.spans import Items, locate_value, scan_items
 from proxy.compacting.request import Payload
-from proxy.compacting.splice import load_json
+from proxy.dialects.splice import load_json
 
 Part = int | range | bytes
 """A piece of a spliced array: the index of an original item, a run of them, or the bytes of a

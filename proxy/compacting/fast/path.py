@@ -19,7 +19,6 @@ import orjson
 
 from compaction import Checkpoint, Message
 from proxy.compacting.conversations import Conversations, Deadline
-from proxy.compacting.dialects import Dialect, NotCompactable
 from proxy.compacting.exchange import CompactedExchange, ExchangeFactory
 from proxy.compacting.fast.indexes import BodyIndex, BodyIndexes
 from proxy.compacting.fast.parts import Part, splice_view, view_parts
@@ -32,6 +31,7 @@ from proxy.compacting.request import (
     opening_of,
 )
 from proxy.compacting.workers import WorkerLost
+from proxy.dialects import Dialect, NotCompactable
 from proxy.interception import RequestContext
 from proxy.metrics import CompactionMetrics
 

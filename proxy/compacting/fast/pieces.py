@@ -27,10 +27,10 @@ from collections.abc import Generator
 import orjson
 
 from compaction import Message
-from proxy.compacting.dialects import Dialect
 from proxy.compacting.fast.parts import other_fields
 from proxy.compacting.fast.spans import locate_value, scan_items
 from proxy.compacting.request import Payload
+from proxy.dialects import Dialect
 
 PIECES_FROM_BYTES = 1 << 20
 """Bodies from this size on are parsed in pieces (a whole parse of a megabyte holds the loop

@@ -10,11 +10,9 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from compaction import is_valid_session_id
-from proxy.compacting.identity import is_injected, named_session
+from proxy.dialects import is_injected
 from tests.fakes.upstream import FakeUpstream
 from tests.proxy.conftest import RunningProxy, StartProxy
 
@@ -203,36 +201,6 @@ async def test_a_hostile_name_never_leaves_the_memory_dir(
         session = await session_of(client, running, "responses", codex_body("x", thread=name))
         assert is_valid_session_id(session)
         assert "/" not in session and not session.startswith(".")
-
-
-@given(name=st.text(min_size=1, max_size=2000), tenant=st.binary(max_size=32))
-def test_every_named_session_is_a_valid_id(name: str, tenant: bytes) -> None:
-    for payload in (
-        {"prompt_cache_key": name},
-        {"client_metadata": {"session_id": name}},
-        {"metadata": {"user_id": orjson.dumps({"session_id": name}).decode()}},
-    ):
-        session = named_session(payload, tenant)
-        assert session is None or is_valid_session_id(session)
-
-
-def test_client_names_are_read_from_the_known_fields() -> None:
-    tenant = b"t"
-    old_claude = {"metadata": {"user_id": "user_ab12_account_cd34_session_5f0c3a52-0d3e"}}
-    assert named_session(old_claude, tenant) == named_session(
-        {"metadata": {"user_id": '{"session_id": "5f0c3a52-0d3e"}'}}, tenant
-    )
-    assert named_session({"metadata": {"session_id": "s1"}}, tenant) is not None
-    turn = orjson.dumps({"session_id": "run-1", "thread_id": "thread-2"}).decode()
-    codex = {"client_metadata": {"x-codex-turn-metadata": turn}, "prompt_cache_key": "thread-2"}
-    assert named_session(codex, tenant) == named_session({"prompt_cache_key": "thread-2"}, tenant)
-    assert named_session(codex, tenant).startswith("thread-2-")  # type: ignore[union-attr]
-    # The specific field wins over the shared prompt cache key.
-    assert named_session(
-        {"prompt_cache_key": "app-wide", "client_metadata": {"session_id": "t1"}}, tenant
-    ) == named_session({"client_metadata": {"session_id": "t1"}}, tenant)
-    for nothing in ({}, {"metadata": {"user_id": "user_ab12"}}, {"prompt_cache_key": " "}):
-        assert named_session(nothing, tenant) is None
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ import time
 from typing import Any
 
 from compaction import CompactionResult, HeuristicEstimator
-from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
 from proxy.compacting.precompute import LEAD_REQUESTS, SUMMARY_MARGIN, Precompute
 from proxy.compacting.request import ParsedRequest
+from proxy.dialects.chat import CHAT_COMPLETIONS
 from proxy.http import keys
 from proxy.settings import CompactionSection
 from proxy.tasks import BackgroundTasks

@@ -12,8 +12,9 @@ import pytest
 from aiohttp import web
 
 from compaction import SUMMARY_MARKER, recall_note
+from proxy.dialects.chat import CHAT_COMPLETIONS
 from proxy.http import keys
-from proxy.recall.tools import TOOL_BYTES
+from proxy.recall.tools import tool_bytes
 from tests.fakes.recall import RecallingModel
 from tests.fakes.script import Script
 from tests.fakes.upstream import chat_completion, json_reply
@@ -77,7 +78,7 @@ async def test_a_compacted_request_carries_the_recall_tool_after_the_clients_and
     assert first == second
     sent = orjson.loads(first)
     assert sent["tools"][:1] == TOOLS and sent["tools"][1]["function"]["name"] == "recall"
-    assert orjson.dumps(sent["tools"][1]) == TOOL_BYTES["chat"]
+    assert orjson.dumps(sent["tools"][1]) == tool_bytes(CHAT_COMPLETIONS)
     summary = next(m["content"] for m in sent["messages"] if SUMMARY_MARKER in str(m["content"]))
     assert summary.count(recall_note()[1]) == 1
 

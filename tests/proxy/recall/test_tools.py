@@ -7,7 +7,8 @@ import orjson
 import pytest
 
 from compaction import recall_note, summary_message
-from proxy.recall.tools import TOOL_BYTES, equip, has_own_recall
+from proxy.dialects.chat import CHAT_COMPLETIONS
+from proxy.recall.tools import equip, has_own_recall, tool_bytes
 
 SUMMARY = orjson.dumps(summary_message("Goals: fix the build."))
 
@@ -28,11 +29,11 @@ def body_with(tools_member: bytes) -> bytes:
 )
 def test_the_tool_goes_after_the_clients_and_nothing_else_moves(member: bytes, tools: int) -> None:
     body = body_with(member)
-    equipped = equip(body, orjson.loads(body), "chat")
+    equipped = equip(body, orjson.loads(body), CHAT_COMPLETIONS)
     assert equipped is not None
     sent = orjson.loads(equipped)
     assert len(sent["tools"]) == tools + 1
-    assert orjson.dumps(sent["tools"][-1]) == TOOL_BYTES["chat"]
+    assert orjson.dumps(sent["tools"][-1]) == tool_bytes(CHAT_COMPLETIONS)
     assert sent["messages"][0]["content"].count(recall_note()[1]) == 1
     # The client's other bytes as they came (1.50 stays 1.50).
     assert equipped.startswith(b'{"model": "m",  "messages": [') and b'"n": 1.50' in equipped
@@ -42,7 +43,7 @@ def test_the_tool_goes_after_the_clients_and_nothing_else_moves(member: bytes, t
 
 def test_a_body_without_our_summary_is_not_equipped() -> None:
     body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
-    assert equip(body, orjson.loads(body), "chat") is None
+    assert equip(body, orjson.loads(body), CHAT_COMPLETIONS) is None
 
 
 def test_a_clients_own_recall_tool_is_recognized_in_every_shape() -> None:

@@ -1,7 +1,10 @@
 """Anthropic Messages (`POST /v1/messages`, to `upstream.anthropic_base_url`): `messages` turns,
 `system` and `tools` outside the list; usage `input_tokens` plus the cache's read and creation
-tokens; summaries asked of `messages` with the caller's `x-api-key` or `Authorization` and
-`anthropic-version`. On the wire a summary followed by a user turn joins it
+tokens (in a stream's `message_start`, under `message`); summaries asked of `messages` with the
+caller's `x-api-key` or `Authorization` and `anthropic-version`; the proxy's tool declared with
+its `input_schema`, its calls `tool_use` blocks (proxy.dialects.anthropic.recall), its streams
+typed events (proxy.dialects.anthropic.streams); its errors in Anthropic's shape and its models
+not in the OpenAI-shaped upstream's listing (proxy.dialects.anthropic.rules). On the wire a summary followed by a user turn joins it
 (compaction.messages.join_summary), so turns still alternate.
 """
 
@@ -12,18 +15,28 @@ from collections.abc import Mapping
 import orjson
 
 from compaction import ANTHROPIC, Message, Shape, blocks_text, join_summary
-from proxy.compacting.dialects.payload import (
+from proxy.dialects import naming
+from proxy.dialects.anthropic.recall import AnthropicTurns, declared_tool
+from proxy.dialects.anthropic.rules import anthropic_error_body
+from proxy.dialects.anthropic.streams import AnthropicStream
+from proxy.dialects.base import JsonObject, Turns
+from proxy.dialects.payload import (
     ItemsDialect,
-    JsonObject,
     first_user_words,
     int_field,
     positive_int,
     replace_field,
     tool_names,
+    without_markers,
 )
-from proxy.compacting.identity import without_markers
+from proxy.dialects.usage import counted
 
 _CACHE_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens")
+# Where an Anthropic request names its conversation: the gateways' field, Claude Code's.
+_SESSION_NAMES: tuple[naming.NameReader, ...] = (
+    naming.gateway_session,
+    naming.claude_code_session,
+)
 
 
 class AnthropicMessages(ItemsDialect):
@@ -33,6 +46,8 @@ class AnthropicMessages(ItemsDialect):
     call_headers: tuple[str, ...] = ("anthropic-version", "anthropic-beta")
     items_key = "messages"
     joins_summary = True
+    lists_models = False
+    usage_holder = "message"
 
     def wire(self, messages: list[Message]) -> list[Message]:
         return join_summary(messages)
@@ -97,6 +112,24 @@ class AnthropicMessages(ItemsDialect):
         budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None
         body["max_tokens"] = max_tokens + (budget if isinstance(budget, int) else 0)
         return body
+
+    def session_name(self, payload: Mapping[str, object]) -> str | None:
+        return naming.first_name(payload, _SESSION_NAMES)
+
+    def spent_tokens(self, usage: object) -> tuple[int, int]:
+        return counted(usage, "input_tokens"), counted(usage, "output_tokens")
+
+    def tool(self, name: str, description: str, parameters: Mapping[str, object]) -> JsonObject:
+        return declared_tool(name, description, parameters)
+
+    def turns(self, tool: str) -> Turns:
+        return AnthropicTurns(tool)
+
+    def stream(self, tool: str) -> AnthropicStream:
+        return AnthropicStream(tool)
+
+    def error_body(self, status: int, message: str, type_: str, code: str | None) -> bytes:
+        return anthropic_error_body(status, message, type_)
 
     def summary_text(self, answer: object) -> str | None:
         content = answer.get("content") if isinstance(answer, dict) else None

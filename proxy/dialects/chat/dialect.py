@@ -1,5 +1,7 @@
 """Chat Completions (`POST /v1/chat/completions`): `messages`, head system/developer messages,
-`tools`; usage `prompt_tokens`; summaries asked of `chat/completions`."""
+`tools`; usage `prompt_tokens`; summaries asked of `chat/completions`; an assistant message's
+calls in its `tool_calls`; the proxy's tool a `function` tool (proxy.dialects.chat.recall), its
+streams `chat.completion.chunk`s (proxy.dialects.chat.streams)."""
 
 from __future__ import annotations
 
@@ -8,18 +10,30 @@ from collections.abc import Mapping
 import orjson
 
 from compaction import CHAT, Message, Shape, message_text
-from proxy.compacting.dialects.payload import (
+from proxy.dialects import naming
+from proxy.dialects.base import JsonObject, Turns
+from proxy.dialects.chat.recall import ChatTurns, function_tool
+from proxy.dialects.chat.streams import ChatStream
+from proxy.dialects.payload import (
     ItemsDialect,
-    JsonObject,
     first_user_words,
     int_field,
     positive_int,
     replace_field,
     tool_names,
+    without_markers,
 )
-from proxy.compacting.identity import without_markers
+from proxy.dialects.usage import counted
 
 _HEAD_ROLES = ("system", "developer")
+# Where an OpenAI-shaped request may name its conversation (clients send these to chat and
+# Responses alike).
+_SESSION_NAMES: tuple[naming.NameReader, ...] = (
+    naming.codex_session,
+    naming.gateway_session,
+    naming.claude_code_session,
+    naming.cache_key_session,
+)
 # Fields of the agent's request that shape its answer, not its prompt: a cached summary request
 # leaves them out (a structured-output schema would hold the summary to the agent's format).
 _ANSWER_FIELDS = (
@@ -88,6 +102,24 @@ class ChatCompletions(ItemsDialect):
         newer = "max_completion_tokens" in payload or "max_tokens" in refused
         body["max_completion_tokens" if newer else "max_tokens"] = max_tokens
         return body
+
+    def session_name(self, payload: Mapping[str, object]) -> str | None:
+        return naming.first_name(payload, _SESSION_NAMES)
+
+    def spent_tokens(self, usage: object) -> tuple[int, int]:
+        return counted(usage, "prompt_tokens"), counted(usage, "completion_tokens")
+
+    def calls_outside_content(self, message: Mapping[str, object]) -> object:
+        return message.get("tool_calls")
+
+    def tool(self, name: str, description: str, parameters: Mapping[str, object]) -> JsonObject:
+        return function_tool(name, description, parameters)
+
+    def turns(self, tool: str) -> Turns:
+        return ChatTurns(tool)
+
+    def stream(self, tool: str) -> ChatStream:
+        return ChatStream(tool)
 
     def summary_text(self, answer: object) -> str | None:
         choices = answer.get("choices") if isinstance(answer, dict) else None

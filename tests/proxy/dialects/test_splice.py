@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.compacting.splice import load_json, locate_field
+from proxy.dialects.splice import load_json, locate_field
 
 NEW = b'[{"role":"user","content":"new"}]'
 

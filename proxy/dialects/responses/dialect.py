@@ -1,5 +1,7 @@
 """The Responses API (`POST /v1/responses`): `input` items, `instructions` and `tools` outside the
-list; usage `input_tokens`; summaries asked of `responses`, never stored upstream.
+list; usage `input_tokens` (in a stream's events, under `response`); summaries asked of
+`responses`, never stored upstream; the proxy's tool a `function` tool, its calls `function_call`
+items (proxy.dialects.responses.recall), its streams typed events (proxy.dialects.responses.streams).
 
 A request that continues a conversation kept upstream (`previous_response_id`, `conversation`)
 or whose `input` is a plain string has no history here to compact: it passes through.
@@ -12,21 +14,31 @@ from collections.abc import Mapping
 import orjson
 
 from compaction import RESPONSES, Message, Shape, content_text, is_message_item
-from proxy.compacting.dialects.payload import (
+from proxy.dialects import naming
+from proxy.dialects.base import JsonObject, NotCompactable, Turns
+from proxy.dialects.payload import (
     ItemsDialect,
-    JsonObject,
-    NotCompactable,
     first_user_words,
     int_field,
     list_field,
     positive_int,
     replace_field,
     tool_names,
+    without_markers,
 )
-from proxy.compacting.identity import without_markers
+from proxy.dialects.responses.recall import ResponsesTurns, function_tool
+from proxy.dialects.responses.rules import kept_upstream
+from proxy.dialects.responses.streams import ResponsesStream
+from proxy.dialects.usage import counted
 
 _HEAD_ROLES = ("system", "developer")
-_KEPT_UPSTREAM = ("previous_response_id", "conversation")
+# Where a Responses request names its conversation: Codex's fields first, the generic ones after.
+_SESSION_NAMES: tuple[naming.NameReader, ...] = (
+    naming.codex_session,
+    naming.gateway_session,
+    naming.claude_code_session,
+    naming.cache_key_session,
+)
 
 
 # Fields of the agent's request that shape its answer, not its prompt: a cached summary request
@@ -44,9 +56,10 @@ class ResponsesAPI(ItemsDialect):
     call_headers: tuple[str, ...] = ()
     items_key = "input"
     joins_summary = False
+    usage_holder = "response"
 
     def items(self, payload: Mapping[str, object]) -> list[Message]:
-        if any(payload.get(key) is not None for key in _KEPT_UPSTREAM):
+        if kept_upstream(payload):
             raise NotCompactable("the history lives upstream")
         return list_field(payload, "input")
 
@@ -119,6 +132,21 @@ class ResponsesAPI(ItemsDialect):
         room = _REASONING_ROOM if isinstance(payload.get("reasoning"), Mapping) else 0
         body["max_output_tokens"] = max_tokens + room
         return body
+
+    def session_name(self, payload: Mapping[str, object]) -> str | None:
+        return naming.first_name(payload, _SESSION_NAMES)
+
+    def spent_tokens(self, usage: object) -> tuple[int, int]:
+        return counted(usage, "input_tokens"), counted(usage, "output_tokens")
+
+    def tool(self, name: str, description: str, parameters: Mapping[str, object]) -> JsonObject:
+        return function_tool(name, description, parameters)
+
+    def turns(self, tool: str) -> Turns:
+        return ResponsesTurns(tool)
+
+    def stream(self, tool: str) -> ResponsesStream:
+        return ResponsesStream(tool)
 
     def summary_text(self, answer: object) -> str | None:
         output = answer.get("output") if isinstance(answer, dict) else None

@@ -6,10 +6,10 @@ import orjson
 import pytest
 
 from bench.dialects import check_anthropic, check_responses
-from proxy.compacting.dialects import Dialect, NotCompactable, for_route
-from proxy.compacting.dialects.anthropic import ANTHROPIC_MESSAGES
-from proxy.compacting.dialects.chat import CHAT_COMPLETIONS
-from proxy.compacting.dialects.responses import RESPONSES_API
+from proxy.dialects import Dialect, NotCompactable, for_route
+from proxy.dialects.anthropic import ANTHROPIC_MESSAGES
+from proxy.dialects.chat import CHAT_COMPLETIONS
+from proxy.dialects.responses import RESPONSES_API
 from tests.fakes.apis import anthropic_message, responses_object
 from tests.fakes.upstream import chat_completion
 
@@ -142,3 +142,59 @@ def test_a_chat_answer_of_any_other_shape_holds_no_summary_text() -> None:
     for answer in odd:
         assert CHAT_COMPLETIONS.summary_text(answer) is None
     assert CHAT_COMPLETIONS.summary_text({"choices": [{"message": {"content": "x"}}]}) == "x"
+
+
+def test_each_dialect_declares_a_tool_in_its_apis_shape() -> None:
+    parameters = {"type": "object", "properties": {}}
+    assert CHAT_COMPLETIONS.tool("recall", "d", parameters) == {
+        "type": "function",
+        "function": {"name": "recall", "description": "d", "parameters": parameters},
+    }
+    assert RESPONSES_API.tool("recall", "d", parameters) == {
+        "type": "function",
+        "name": "recall",
+        "description": "d",
+        "parameters": parameters,
+        "strict": False,
+    }
+    assert ANTHROPIC_MESSAGES.tool("recall", "d", parameters) == {
+        "name": "recall",
+        "description": "d",
+        "input_schema": parameters,
+    }
+
+
+def test_each_dialect_reads_what_a_response_spent_from_its_own_usage_fields() -> None:
+    chat = {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150}
+    assert CHAT_COMPLETIONS.spent_tokens(chat) == (120, 30)
+    assert CHAT_COMPLETIONS.spent_tokens({"input_tokens": 5}) == (0, 0)
+    spent = {"input_tokens": 90, "output_tokens": 12, "cache_read_input_tokens": 400}
+    assert RESPONSES_API.spent_tokens(spent) == (90, 12)
+    assert ANTHROPIC_MESSAGES.spent_tokens(spent) == (90, 12)
+    for dialect in (CHAT_COMPLETIONS, RESPONSES_API, ANTHROPIC_MESSAGES):
+        assert dialect.spent_tokens(None) == (0, 0)
+        assert dialect.spent_tokens({"prompt_tokens": "many", "input_tokens": None}) == (0, 0)
+
+
+def test_the_proxys_own_errors_take_each_apis_shape() -> None:
+    # https://docs.anthropic.com/en/api/errors: {"type": "error", "error": {"type", "message"}}
+    assert orjson.loads(ANTHROPIC_MESSAGES.error_body(413, "too big", "x", "c")) == {
+        "type": "error",
+        "error": {"type": "request_too_large", "message": "too big"},
+    }
+    assert orjson.loads(ANTHROPIC_MESSAGES.error_body(502, "down", "upstream_error", "c")) == {
+        "type": "error",
+        "error": {"type": "api_error", "message": "down"},
+    }
+    for dialect in (CHAT_COMPLETIONS, RESPONSES_API):
+        assert orjson.loads(dialect.error_body(400, "bad", "invalid_request_error", "c")) == {
+            "error": {"message": "bad", "type": "invalid_request_error", "code": "c"}
+        }
+
+
+def test_only_chat_carries_calls_beside_a_messages_content() -> None:
+    calls = [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]
+    message = {"role": "assistant", "content": None, "tool_calls": calls}
+    assert CHAT_COMPLETIONS.calls_outside_content(message) == calls
+    assert RESPONSES_API.calls_outside_content(message) is None
+    assert ANTHROPIC_MESSAGES.calls_outside_content(message) is None
