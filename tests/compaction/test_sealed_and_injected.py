@@ -19,7 +19,7 @@ import base64
 import random
 from typing import Any
 
-from compaction import Compactor, CompactionSettings, is_summary_message
+from compaction import CompactionSettings, Compactor, is_summary_message
 from compaction.messages import ANTHROPIC, MESSAGE_OVERHEAD_TOKENS, RESPONSES, read_items
 from compaction.plan import plan_compaction
 from compaction.segment import split
