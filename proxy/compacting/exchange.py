@@ -27,6 +27,7 @@ TOKENS_BEFORE = "x-compaction-tokens-before"
 TOKENS_AFTER = "x-compaction-tokens-after"
 COMPACTION_ID = "x-compaction-id"
 SESSION = "x-compaction-session"
+REASON = "x-compaction-reason"
 
 # After an overflow without numbers, assume we under-counted by this much.
 _OVERFLOW_BUMP = 1.25
@@ -261,6 +262,8 @@ def describe(request: ParsedRequest, decision: Decision) -> dict[str, str]:
     }
     if decision.compaction_id:
         headers[COMPACTION_ID] = decision.compaction_id
+    if decision.stepped_aside:
+        headers[REASON] = decision.stepped_aside
     return headers
 
 
