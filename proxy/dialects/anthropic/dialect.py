@@ -16,8 +16,8 @@ import orjson
 
 from compaction import ANTHROPIC, Message, Shape, blocks_text, join_summary
 from proxy.dialects import naming
-from proxy.dialects.anthropic.recall import AnthropicTurns, declared_tool
 from proxy.dialects.anthropic import rules
+from proxy.dialects.anthropic.recall import AnthropicTurns, declared_tool
 from proxy.dialects.anthropic.rules import anthropic_error_body
 from proxy.dialects.anthropic.streams import AnthropicStream
 from proxy.dialects.base import JsonObject, Turns

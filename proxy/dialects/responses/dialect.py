@@ -26,8 +26,8 @@ from proxy.dialects.payload import (
     tool_names,
     without_markers,
 )
-from proxy.dialects.responses.recall import ResponsesTurns, function_tool
 from proxy.dialects.responses import rules
+from proxy.dialects.responses.recall import ResponsesTurns, function_tool
 from proxy.dialects.responses.rules import kept_upstream
 from proxy.dialects.responses.streams import ResponsesStream
 from proxy.dialects.usage import counted
