@@ -83,13 +83,18 @@ async def test_a_compacted_request_carries_the_recall_tool_after_the_clients_and
     assert summary.count(recall_note()[1]) == 1
 
 
-async def test_a_request_without_tools_gets_a_tools_array_with_recall_alone(
+async def test_a_request_without_tools_gets_no_recall_tool(
     start: Any, script: Script, client: Any
 ) -> None:
+    # DESIGN 6d: a request the client sent without tools asks for text (Codex's handoff sends
+    # `tools: []`); a tool added there is called instead of the answer being written.
     proxy = await start()
-    await post(client, proxy, conversation_of(int(WINDOW * 1.3)))
+    response = await post(client, proxy, conversation_of(int(WINDOW * 1.3)))
+    assert response.headers["x-compaction-status"] == "applied"
     sent = script.calls(None)[0].json()
-    assert [tool["function"]["name"] for tool in sent["tools"]] == ["recall"]
+    assert "tools" not in sent
+    summary = next(m["content"] for m in sent["messages"] if SUMMARY_MARKER in str(m["content"]))
+    assert recall_note()[1] not in summary
 
 
 async def test_recall_off_forwards_what_a_proxy_without_recall_forwards(
