@@ -61,6 +61,18 @@ PROXY_MS = "x-compaction-recall-ms"
 _WORD = re.compile(r"[a-z]{4,}")
 _TOKEN = re.compile(r"[A-Za-z0-9_./:-]{5,}")
 _HEADERS = {"Authorization": "Bearer sk-bench-recall"}
+# The agent's own tool: the proxy offers `recall` only to a request that came with tools (a
+# request without any asks for text: DESIGN 6d), and an agent that recalls is one that acts.
+AGENT_TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command.",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    }
+]
 
 
 @dataclass(frozen=True)
@@ -128,7 +140,7 @@ def kit_cases(kinds: list[str], seeds: int, window: int, growth: int) -> list[Ca
             questions = [
                 Question(c.direct_question, c.required_tokens, c.type.value) for c in canaries
             ]
-            cases.append(Case(f"kit-{kind}-{seed}", messages, None, questions))
+            cases.append(Case(f"kit-{kind}-{seed}", messages, AGENT_TOOLS, questions))
     return cases
 
 
@@ -146,7 +158,8 @@ def corpus_cases(per_source: int, questions: int, window: int, growth: int) -> l
             asked = tool_questions(base, messages, questions, seed=number)
             if len(asked) < questions:
                 continue
-            cases.append(Case(f"corpus-{name[:8]}-{number}", messages, row.get("tools"), asked))
+            tools = row.get("tools") or AGENT_TOOLS  # a trajectory that calls tools had them
+            cases.append(Case(f"corpus-{name[:8]}-{number}", messages, tools, asked))
             taken += 1
             if taken == per_source:
                 break

@@ -201,11 +201,13 @@ def _kept_tokens(segments: Segments, keep_from: int) -> int:
 
 
 def _wanted(segments: Segments, keep_from: int) -> list[int]:
-    """The task and the cut round's request, when they would be folded."""
+    """The task, the cut round's request and the latest injected context of each kind
+    (Segments.context), when they would be folded."""
     wanted: list[int] = []
     task = segments.task
     if task is not None and segments.head_end <= task < keep_from:
         wanted.append(task)
+    wanted += [i for i, _ in segments.context if i < keep_from and i != task]
     cut_round = _round_of(segments, keep_from)
     if (
         cut_round is not None
@@ -224,21 +226,36 @@ def _pins(
     wanted = _wanted(segments, keep_from)
     if not pin:
         return (), tuple(sorted(wanted))
-    task, limit = segments.task, TASK_PIN_SHARE * window
-    small = [i for i in wanted if i != task or _block_at(segments, i).tokens <= limit]
+    limit = TASK_PIN_SHARE * window
+    small = [i for i in wanted if not _is_bounded(segments, i) or _pin_tokens(segments, i) <= limit]
     return tuple(sorted(small)), tuple(sorted(set(wanted) - set(small)))
 
 
 def _pinned_tokens(segments: Segments, keep_from: int, window: int) -> int:
     """`_tokens(segments, pinned)` of `_pins(..., pin=True)`, without the tuples: `_fill` asks
     for it at every block it could cut at."""
-    task, limit = segments.task, TASK_PIN_SHARE * window
+    limit = TASK_PIN_SHARE * window
     total = 0
     for i in _wanted(segments, keep_from):
-        tokens = _block_at(segments, i).tokens
-        if i != task or tokens <= limit:
+        tokens = _pin_tokens(segments, i)
+        if not _is_bounded(segments, i) or tokens <= limit:
             total += tokens
     return total
+
+
+def _is_bounded(segments: Segments, index: int) -> bool:
+    """The task and injected context are pinned only while small (TASK_PIN_SHARE): a huge one
+    is quoted by the summary instead; the cut round's request always is pinned."""
+    return index == segments.task or any(i == index for i, _ in segments.context)
+
+
+def _pin_tokens(segments: Segments, index: int) -> int:
+    """What pinning message `index` costs: its block's tokens (a request opens its block), or an
+    injected-context turn's own."""
+    for i, tokens in segments.context:
+        if i == index:
+            return tokens
+    return _block_at(segments, index).tokens
 
 
 def _assistant_led(segments: Segments, blocks: Sequence[Block], first: int) -> int:
@@ -288,7 +305,7 @@ def _giant_last_block(
 
 
 def _tokens(segments: Segments, indices: Sequence[int]) -> int:
-    return sum(_block_at(segments, i).tokens for i in indices)
+    return sum(_pin_tokens(segments, i) for i in indices)
 
 
 def _plan(

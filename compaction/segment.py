@@ -1,6 +1,8 @@
 """Cut a message list into head, rounds and atomic blocks, in one pass over its Items.
 
-The head is the leading `head` items (system/developer messages). A round starts at each request
+The head is the leading `head` items (system/developer messages), or everything up to the latest
+sealed compaction of the provider's (a Responses `compaction` item, an Anthropic `compaction`
+block). A round starts at each request
 the user wrote: an earlier summary is not one, and neither is tool output sent as a user message
 (`Item.observation`), so a coding agent's whole task is one round however many commands it runs. Inside a round, an item with calls and the items answering
 them form one block that is kept or folded whole; `lead` items just before it belong to it, and
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from compaction.marker import TASK_HEADING
-from compaction.messages import CHAT, Item, Shape, read_items
+from compaction.messages import CHAT, Item, Shape, injected_kinds, read_items
 from compaction.tokens import REPLY_PRIMING_TOKENS, count_messages
 from compaction.types import Block, Message, Round, Segments, TokenEstimator, Tools
 
@@ -131,11 +133,30 @@ def find_task(items: Sequence[Item], head_end: int) -> int | None:
     return None
 
 
+def find_context(
+    items: Sequence[Item], head_end: int, counts: Sequence[int]
+) -> tuple[tuple[int, int], ...]:
+    """The latest injected-context turn of each kind after the head, with its tokens (see
+    Segments.context)."""
+    latest: dict[str, int] = {}
+    for i in range(len(items) - 1, head_end - 1, -1):
+        if items[i].injected:
+            for kind in injected_kinds(items[i].text):
+                latest.setdefault(kind, i)
+    return tuple((i, counts[i]) for i in sorted(set(latest.values())))
+
+
 def head_end(items: Sequence[Item]) -> int:
-    """Just past the leading head items."""
+    """Just past the leading head items, or past the latest sealed compaction (Item.sealed) when
+    there is one: what the provider compacted, and everything the client sent before it, stay
+    as sent (a summary of ours would follow it; folding it would lose what only the provider
+    can read)."""
     end = 0
     while end < len(items) and items[end].kind == "head":
         end += 1
+    for index in range(len(items) - 1, end - 1, -1):
+        if items[index].sealed:
+            return index + 1
     return end
 
 
@@ -168,4 +189,5 @@ def split(
         tools_tokens=tools_tokens,
         total_tokens=sum(counts) + tools_tokens + REPLY_PRIMING_TOKENS,
         task=find_task(items, head),
+        context=find_context(items, head, counts),
     )

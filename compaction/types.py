@@ -138,6 +138,12 @@ class Segments:
     task: int | None = None
     """Where the conversation's task (its first request) is; None when it is not in the list as
     a message (an earlier summary quotes it) or there is none."""
+    context: tuple[tuple[int, int], ...] = ()
+    """The latest turn of each kind of context the client injected (Item.injected: Codex's
+    `<environment_context>`, Claude Code's `<system-reminder>`...) after the head, in order, as
+    (index, tokens): a fold that would take one pins it, so the model keeps the client's latest
+    context. Such a turn may end a block (after a Responses assistant message, which leads what
+    follows it): it is pinned alone, and the rest of its block folded."""
 
     def block_at(self, start: int) -> Block | None:
         """The block that starts at message `start`."""

@@ -207,8 +207,8 @@ class CompactionMetrics:
         r = registry
         self.decisions = Counter(
             "compaction_proxy_chat_decisions",
-            "Parsed requests by outcome (none, applied, reused, failed, shadow) and dialect (chat, "
-            "responses, anthropic).",
+            "Parsed requests by outcome (none, applied, reused, failed, shadow, skipped) and "
+            "dialect (chat, responses, anthropic).",
             ("status", "dialect"),
             registry=r,
         )
@@ -221,6 +221,17 @@ class CompactionMetrics:
         )
         self.decided = Children(self.decisions)
         """`decided(status, dialect).inc()`: counts one decision."""
+        self.stepped_aside_total = Counter(
+            "compaction_proxy_stepped_aside",
+            "Requests forwarded as sent because their client or provider compacts for itself "
+            "(status skipped), by reason (codex-compaction, codex-handoff, "
+            "responses-context-management, anthropic-compaction, anthropic-compact-edit, "
+            "claude-code-summary) and dialect.",
+            ("reason", "dialect"),
+            registry=r,
+        )
+        self.stepped_aside = Children(self.stepped_aside_total)
+        """`stepped_aside(reason, dialect).inc()`: counts one request left alone."""
         self.recognized_by = Children(self.recognized)
         """`recognized_by(decision, dialect).inc()`: counts one recognized request."""
         self.compactions = Counter(

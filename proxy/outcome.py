@@ -18,6 +18,8 @@ SESSION = "x-compaction-session"
 TOKENS_BEFORE = "x-compaction-tokens-before"
 TOKENS_AFTER = "x-compaction-tokens-after"
 COMPACTION_ID = "x-compaction-id"
+REASON = "x-compaction-reason"
+"""Why the proxy stepped aside (a compaction the client or provider runs itself)."""
 RECALL_ROUNDS = "x-compaction-recall-rounds"
 RECALL_TOKENS = "x-compaction-recall-tokens"
 RECALL_MS = "x-compaction-recall-ms"
@@ -41,6 +43,8 @@ class Outcome:
     tokens_before: int | None = None
     tokens_after: int | None = None
     compaction_id: str | None = None
+    reason: str | None = None
+    """Why the request was left alone when the client or the provider compacts it itself."""
 
 
 UNCHANGED = Outcome("none")
@@ -75,6 +79,8 @@ def add_headers(
             headers[TOKENS_AFTER] = str(outcome.tokens_after)
         if outcome.compaction_id:
             headers[COMPACTION_ID] = outcome.compaction_id
+        if outcome.reason:
+            headers[REASON] = outcome.reason
     if recall is not None:
         headers[RECALL_ROUNDS] = str(recall.rounds)
         headers[RECALL_TOKENS] = str(recall.tokens)

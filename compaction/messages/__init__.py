@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from compaction.messages.anthropic import ANTHROPIC, blocks_text, check_turns, join_summary
 from compaction.messages.chat import CHAT, LEGACY_CALL_PREFIX, is_message, message_text
-from compaction.messages.injected import INJECTED_TAGS, strip_injected
+from compaction.messages.injected import INJECTED_TAGS, injected_kinds, strip_injected
 from compaction.messages.item import (
     AUDIO_PART_TOKENS,
     FILE_PART_TOKENS,
@@ -51,6 +51,7 @@ __all__ = [
     "blocks_text",
     "check_turns",
     "content_text",
+    "injected_kinds",
     "is_message",
     "is_message_item",
     "is_summary_message",

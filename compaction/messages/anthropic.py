@@ -11,6 +11,9 @@ user turns right after it (pinned requests, a kept user turn) are joined with it
 `join_summary`, deterministically, so the forwarded prefix stays byte-stable between compactions.
 The library itself keeps them apart (kept messages stay the caller's own objects); `join_summary`
 is what goes on the wire.
+
+A turn holding a signed `compaction` block (Anthropic's own summary of what it replaced, which
+must stay first in `messages`, byte-exact) is `Item.sealed`: the head ends after it.
 """
 
 from __future__ import annotations
@@ -71,6 +74,15 @@ class AnthropicShape:
     """Anthropic Messages: user and assistant turns of content blocks."""
 
     def read(self, raw: Any) -> Item:
+        item = self._read(raw)
+        # The block leads its turn wherever the API puts it (first in `messages` on demand,
+        # first in the reply at a threshold): only the first block is looked at.
+        content = raw.get("content") if isinstance(raw, dict) else None
+        if isinstance(content, list) and content and _is_compaction(content[0]):
+            return item._replace(sealed=True)
+        return item
+
+    def _read(self, raw: Any) -> Item:
         role = raw.get("role") if isinstance(raw, dict) else None
         if not isinstance(role, str):
             return Item("other", repr(raw))
@@ -185,6 +197,12 @@ def _is_thinking(block: object) -> bool:
     return isinstance(block, dict) and block.get("type") in ("thinking", "redacted_thinking")
 
 
+def _is_compaction(block: object) -> bool:
+    """Anthropic's signed summary block (platform.claude.com/docs/en/build-with-claude/
+    compaction-on-demand: "Keep the `compaction` block exactly as the API returned it")."""
+    return isinstance(block, dict) and block.get("type") == "compaction"
+
+
 def _is_result(block: object) -> bool:
     return isinstance(block, dict) and block.get("type") == "tool_result"
 
@@ -209,6 +227,8 @@ def _measure_block(block: Any, text_cost: Callable[[str], float]) -> float:
         return measure_value(block.get("thinking"), text_cost)
     if kind == "redacted_thinking":
         return encrypted_tokens(block.get("data"))
+    if kind == "compaction":  # the summary Claude reads; its `signature` only proves it
+        return measure_value(block.get("content"), text_cost)
     if kind == "tool_use":
         return (
             TOOL_CALL_OVERHEAD_TOKENS

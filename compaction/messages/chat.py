@@ -81,7 +81,9 @@ class ChatShape:
             return user_item(text, role, observation=is_observation_text(text))
         if role == "assistant":
             calls = _calls(raw) if "tool_calls" in raw or "function_call" in raw else ()
-            return _item(Item, ("assistant", text, calls, (), False, False, False, role, False))
+            return _item(
+                Item, ("assistant", text, calls, (), False, False, False, role, False, False)
+            )
         if role in _HEAD_ROLES:
             return Item("head", text, label=role)
         if role == "tool":

@@ -96,6 +96,10 @@ class Item(NamedTuple):
     injected: bool = False
     """A user turn holding only what the client injected (Codex's `<environment_context>`,
     Claude Code's `<system-reminder>`…, see injected.py): context, no request of the person's."""
+    sealed: bool = False
+    """A provider's compaction (a Responses `compaction` item, an Anthropic turn holding a signed
+    `compaction` block): what the provider already compacted, readable only by it. It and
+    everything before it are the head (segment.head_end): never folded, moved or re-encoded."""
 
     @property
     def call_ids(self) -> tuple[str, ...]:
@@ -158,10 +162,10 @@ def user_item(text: str, label: str, *, observation: bool = False) -> Item:
     context, and is no request)."""
     # Built as a tuple of all fields (less Item's keyword handling): one per user turn.
     if observation:
-        return _new(Item, ("user", text, (), (), True, False, False, label, False))
+        return _new(Item, ("user", text, (), (), True, False, False, label, False, False))
     said = strip_injected(text)
     if said == text:  # most turns: `said` is `text` itself
-        return _new(Item, ("user", text, (), (), False, False, False, label, False))
+        return _new(Item, ("user", text, (), (), False, False, False, label, False, False))
     said = said.strip()
     if not said:
         return Item("user", text, label=label, injected=True)
@@ -208,6 +212,22 @@ def encrypted_tokens(data: object) -> float:
     if not isinstance(data, str):
         return 0.0
     return min(float(ENCRYPTED_MAX_TOKENS), len(data) / ENCRYPTED_CHARS_PER_TOKEN)
+
+
+SEALED_ENVELOPE_BYTES = 650
+"""What a sealed compaction's ciphertext carries besides the summary (version, key id, nonce,
+tag): Codex's own figure (codex-rs `context_manager/history.rs`, estimate_reasoning_length)."""
+
+
+def sealed_summary_tokens(data: object) -> float:
+    """What a provider's sealed compaction costs (a Responses `compaction` item's
+    `encrypted_content`): the summary it seals, which the upstream expands and charges in full
+    on every request. Estimated as Codex estimates it: the base64 decoded (3 bytes for 4
+    characters) less the envelope, at 4 bytes a token (the text rate). Unlike sealed reasoning
+    (encrypted_tokens) it is not capped: the upstream never drops it."""
+    if not isinstance(data, str):
+        return 0.0
+    return max(0.0, len(data) * 3 / 4 - SEALED_ENVELOPE_BYTES) / 4
 
 
 def measure_value(value: object, text_cost: Callable[[str], float]) -> float:

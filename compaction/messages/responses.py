@@ -7,7 +7,9 @@ by `*_call_output` items with the same `call_id`; consecutive call items before 
 form one block (`Item.joins`). A `reasoning` item (its `encrypted_content` opaque) and the
 model's `message` stay glued to the item they precede (`Item.lead`): a model turn (reasoning,
 message, calls) is kept or folded whole, byte for byte, since the API refuses a call whose
-turn's reasoning is missing.
+turn's reasoning is missing. A `compaction` item (the provider's sealed summary of what came
+before it, or any other item the provider sealed in an `encrypted_content` that is not
+reasoning) is `Item.sealed`: the head ends after it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from compaction.messages.item import (
     is_observation_text,
     json_text,
     measure_value,
+    sealed_summary_tokens,
     user_item,
 )
 from compaction.types import Message
@@ -77,6 +80,8 @@ class ResponsesShape:
             return Item("other", repr(raw))
         if kind == "reasoning":
             return Item("other", content_text(raw.get("summary")), lead=True, label=kind)
+        if _is_sealed(raw, kind):
+            return Item("other", label=kind, sealed=True)
         call_id = raw.get("call_id")
         if kind.endswith("_call_output"):
             answers = (call_id,) if isinstance(call_id, str) else ()
@@ -112,6 +117,8 @@ class ResponsesShape:
         if kind == "reasoning":
             total += _measure_content(raw.get("summary"), text_cost)
             return total + encrypted_tokens(raw.get("encrypted_content"))
+        if isinstance(kind, str) and _is_sealed(raw, kind):
+            return total + sealed_summary_tokens(raw.get("encrypted_content"))
         if isinstance(kind, str) and kind.endswith("_call_output"):
             return total + _measure_content(raw.get("output"), text_cost)
         if kind == "image_generation_call":  # its `result` is the image, in base64
@@ -153,6 +160,15 @@ class ResponsesShape:
 
 RESPONSES: Shape = ResponsesShape()
 """The Responses API's input item shape."""
+
+
+def _is_sealed(raw: Message, kind: str) -> bool:
+    """A provider's compaction: a `compaction` item (developers.openai.com/api/docs/guides/
+    compaction: "opaque and not intended to be human-interpretable"), or any item but reasoning
+    that the provider sealed (Codex's `context_compaction`)."""
+    return kind == "compaction" or (
+        kind != "reasoning" and isinstance(raw.get("encrypted_content"), str)
+    )
 
 
 def _name(raw: Message) -> str | None:

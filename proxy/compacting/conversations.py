@@ -65,6 +65,9 @@ class Choice:
     base: Checkpoint | None
     after: int
     compacts: bool = False
+    stepped_aside: str | None = None
+    """Why the request goes as sent whatever its size: a compaction its client or provider
+    runs itself (`Conversations.steps_aside`)."""
 
 
 # Why a request waited for a compaction (its record's `waited`).
@@ -159,17 +162,31 @@ class Conversations:
 
     async def decide(self, req: ParsedRequest, history: History) -> Choice:
         """The one decision per request, whichever way its history was read (parsed, or
-        remembered: proxy.compacting.fast): below the trigger it goes as sent; at the trigger
+        remembered: proxy.compacting.fast): a compaction the client or the provider runs
+        itself goes as sent (`steps_aside`); below the trigger it goes as sent; at the trigger
         the view to forward is chosen (`view`): a checkpoint's view under the trigger, else the
         view as it is while it still fits (its compaction starts in the background:
         proxy.compacting.precompute), else a compaction is called for."""
         before = self.estimate(req, history)
+        stepped_aside = self.steps_aside(req, history)
+        if stepped_aside is not None:
+            self._metrics.stepped_aside(stepped_aside, req.dialect.name).inc()
+            return Choice(before, None, before, stepped_aside=stepped_aside)
         if not self.needs(req, before):
             return Choice(before, None, before)
         base, after, _ = await self.view(req, history)
         if base is not None and not self.needs(req, after):
             return Choice(before, base, after)
         return Choice(before, base, after, not self.fits(req, after))
+
+    @staticmethod
+    def steps_aside(req: ParsedRequest, history: History) -> str | None:
+        """Why `req` is a compaction its client or provider runs itself, which the proxy
+        leaves alone whatever its size (Dialect.own_compaction: forwarded byte-identical, no
+        recall tool, nothing retried compacted); None when it is not. Read from its fields,
+        its headers and its last item only: what a recognized request has too."""
+        last = history.item(len(history) - 1) if len(history) else None
+        return req.dialect.own_compaction(req.payload, last, req.headers)
 
     def deadline(self) -> Deadline:
         """The waits of a request arriving now (see Deadline)."""
@@ -187,6 +204,10 @@ class Conversations:
         of the view once more; waiting within `deadline` (taken when the request arrived; None:
         now)."""
         before = choice.before
+        if choice.stepped_aside is not None:
+            return Decision(
+                req.messages, "skipped", before, before, None, stepped_aside=choice.stepped_aside
+            )
         if not choice.compacts:
             if choice.base is None:
                 return Decision(req.messages, "none", before, before, None)

@@ -255,6 +255,7 @@ def describe(request: ParsedRequest, decision: Decision) -> Outcome:
         decision.tokens_before,
         decision.tokens_after,
         decision.compaction_id or None,
+        decision.stepped_aside,
     )
 
 

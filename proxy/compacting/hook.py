@@ -192,7 +192,13 @@ class CompactingHook:
         (logging.dump_dir) as received and as compacted."""
         status = exchange.outcome.status
         shown: Exchange = exchange
-        if status in ("applied", "reused"):
+        if status == "skipped":
+            # Its client or provider compacts it: as sent, with nothing added (no recall tool)
+            # and nothing retried compacted after an error.
+            shown = Passthrough(
+                body=exchange.body, session_id=exchange.session_id, outcome=exchange.outcome
+            )
+        elif status in ("applied", "reused"):
             if self._options.mode == "shadow":
                 shown, status = ShadowExchange(exchange, body), "shadow"
             elif self._recall is not None:
@@ -230,7 +236,10 @@ class CompactingHook:
             request = await self._builder.parse(ctx, dialect, body)
         except NotCompactable:
             return None
-        tokens = self._conversations.estimate(request, ListHistory.of(request))
+        history = ListHistory.of(request)
+        if self._conversations.steps_aside(request, history) is not None:
+            return None  # its client or provider compacts it: the error is theirs to handle
+        tokens = self._conversations.estimate(request, history)
         unchanged = Decision(request.messages, "none", tokens, tokens, None)
         exchange = self._exchange(request, unchanged)
         return exchange if await exchange.retry_after_error(status, error) else None
@@ -242,7 +251,8 @@ class CompactingHook:
         history: History = index if index is not None else ListHistory.of(request)
         choice = await self._conversations.decide(request, history)
         decision = await self._conversations.carry_out(request, history, choice, deadline)
-        self._precompute.after_forwarding(request, decision.tokens_after, choice.before)
+        if choice.stepped_aside is None:  # its conversation goes on without what it compacts
+            self._precompute.after_forwarding(request, decision.tokens_after, choice.before)
         return self._exchange(request, decision, index)
 
     def _exchange(

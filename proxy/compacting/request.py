@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -93,6 +93,9 @@ class ParsedRequest:
     """Its `messages` as the JSON array in `body`, once that is located (a remembered body)."""
     window_source: str = "configured"
     """Where `window` came from: configured, default, discovered (proxy.compacting.discovery)."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """The client's request headers as received (what a client says of a request besides its
+    body, such as Codex's turn metadata); never logged."""
 
     def with_budget(self, *, window: int, factor: float) -> ParsedRequest:
         estimator = HeuristicEstimator(factor, shape=self.dialect.shape)
@@ -132,6 +135,9 @@ class Decision:
     tokens_before: int
     tokens_after: int
     compaction_id: str | None
+    stepped_aside: str | None = None
+    """Why the request went as sent whatever its size (status `skipped`): a compaction its
+    client or provider runs itself (Dialect.own_compaction)."""
 
 
 def model_of(payload: Payload) -> str:
@@ -272,6 +278,7 @@ class RequestBuilder:
             # The client's own: the summarizer adds the key of the upstream it calls.
             credential=ctx.headers.get("Authorization"),
             auth_headers=auth,
+            headers=ctx.headers,
             query=ctx.query,
             tenant=tenant,
             seed=conversation_seed(tenant.hex(), session_id),

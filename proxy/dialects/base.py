@@ -190,6 +190,16 @@ class Dialect(Protocol):
         when `usage` is at its top level."""
         ...
 
+    def own_compaction(
+        self, payload: Mapping[str, object], last: object, headers: Mapping[str, str]
+    ) -> str | None:
+        """Why the request is a compaction its provider or its client runs itself (its
+        provider's rules, in its `rules` module, and proxy.dialects.clients): the reason it is
+        forwarded as sent, nothing folded or added; None when it is not one. `payload` holds the
+        request's fields (its list may be missing: a recognized request), `last` its list's
+        last item, `headers` the client's."""
+        ...
+
     def session_name(self, payload: Mapping[str, object]) -> str | None:
         """The name the client gives its conversation in the body (a session field of this
         API's or of a client known to speak it); None when it names none."""

@@ -46,13 +46,16 @@ class Recall:
 
     def offered(self, request: ParsedRequest) -> bool:
         """True when a compacted `request` goes out with the recall tool (when its body lets
-        the tool be placed): not when the client has its own `recall`."""
-        return not has_own_recall(request.payload)
+        the tool be placed): not when the client has its own `recall`, and never when it sent
+        no tools (no `tools`, or `tools: []`): such a request asks for text (Codex's handoff
+        sends `tools: []`), and a model given a tool there calls it instead of answering."""
+        tools = request.payload.get("tools")
+        return isinstance(tools, list) and bool(tools) and not has_own_recall(request.payload)
 
     def equip(self, request: ParsedRequest, body: bytes, tokens: int) -> Equipped | None:
         """The compacted `body` of `request` (estimated at `tokens`) with the recall tool, and
-        the rounds that answer it; None: it goes out as it is (the client has its own `recall`,
-        a body the tool cannot be placed in)."""
+        the rounds that answer it; None: it goes out as it is (the client has its own `recall`
+        or sent no tools, a body the tool cannot be placed in)."""
         if not self.offered(request):
             return None
         payload = request.payload

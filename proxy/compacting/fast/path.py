@@ -159,6 +159,9 @@ class FastPath:
         messages; None otherwise."""
         conversations = self._conversations
         choice = await conversations.decide(request, index)
+        if choice.stepped_aside is not None:
+            aside = choice.stepped_aside
+            return Decision([], "skipped", choice.before, choice.before, None, aside), index.body
         if choice.compacts or self._precompute.would_start(request, choice.after, choice.before):
             return None  # a compaction to run, a precompute to start: they read the messages
         if choice.base is None:

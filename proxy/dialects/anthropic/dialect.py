@@ -16,6 +16,7 @@ import orjson
 
 from compaction import ANTHROPIC, Message, Shape, blocks_text, join_summary
 from proxy.dialects import naming
+from proxy.dialects.anthropic import rules
 from proxy.dialects.anthropic.recall import AnthropicTurns, declared_tool
 from proxy.dialects.anthropic.rules import anthropic_error_body
 from proxy.dialects.anthropic.streams import AnthropicStream
@@ -112,6 +113,11 @@ class AnthropicMessages(ItemsDialect):
         budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None
         body["max_tokens"] = max_tokens + (budget if isinstance(budget, int) else 0)
         return body
+
+    def own_compaction(
+        self, payload: Mapping[str, object], last: object, headers: Mapping[str, str]
+    ) -> str | None:
+        return rules.own_compaction(payload, last, headers)
 
     def session_name(self, payload: Mapping[str, object]) -> str | None:
         return naming.first_name(payload, _SESSION_NAMES)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import orjson
 
 from compaction import CHAT, Message, Shape, message_text
-from proxy.dialects import naming
+from proxy.dialects import clients, naming
 from proxy.dialects.base import JsonObject, Turns
 from proxy.dialects.chat.recall import ChatTurns, function_tool
 from proxy.dialects.chat.streams import ChatStream
@@ -102,6 +102,15 @@ class ChatCompletions(ItemsDialect):
         newer = "max_completion_tokens" in payload or "max_tokens" in refused
         body["max_completion_tokens" if newer else "max_tokens"] = max_tokens
         return body
+
+    def own_compaction(
+        self, payload: Mapping[str, object], last: object, headers: Mapping[str, str]
+    ) -> str | None:
+        # Chat completions has no compaction of its own; its clients may (Codex over chat).
+        said = None
+        if isinstance(last, dict) and last.get("role") == "user":
+            said = message_text(last)
+        return clients.own_compaction(headers, payload, said)
 
     def session_name(self, payload: Mapping[str, object]) -> str | None:
         return naming.first_name(payload, _SESSION_NAMES)

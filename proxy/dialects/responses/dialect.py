@@ -26,6 +26,7 @@ from proxy.dialects.payload import (
     tool_names,
     without_markers,
 )
+from proxy.dialects.responses import rules
 from proxy.dialects.responses.recall import ResponsesTurns, function_tool
 from proxy.dialects.responses.rules import kept_upstream
 from proxy.dialects.responses.streams import ResponsesStream
@@ -132,6 +133,11 @@ class ResponsesAPI(ItemsDialect):
         room = _REASONING_ROOM if isinstance(payload.get("reasoning"), Mapping) else 0
         body["max_output_tokens"] = max_tokens + room
         return body
+
+    def own_compaction(
+        self, payload: Mapping[str, object], last: object, headers: Mapping[str, str]
+    ) -> str | None:
+        return rules.own_compaction(payload, last, headers)
 
     def session_name(self, payload: Mapping[str, object]) -> str | None:
         return naming.first_name(payload, _SESSION_NAMES)

@@ -71,12 +71,14 @@ async def test_a_request_with_previews_only_carries_the_recall_tool_when_recall_
     start: Any, script: Script, client: Any
 ) -> None:
     """The previews say the whole output can be recalled: the request that carries them carries
-    the tool, though it has no summary to put the recall line in."""
+    the tool, though it has no summary to put the recall line in (the agent's own tools sent:
+    a request without tools gets no recall)."""
     proxy = await start(
         models={"default_context_window": WINDOW},
         compaction={"recall": "on"},  # previews are enough here (see above)
     )
-    response = await post(client, proxy, listing_history(16))
+    tools = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]
+    response = await post(client, proxy, listing_history(16), tools=tools)
     assert response.headers["x-compaction-status"] == "applied"
 
     sent = forwarded(script)[0]

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from compaction import is_valid_session_id
 from proxy.compacting.identity import named_session
 from proxy.dialects import Dialect
 from proxy.dialects.anthropic import ANTHROPIC_MESSAGES
 from proxy.dialects.chat import CHAT_COMPLETIONS
 from proxy.dialects.responses import RESPONSES_API
-from proxy.http.sessions import is_valid_session_id
 
 DIALECTS = (CHAT_COMPLETIONS, RESPONSES_API, ANTHROPIC_MESSAGES)
 

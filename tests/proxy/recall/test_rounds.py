@@ -18,11 +18,17 @@ from proxy.recall.tools import tool_bytes
 from tests.fakes.recall import RecallingModel
 from tests.fakes.script import Script
 from tests.fakes.upstream import chat_completion, json_reply
-from tests.proxy.compacting.conftest import WINDOW, conversation_of, post
+from tests.proxy.compacting.conftest import WINDOW, conversation_of
+from tests.proxy.compacting.conftest import post as post_chat
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 CANARY = "pytest: FAILED test_quasar_drive with code QX-7781"
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+
+
+async def post(client: Any, proxy: Any, messages: list[Any], **fields: Any) -> Any:
+    """An agent's request: with its own tools (a request sent without tools gets no recall)."""
+    return await post_chat(client, proxy, messages, **{"tools": TOOLS, **fields})
 
 
 def with_canary(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -54,7 +60,7 @@ async def compacted_and_archived(
 
 
 async def ask(client: Any, proxy: Any, messages: list[Any], **fields: Any) -> tuple[Any, Any]:
-    body = orjson.dumps({"model": "gpt-test", "messages": messages, **fields})
+    body = orjson.dumps({"model": "gpt-test", "messages": messages, "tools": TOOLS, **fields})
     headers = {
         "Content-Type": "application/json",
         "Authorization": "Bearer sk-client",
@@ -83,13 +89,18 @@ async def test_a_compacted_request_carries_the_recall_tool_after_the_clients_and
     assert summary.count(recall_note()[1]) == 1
 
 
-async def test_a_request_without_tools_gets_a_tools_array_with_recall_alone(
+async def test_a_request_without_tools_gets_no_recall_tool(
     start: Any, script: Script, client: Any
 ) -> None:
+    # DESIGN 6d: a request the client sent without tools asks for text (Codex's handoff sends
+    # `tools: []`); a tool added there is called instead of the answer being written.
     proxy = await start()
-    await post(client, proxy, conversation_of(int(WINDOW * 1.3)))
+    response = await post_chat(client, proxy, conversation_of(int(WINDOW * 1.3)))
+    assert response.headers["x-compaction-status"] == "applied"
     sent = script.calls(None)[0].json()
-    assert [tool["function"]["name"] for tool in sent["tools"]] == ["recall"]
+    assert "tools" not in sent
+    summary = next(m["content"] for m in sent["messages"] if SUMMARY_MARKER in str(m["content"]))
+    assert recall_note()[1] not in summary
 
 
 async def test_recall_off_forwards_what_a_proxy_without_recall_forwards(
@@ -274,17 +285,17 @@ async def test_an_upstream_refusing_the_tool_gets_the_request_once_more_without_
 ) -> None:
     proxy = await start()
 
-    async def no_tools(request: web.Request) -> web.StreamResponse:
-        if "tools" in await request.json():
-            error = {"message": "tools are not supported by this model", "type": "invalid"}
+    async def no_recall(request: web.Request) -> web.StreamResponse:
+        if b'"recall"' in await request.read():
+            error = {"message": "tool recall is not supported here", "type": "invalid"}
             return web.json_response({"error": error}, status=400)
         return web.json_response(chat_completion("fine"))
 
-    script.chat = no_tools
+    script.chat = no_recall
     response = await post(client, proxy, conversation_of(int(WINDOW * 1.3)))
     assert response.status == 200
     first, retried = (r.json() for r in script.calls(None))
-    assert first["tools"][0]["function"]["name"] == "recall" and "tools" not in retried
+    assert first["tools"][-1]["function"]["name"] == "recall" and retried["tools"] == TOOLS
     assert recall_note()[1] not in str(retried)
 
 

@@ -16,11 +16,11 @@ from tests.fakes.script import Script
 from tests.fakes.upstream import FakeUpstream, chat_chunk, hang_reply, json_reply, sse_events
 from tests.fakes.upstream import stream_reply as streamed
 from tests.proxy.compacting.conftest import WINDOW, conversation_of
-from tests.proxy.recall.test_rounds import compacted_and_archived, with_canary
+from tests.proxy.recall.test_rounds import TOOLS, compacted_and_archived, with_canary
 
 
 async def open_stream(client: Any, proxy: Any, messages: list[Any]) -> aiohttp.ClientResponse:
-    body = orjson.dumps({"model": "gpt-test", "messages": messages, "stream": True})
+    body = orjson.dumps({"model": "gpt-test", "messages": messages, "stream": True, "tools": TOOLS})
     headers = {
         "Content-Type": "application/json",
         "Authorization": "Bearer sk-client",
