@@ -78,7 +78,8 @@ async def _recall(settings: Settings, session: str, query: str, limit: int | Non
     if limit is not None and limit < 1:
         print("compaction-proxy: --limit must be at least 1", file=sys.stderr)
         return 2
-    archive = build_archive(settings.state, settings.archive)
+    # Read-only: the proxy may be writing to the same file (proxy.archive.sqlite).
+    archive = build_archive(settings.state, settings.archive, read_only=True)
     try:
         await archive.open()
         found = await search_session(

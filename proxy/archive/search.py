@@ -42,13 +42,18 @@ async def search_session(
     return merged[:limit]
 
 
-def build_archive(state: StateSettings, archive: ArchiveSettings) -> Archive:
-    """The archive of `state.backend`, bounded as `archive` says."""
+def build_archive(
+    state: StateSettings, archive: ArchiveSettings, *, read_only: bool = False
+) -> Archive:
+    """The archive of `state.backend`, bounded as `archive` says; `read_only`: a reader beside
+    a running proxy (the state file opened `mode=ro`)."""
     max_bytes, max_age_s = archive.max_bytes_per_session, archive.max_age_s
     if state.backend == "sqlite":
         from proxy.archive.sqlite import SqliteArchive
 
-        return SqliteArchive(state.path, max_bytes=max_bytes, max_age_s=max_age_s)
+        return SqliteArchive(
+            state.path, max_bytes=max_bytes, max_age_s=max_age_s, read_only=read_only
+        )
     if state.backend == "redis":
         from proxy.archive.redis import RedisArchive
 

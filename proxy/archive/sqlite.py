@@ -30,6 +30,7 @@ import logging
 import os
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -120,14 +121,16 @@ class SqliteArchive:
         max_bytes: int,
         max_age_s: float,
         full_text: bool = True,
+        read_only: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """`full_text=False` searches by LIKE even where FTS5 exists (how the fallback is
-        tested)."""
+        tested); `read_only` opens the file as a reader beside a running proxy (`mode=ro`)."""
         self.path = path
         self._max_bytes = max_bytes
         self._max_age_s = max_age_s
         self._want_full_text = full_text
+        self.read_only = read_only
         self.full_text = False
         self._clock = clock
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -163,11 +166,20 @@ class SqliteArchive:
         if self._connection is not None:
             return
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # Users' conversations verbatim: private to the proxy's user, whichever of the archive
-        # and the state store creates the file (SQLite gives its -wal and -shm the same mode).
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        if self.read_only:
+            self._connect_read_only()
+            return
+        created = not self.path.exists()
         connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
+            # Users' conversations verbatim: private to the proxy's user, whichever of the
+            # archive and the state store creates the file. Set through the path before the
+            # first statement (SQLite gives its -wal and -shm the same mode), never by opening
+            # the file beside a connection: closing any descriptor of it drops every lock the
+            # process holds on it, and the next process to close the database would delete the
+            # log still written to.
+            if created:
+                os.chmod(self.path, 0o600)
             connection.execute("PRAGMA journal_mode=WAL")
             connection.execute("PRAGMA busy_timeout=5000")
             for statement in _TABLE:
@@ -186,6 +198,23 @@ class SqliteArchive:
                         "archive search without a full-text index (this SQLite has no FTS5): LIKE",
                         extra={"error": str(exc)},
                     )
+            stat = os.stat(self.path)
+        except BaseException:
+            connection.close()
+            raise
+        self._identity = (stat.st_dev, stat.st_ino)
+        self._connection = connection
+
+    def _connect_read_only(self) -> None:
+        """A reader beside a running proxy (the command line): it never writes, so it can
+        neither checkpoint nor delete the proxy's -wal and -shm when it closes."""
+        uri = f"file:{urllib.parse.quote(str(self.path))}?mode=ro"
+        connection = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        try:
+            tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master")}
+            if "archive" not in tables:
+                raise sqlite3.OperationalError("the state file holds no archive")
+            self.full_text = self._want_full_text and "archive_fts" in tables
             stat = os.stat(self.path)
         except BaseException:
             connection.close()

@@ -172,11 +172,16 @@ class StateFile:
     def _new_connection(self) -> sqlite3.Connection:
         """The file at `path`, created if missing, with its pragmas and tables."""
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # Summaries of users' conversations: private to the proxy's user, like the memory files
-        # (SQLite gives its -wal and -shm files the database file's permissions).
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        created = not self.path.exists()
         connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
+            # Summaries of users' conversations: private to the proxy's user, like the memory
+            # files. Set through the path before the first statement (SQLite gives its -wal and
+            # -shm the database file's mode), never by opening the file beside the connection:
+            # closing any descriptor of it drops every lock the process holds on it, and the
+            # next process to close the database would delete the log still written to.
+            if created:
+                os.chmod(self.path, 0o600)
             # Set before the first table exists: freed pages can then be given back.
             connection.execute("PRAGMA auto_vacuum = INCREMENTAL")
             connection.execute("PRAGMA journal_mode = WAL")

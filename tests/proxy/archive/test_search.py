@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 
 import orjson
@@ -79,3 +80,22 @@ def test_the_recall_command_prints_the_best_matches_of_the_state_file(
     assert main(["--config", str(config), "recall", "agent-1", "nothing-like-this"]) == 0
     assert "no archived turn or memory item" in capsys.readouterr().out
     assert main(["--config", str(config), "recall", "../etc", "x"]) == 2
+
+
+def test_the_recall_command_only_reads_the_state_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It runs beside a live proxy: it opens the file read-only (a writer closing the database
+    last would checkpoint it and delete the proxy's -wal), so it creates nothing in it."""
+    state = tmp_path / "state.sqlite3"
+    with sqlite3.connect(state) as connection:
+        connection.execute("CREATE TABLE checkpoints (key BLOB PRIMARY KEY)")
+    connection.close()
+    config = tmp_path / "config.yaml"
+    config.write_text(f"state:\n  backend: sqlite\n  path: {state}\n")
+    assert main(["--config", str(config), "recall", "agent-1", "vault"]) == 1
+    assert "could not be searched" in capsys.readouterr().err
+    with sqlite3.connect(state) as connection:
+        tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master")}
+    connection.close()
+    assert tables == {"checkpoints", "sqlite_autoindex_checkpoints_1"}
