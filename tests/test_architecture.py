@@ -11,6 +11,9 @@
   compacting/: only the app's assembly (app.py, cli.py, demo.py) imports those.
 - No import cycle between the modules of proxy/ and compaction/ (imports under TYPE_CHECKING,
   which never run, aside): a cycle means two modules share one job, or one of them has two.
+- The state (proxy/state/) is one layer below the rest: it imports neither http/, compacting/
+  nor recall/; one module of proxy/ opens the SQLite file (`sqlite3.connect`) and one builds
+  the Redis client, so the file's locks and the client's bounds are decided once.
 
 Module size is not tested: modules are split by responsibility, never by line count. `make
 review` lists the long ones for a reviewer to look at (tests/review.py).
@@ -21,7 +24,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import compaction
@@ -300,3 +303,61 @@ def test_the_speed_machinery_is_entered_through_its_package_only() -> None:
         if any(name == module or name.startswith(f"{module}.") for module in inner)
     ]
     assert found == []
+
+
+def _calling(folder: str, matches: Callable[[ast.Call], bool]) -> list[str]:
+    """The modules under `folder` holding a call that `matches`."""
+    return [
+        str(path.relative_to(REPO))
+        for path in _modules(folder)
+        if any(isinstance(node, ast.Call) and matches(node) for node in ast.walk(_parse(path)))
+    ]
+
+
+def _is_sqlite_connect(call: ast.Call) -> bool:
+    func = call.func
+    return (
+        isinstance(func, ast.Attribute)
+        and func.attr == "connect"
+        and isinstance(func.value, ast.Name)
+        and func.value.id == "sqlite3"
+    )
+
+
+def _builds_a_redis_client(call: ast.Call) -> bool:
+    """`Redis(...)`, `Redis.from_url`/`from_pool`, `redis.asyncio.from_url`, or a pool of
+    connections built by hand."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    owner = func.value if isinstance(func, ast.Attribute) else None
+    owner_name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+    return (
+        name in ("Redis", "StrictRedis", "BlockingConnectionPool", "ConnectionPool")
+        or (name in ("from_url", "from_pool") and "redis" in owner_name.lower())
+        or (name in ("from_url", "from_pool") and owner_name.endswith("Pool"))
+    )
+
+
+def test_one_module_opens_the_sqlite_state_file() -> None:
+    assert _calling("proxy", _is_sqlite_connect) == ["proxy/state/sqlite_file.py"]
+
+
+def test_one_module_builds_the_redis_client() -> None:
+    assert _calling("proxy", _builds_a_redis_client) == ["proxy/state/redis_client.py"]
+
+
+def test_the_call_finders_find_what_they_look_for() -> None:
+    def calls(source: str) -> list[ast.Call]:
+        return [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)]
+
+    assert [_is_sqlite_connect(c) for c in calls("sqlite3.connect(p); other.connect(p)")] == [
+        True,
+        False,
+    ]
+    built = "aioredis.from_url(u); aioredis.Redis.from_pool(p); redis.asyncio.Redis(); x.get(u)"
+    assert [_builds_a_redis_client(c) for c in calls(built)] == [True, True, True, False]
+
+
+def test_the_state_imports_neither_http_compacting_nor_recall() -> None:
+    forbidden = ("proxy.http", "proxy.compacting", "proxy.recall", "proxy.admin", "proxy.app")
+    assert _violations("proxy/state", forbidden) == []

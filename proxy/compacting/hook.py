@@ -41,13 +41,13 @@ from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.precompute import Precompute
 from proxy.compacting.records import SessionRecords
 from proxy.compacting.request import Decision, ParsedRequest, RequestBuilder, may_need_parsing
-from proxy.compacting.stores.factory import build_local
-from proxy.compacting.stores.roles import StateBackend
 from proxy.http.upstream import Upstream
 from proxy.interception import Exchange, Passthrough, RequestContext
 from proxy.metrics import CompactionMetrics
 from proxy.recall import Recall
 from proxy.settings import Settings
+from proxy.state.factory import build_local
+from proxy.state.roles import StateBackend
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)

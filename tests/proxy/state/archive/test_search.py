@@ -9,11 +9,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from proxy.archive import Scope, search_session
-from proxy.archive.local import LocalArchive
-from proxy.archive.sqlite import SqliteArchive
 from proxy.cli import main
-from tests.proxy.archive.conftest import entry
+from proxy.state.archive import Scope, search_session
+from proxy.state.archive.local import LocalArchive
+from proxy.state.archive.sqlite import SqliteArchive
+from proxy.state.sqlite_file import StateFile
+from tests.proxy.state.archive.conftest import entry
 
 ALICE = Scope("agent-1", "aa" * 16)
 MALLORY = Scope("agent-1", "bb" * 16)
@@ -57,7 +58,7 @@ async def test_memory_items_are_found_beside_archived_turns_and_scoped_by_creden
 
 
 async def archive_into(state: Path) -> None:
-    archive = SqliteArchive(state, max_bytes=1 << 20, max_age_s=86400 * 365 * 100)
+    archive = SqliteArchive(StateFile(state), max_bytes=1 << 20, max_age_s=86400 * 365 * 100)
     await archive.open()
     await archive.add(
         ALICE, [entry(12, "the deploy key lives in vault path kv/deploy", kind="tool_output")]
