@@ -26,9 +26,10 @@ from typing import Any
 
 from bench.corpus import corpus_dir, has_corpus, read_corpus
 from compaction import CHAT, HeuristicEstimator
-from proxy.archive import Scope
-from proxy.archive.sqlite import SqliteArchive
 from proxy.compacting.archiving import build_entries
+from proxy.state.archive import Scope
+from proxy.state.archive.sqlite import SqliteArchive
+from proxy.state.sqlite_file import StateFile
 
 _FILES = ("swe_gym_openhands.jsonl", "swe_mini_gemini3pro.jsonl", "tau_bench_airline_gpt4o.jsonl")
 _BATCH = 1000
@@ -65,7 +66,7 @@ async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "state.sqlite3"
         # Unbounded for the measure: the default bound (64 MB) would keep fewer messages.
-        archive = SqliteArchive(path, max_bytes=1 << 40, max_age_s=1e9)
+        archive = SqliteArchive(StateFile(path), max_bytes=1 << 40, max_age_s=1e9)
         await archive.open()
         messages = corpus_messages()
         tokens = 0

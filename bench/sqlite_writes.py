@@ -23,8 +23,9 @@ from prometheus_client import CollectorRegistry
 
 from compaction.checkpoints import Checkpoint, conversation_seed, prefix_digests
 from compaction.marker import SUMMARY_MARKER
-from proxy.compacting.stores.sqlite import SqliteStore
 from proxy.metrics import StateMetrics
+from proxy.state.sqlite import SqliteStore
+from proxy.state.sqlite_file import StateFile
 
 SUMMARY = f"{SUMMARY_MARKER}\n" + "## Decisions\n- keep the standard library only\n" * 60
 
@@ -83,12 +84,11 @@ async def on_the_loop(path: Path, rows: list[Checkpoint], together: bool) -> Non
 
 async def in_the_store(path: Path, rows: list[Checkpoint], together: bool) -> None:
     store = SqliteStore(
-        path,
+        StateFile(path, metrics=StateMetrics(CollectorRegistry())),
         max_entries=100_000,
         ttl_s=3600,
         failure_threshold=3,
         failure_cooldown_s=60,
-        metrics=StateMetrics(CollectorRegistry()),
     )
     await store.open()
     if together:

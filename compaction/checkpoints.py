@@ -343,7 +343,7 @@ class CheckpointStore(Protocol):
 class CheckpointCache:
     """A bounded in-process table, looked up one key at a time: least recently used entries go
     first, each lives `ttl_s`. Synchronous, for in-process users of the library; the proxy's
-    async `CheckpointStore` over it is proxy.compacting.stores.local."""
+    async `CheckpointStore` over it is proxy.state.local."""
 
     def __init__(
         self,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
@@ -10,14 +9,11 @@ from aiohttp import web
 from compaction import CheckpointStore
 from proxy.admin import dashboard, routes
 from proxy.admin.records import SessionRecords
-from proxy.archive import Archive, build_archive
 from proxy.compacting.archiving import Archiving
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.hook import Replacements, Shared, build_hook
 from proxy.compacting.llm_client import LLMFactory
 from proxy.compacting.overflow import LearnedWindows
-from proxy.compacting.stores.factory import build_backend
-from proxy.compacting.stores.roles import StateBackend
 from proxy.compacting.workers import Workers
 from proxy.heap import find_trim, trim_heap_every
 from proxy.http import handlers, keys
@@ -28,9 +24,9 @@ from proxy.loop_lag import watch_loop_lag
 from proxy.metrics import Metrics
 from proxy.recall import Recall
 from proxy.settings import Settings
+from proxy.state.archive import Archive
+from proxy.state.factory import State, build_state
 from proxy.tasks import BackgroundTasks
-
-log = logging.getLogger(__name__)
 
 # The processes compactions' CPU work runs in (started on first use, stopped with the app). Only
 # the app reads it: it is not among proxy.http.keys, which the handlers read.
@@ -71,12 +67,17 @@ def create_app(
         replacements=app[keys.METRICS].compaction.worker_replacements,
         scanned_chars=settings.compaction.scanned_chars,
     )
-    app[keys.ARCHIVE] = archive or build_archive(settings.state, settings.archive)
-    state: StateBackend | None = None
+    # One file or one Redis client for every role (proxy.state.factory).
+    state = build_state(
+        settings.state,
+        settings.compaction,
+        settings.archive,
+        app[keys.METRICS].state,
+        app[keys.TASKS],
+        given_archive=archive,
+    )
+    app[keys.ARCHIVE] = state.archive
     if hook is None:
-        state = build_backend(
-            settings.state, settings.compaction, app[keys.METRICS].state, app[keys.TASKS]
-        )
         shared = Shared(
             upstream=app[keys.UPSTREAM],
             records=records,
@@ -97,14 +98,14 @@ def create_app(
             if settings.compaction.recall == "on" and settings.compaction.recall_max_rounds
             else None,
         )
-        replacements = Replacements(store=store or state, state=state, llm_for=llm_for)
+        replacements = Replacements(
+            store=store or state.backend, state=state.backend, llm_for=llm_for
+        )
         hook = build_hook(settings, shared, replacements)
     app[keys.HOOK] = hook
     app.cleanup_ctx.append(_upstream_ctx)
     app.cleanup_ctx.append(_workers_ctx)
-    if state is not None:
-        app.cleanup_ctx.append(_state_ctx(state))
-    app.cleanup_ctx.append(_archive_ctx)
+    app.cleanup_ctx.append(_state_ctx(state))
     # Cleanup runs in reverse order: background work stops before the ClientSession closes.
     app.cleanup_ctx.append(_tasks_ctx)
     _add_routes(app.router)
@@ -131,9 +132,9 @@ async def _workers_ctx(app: web.Application) -> AsyncIterator[None]:
         await workers.close()
 
 
-def _state_ctx(state: StateBackend) -> Callable[[web.Application], AsyncIterator[None]]:
-    """Open the state backend at start (an unreachable one is reported, never fatal) and close
-    it after the background work stopped, so pending writes land."""
+def _state_ctx(state: State) -> Callable[[web.Application], AsyncIterator[None]]:
+    """Open the state at start (an unreachable backend or archive is reported, never fatal) and
+    close it after the background work stopped, so pending writes land."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         await state.open()
@@ -143,21 +144,6 @@ def _state_ctx(state: StateBackend) -> Callable[[web.Application], AsyncIterator
             await state.close()
 
     return ctx
-
-
-async def _archive_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Open the archive at start (one that cannot open is said once, never fatal: its writes
-    fail and are counted, its searches answer 503) and close it after the background work
-    stopped, so pending writes land."""
-    archive = app[keys.ARCHIVE]
-    try:
-        await archive.open()
-    except Exception as exc:
-        log.warning("archive unavailable", extra={"backend": archive.name, "error": repr(exc)})
-    try:
-        yield
-    finally:
-        await archive.close()
 
 
 async def _tasks_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -21,10 +21,11 @@ from aiohttp import web
 from compaction import is_valid_session_id
 from proxy.admin import inspect
 from proxy.app import create_app
-from proxy.archive import build_archive, search_session
 from proxy.http import keys
 from proxy.logs import configure_logging
 from proxy.settings import Settings, SettingsError, load_settings
+from proxy.state.archive import search_session
+from proxy.state.factory import build_reader
 
 DEFAULT_CONFIG = "config.yaml"
 
@@ -78,7 +79,8 @@ async def _recall(settings: Settings, session: str, query: str, limit: int | Non
     if limit is not None and limit < 1:
         print("compaction-proxy: --limit must be at least 1", file=sys.stderr)
         return 2
-    archive = build_archive(settings.state, settings.archive)
+    # A reader: the proxy may be writing to the same file (proxy.state.sqlite_file).
+    archive = build_reader(settings.state, settings.archive)
     try:
         await archive.open()
         found = await search_session(

@@ -304,7 +304,7 @@ class CompactionMetrics:
 
 
 class ArchiveMetrics:
-    """The archive of folded turns (proxy.archive): what it kept, dropped and failed to keep.
+    """The archive of folded turns (proxy.state.archive): what it kept, dropped and failed to keep.
     A write that fails never fails a request, so it shows here and in one log line."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -362,7 +362,7 @@ class RecallMetrics:
 
 
 class StateMetrics:
-    """The state backend's health (proxy.compacting.stores.guard): it never fails a request,
+    """The state backend's health (proxy.state.guard): it never fails a request,
     so an outage shows here and in one log line."""
 
     def __init__(self, registry: CollectorRegistry) -> None:

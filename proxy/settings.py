@@ -255,7 +255,7 @@ class AdminSettings(_Section):
 
 
 class StateSettings(_Section):
-    """Where checkpoints, cooldowns and single-flight live (proxy.compacting.stores)."""
+    """Where checkpoints, cooldowns and single-flight live (proxy.state)."""
 
     backend: Literal["memory", "sqlite", "redis"] = "sqlite"
     path: Path = Path("./workspace/state.sqlite3")
@@ -296,7 +296,7 @@ class StateSettings(_Section):
 
 
 class ArchiveSettings(_Section):
-    """Folded turns kept verbatim per session and credential, for recall (proxy.archive)."""
+    """Folded turns kept verbatim per session and credential, for recall (proxy.state.archive)."""
 
     enabled: bool = True
     max_mb_per_session: float = Field(default=64, gt=0)

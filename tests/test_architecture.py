@@ -19,6 +19,9 @@
 - Each API's wire lives in its dialect (proxy/dialects/): no other module of proxy/ (the demo
   aside, which plays a client) names a wire item, block or event of one API, and the dialects
   stand below the rooms that ask them (http/, compacting/, recall/), importing none of them.
+- The state (proxy/state/) is one layer below the rest: it imports neither http/, compacting/
+  nor recall/; one module of proxy/ opens the SQLite file (`sqlite3.connect`) and one builds
+  the Redis client, so the file's locks and the client's bounds are decided once.
 
 Module size is not tested: modules are split by responsibility, never by line count. `make
 review` lists the long ones for a reviewer to look at (tests/review.py).
@@ -29,7 +32,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import compaction
@@ -434,3 +437,61 @@ def test_the_wire_scan_finds_a_wire_name_and_only_one() -> None:
 
 def test_the_dialects_import_none_of_the_rooms_that_ask_them() -> None:
     assert _violations("proxy/dialects", ("proxy.http", "proxy.compacting", "proxy.recall")) == []
+
+
+def _calling(folder: str, matches: Callable[[ast.Call], bool]) -> list[str]:
+    """The modules under `folder` holding a call that `matches`."""
+    return [
+        str(path.relative_to(REPO))
+        for path in _modules(folder)
+        if any(isinstance(node, ast.Call) and matches(node) for node in ast.walk(_parse(path)))
+    ]
+
+
+def _is_sqlite_connect(call: ast.Call) -> bool:
+    func = call.func
+    return (
+        isinstance(func, ast.Attribute)
+        and func.attr == "connect"
+        and isinstance(func.value, ast.Name)
+        and func.value.id == "sqlite3"
+    )
+
+
+def _builds_a_redis_client(call: ast.Call) -> bool:
+    """`Redis(...)`, `Redis.from_url`/`from_pool`, `redis.asyncio.from_url`, or a pool of
+    connections built by hand."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    owner = func.value if isinstance(func, ast.Attribute) else None
+    owner_name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+    return (
+        name in ("Redis", "StrictRedis", "BlockingConnectionPool", "ConnectionPool")
+        or (name in ("from_url", "from_pool") and "redis" in owner_name.lower())
+        or (name in ("from_url", "from_pool") and owner_name.endswith("Pool"))
+    )
+
+
+def test_one_module_opens_the_sqlite_state_file() -> None:
+    assert _calling("proxy", _is_sqlite_connect) == ["proxy/state/sqlite_file.py"]
+
+
+def test_one_module_builds_the_redis_client() -> None:
+    assert _calling("proxy", _builds_a_redis_client) == ["proxy/state/redis_client.py"]
+
+
+def test_the_call_finders_find_what_they_look_for() -> None:
+    def calls(source: str) -> list[ast.Call]:
+        return [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)]
+
+    assert [_is_sqlite_connect(c) for c in calls("sqlite3.connect(p); other.connect(p)")] == [
+        True,
+        False,
+    ]
+    built = "aioredis.from_url(u); aioredis.Redis.from_pool(p); redis.asyncio.Redis(); x.get(u)"
+    assert [_builds_a_redis_client(c) for c in calls(built)] == [True, True, True, False]
+
+
+def test_the_state_imports_neither_http_compacting_nor_recall() -> None:
+    forbidden = ("proxy.http", "proxy.compacting", "proxy.recall", "proxy.admin", "proxy.app")
+    assert _violations("proxy/state", forbidden) == []

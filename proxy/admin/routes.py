@@ -10,12 +10,12 @@ import hmac
 
 from aiohttp import web
 
-from proxy.archive import search_session
 from proxy.errors import ArchiveUnavailable, BadRequest, NotFound, Unauthorized
 from proxy.http import keys
 from proxy.http.handlers import json_response
 from proxy.http.middleware import GET_ONLY
 from proxy.sessions import check_session_id
+from proxy.state.archive import search_session
 
 
 async def admin_sessions(request: web.Request) -> web.Response:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from cachetools import LRUCache
 
-from proxy.compacting.stores.roles import ForwardedMarks
+from proxy.state.roles import ForwardedMarks
 
 
 class AppliedCompactions:

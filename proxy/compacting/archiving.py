@@ -1,4 +1,4 @@
-"""Each compaction's folded messages, archived (proxy.archive) in the background.
+"""Each compaction's folded messages, archived (proxy.state.archive) in the background.
 
 The turns a compaction folds for the first time (its checkpoint's range past what its base
 folded) are kept verbatim under the request's session and credential; a turn already archived is
@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 import orjson
 
 from compaction import Message, Shape, read_items
-from proxy.archive import Archive, Entry, Kind, Scope
 from proxy.compacting.request import ParsedRequest
 from proxy.metrics import ArchiveMetrics
+from proxy.state.archive import Archive, Entry, Kind, Scope
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)

@@ -47,11 +47,11 @@ from proxy.compacting.llm_client import LLMFactory, Prefix
 from proxy.compacting.records import folded_range, record_compaction
 from proxy.compacting.request import Decision, ParsedRequest
 from proxy.compacting.reserve_writes import ReserveWrites
-from proxy.compacting.stores.roles import Cooldowns, ForwardedMarks, Leases
 from proxy.compacting.workers import WorkerLost
 from proxy.metrics import CompactionMetrics
 from proxy.recall import Recall
 from proxy.settings import CompactionSection
+from proxy.state.roles import Cooldowns, ForwardedMarks, Leases
 from proxy.tasks import BackgroundTasks
 
 
@@ -136,7 +136,7 @@ class Conversations:
         self._metrics = metrics
         self._clock = clock
         self._archiving = archiving
-        self._leases = leases  # single-flight across processes (proxy.compacting.stores)
+        self._leases = leases  # single-flight across processes (proxy.state)
         self._cooldowns = cooldowns
         self._flight: SingleFlight[bytes, CompactionResult | Checkpoint] = SingleFlight(tasks)
         # Precomputes still planning, by their request's last digest (proxy.compacting.precompute).

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
-from proxy.compacting.stores.roles import Leases
+from proxy.state.roles import Leases
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)

@@ -36,8 +36,6 @@ from proxy.compacting.llm_client import LLMFactory, UpstreamLLMFactory
 from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.precompute import Precompute
 from proxy.compacting.request import Decision, ParsedRequest, RequestBuilder, may_need_parsing
-from proxy.compacting.stores.factory import build_local
-from proxy.compacting.stores.roles import StateBackend
 from proxy.dialects import Dialect, NotCompactable, for_route
 from proxy.http.upstream import Upstream
 from proxy.interception import Exchange, Passthrough, RequestContext
@@ -45,6 +43,8 @@ from proxy.metrics import CompactionMetrics
 from proxy.outcome import UNCHANGED, Outcome, add_headers
 from proxy.recall import Recall
 from proxy.settings import Settings
+from proxy.state.factory import build_local
+from proxy.state.roles import StateBackend
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)

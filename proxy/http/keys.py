@@ -13,13 +13,13 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from proxy.archive import Archive
 from proxy.http.upstream import Upstream
 from proxy.interception import Hook
 from proxy.logs import RequestInfo
 from proxy.metrics import Metrics
 from proxy.outcome import Outcome, RecallFigures
 from proxy.settings import Settings
+from proxy.state.archive import Archive
 from proxy.tasks import BackgroundTasks
 
 TimelineLine = tuple[float, str, Outcome | None, RecallFigures | None, int, int, int, float]
@@ -69,7 +69,7 @@ METRICS = web.AppKey("metrics", Metrics)
 RECORDS: web.AppKey[AdminRecords] = web.AppKey("records")
 HOOK: web.AppKey[Hook] = web.AppKey("hook")
 TASKS = web.AppKey("tasks", BackgroundTasks)
-# The archive of folded turns (proxy.archive): the compacting hook writes it, admin searches it.
+# The archive of folded turns (proxy.state.archive): the compacting hook writes it, admin searches it.
 ARCHIVE: web.AppKey[Archive] = web.AppKey("archive")
 # Its ClientSession opens while the app starts (it needs the running loop); see app.create_app.
 UPSTREAM = web.AppKey("upstream", Upstream)

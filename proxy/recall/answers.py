@@ -1,5 +1,5 @@
 """What a call to `recall` gets back: the session's archived turns and memory items that match
-its query best (proxy.archive.search_session), in the scope of the request's own session and
+its query best (proxy.state.archive.search_session), in the scope of the request's own session and
 credential only, as one text clipped to the room left in the window, each result saying which
 turn it came from."""
 
@@ -11,8 +11,8 @@ from typing import get_args
 
 import orjson
 
-from proxy.archive import Archive, Found, Kind, search_session
-from proxy.archive.terms import query_terms
+from proxy.state.archive import Archive, Found, Kind, search_session
+from proxy.state.archive.terms import query_terms
 
 DEFAULT_LIMIT = 5
 MAX_LIMIT = 20

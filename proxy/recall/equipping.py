@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from proxy.archive import Archive
 from proxy.metrics import RecallMetrics
 from proxy.recall.answers import Answers
 from proxy.recall.rounds import Budget, RecallRounds
 from proxy.recall.tools import added_text, equip, has_own_recall
+from proxy.state.archive import Archive
 
 if TYPE_CHECKING:  # the request module builds summarizers, whose cached request equips too
     from proxy.compacting.request import ParsedRequest

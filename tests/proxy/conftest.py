@@ -12,11 +12,11 @@ from aiohttp import web
 
 from compaction.checkpoints import CheckpointStore
 from proxy.app import create_app
-from proxy.archive import Archive
 from proxy.compacting.llm_client import LLMFactory
 from proxy.http.serving import serve_on_loopback
 from proxy.interception import Hook
 from proxy.settings import Settings
+from proxy.state.archive import Archive
 from tests.fakes.upstream import FakeUpstream
 
 

@@ -17,9 +17,9 @@ from proxy.admin.records import SessionRecords
 from proxy.compacting.calibration import Calibration
 from proxy.compacting.hook import Replacements, Shared, build_hook
 from proxy.compacting.overflow import LearnedWindows
-from proxy.compacting.stores.local import LocalStore
 from proxy.http.upstream import Upstream
 from proxy.metrics import Metrics
+from proxy.state.local import LocalStore
 from proxy.tasks import BackgroundTasks
 from tests import factories as f
 from tests.fakes.script import Script, tokens

@@ -1,5 +1,5 @@
 """What a compaction folds is archived verbatim, searched through /admin, and never fails a
-request (proxy.compacting.archiving, proxy.archive)."""
+request (proxy.compacting.archiving, proxy.state.archive)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.archive import Entry, Found, Scope
+from proxy.state.archive import Entry, Found, Scope
 from tests.fakes.script import Script
 from tests.proxy.compacting.conftest import WINDOW, conversation_of, post, wait_for
 

@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from proxy.compacting.calibration import Calibration
-from proxy.compacting.cooldown import Cooldown
 from proxy.compacting.flight import SingleFlight, wait_shielded
 from proxy.compacting.overflow import parse_overflow
+from proxy.state.cooldown import Cooldown
 from proxy.tasks import BackgroundTasks
 
 

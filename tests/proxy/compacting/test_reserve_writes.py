@@ -18,8 +18,8 @@ import orjson
 from compaction import Compactor, MemoryWriter
 from compaction.checkpoints import Checkpoint
 from proxy.admin.records import SessionRecords
-from proxy.compacting.stores.local import LocalStore
 from proxy.http import keys
+from proxy.state.local import LocalStore
 from tests import factories as f
 from tests.fakes.script import Script, tokens
 from tests.fakes.upstream import FakeUpstream

@@ -12,7 +12,7 @@ import pytest
 
 from compaction.checkpoints import Checkpoint, conversation_seed, prefix_digests
 from compaction.marker import SUMMARY_MARKER
-from proxy.compacting.stores.local import LocalStore
+from proxy.state.local import LocalStore
 from tests import factories as f
 from tests.fakes.script import Script
 from tests.proxy.compacting.conftest import WINDOW, conversation_of, forwarded, post

@@ -3,8 +3,8 @@ the query's words, not the result's start."""
 
 from __future__ import annotations
 
-from proxy.archive import Found, Kind
 from proxy.recall.answers import Query, excerpt, render
+from proxy.state.archive import Found, Kind
 
 
 def _found(kind: Kind, index: int, text: str) -> Found:

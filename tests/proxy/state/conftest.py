@@ -43,6 +43,11 @@ class ProxyProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self._process: asyncio.subprocess.Process | None = None
 
+    @property
+    def pid(self) -> int:
+        assert self._process is not None, "the proxy was never started"
+        return self._process.pid
+
     async def start(self) -> None:
         with self.log.open("ab") as log:
             self._process = await asyncio.create_subprocess_exec(

@@ -12,10 +12,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from compaction.checkpoints import Checkpoint
-from proxy.compacting.stores.guard import Guarded
-from proxy.compacting.stores.local import LocalStore
-from proxy.compacting.stores.roles import Lease
 from proxy.metrics import StateMetrics
+from proxy.state.guard import Guarded
+from proxy.state.local import LocalStore
+from proxy.state.roles import Lease
 from proxy.tasks import BackgroundTasks
 from tests.proxy.state.test_stores import DIGESTS, _checkpoint
 

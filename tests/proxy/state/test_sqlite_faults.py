@@ -13,9 +13,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from compaction.checkpoints import conversation_seed, prefix_digests
-from proxy.compacting.stores.guard import Guarded
-from proxy.compacting.stores.local import LocalStore
 from proxy.metrics import StateMetrics
+from proxy.state.guard import Guarded
+from proxy.state.local import LocalStore
 from proxy.tasks import BackgroundTasks
 from tests import factories as f
 from tests.proxy.state.test_stores import DIGESTS, _checkpoint, _sqlite

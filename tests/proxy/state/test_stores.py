@@ -24,13 +24,14 @@ from compaction.marker import SUMMARY_MARKER
 from proxy.compacting.applied import AppliedCompactions
 from proxy.compacting.conversations import stored_under
 from proxy.compacting.flight import run_once_everywhere
-from proxy.compacting.stores.factory import build_backend
-from proxy.compacting.stores.local import LocalStore
-from proxy.compacting.stores.redis import RedisStore
-from proxy.compacting.stores.sqlite import SqliteStore
-from proxy.compacting.stores.sqlite_file import StateFile
 from proxy.metrics import StateMetrics
-from proxy.settings import CompactionSection, StateSettings
+from proxy.settings import ArchiveSettings, CompactionSection, StateSettings
+from proxy.state.factory import build_state
+from proxy.state.local import LocalStore
+from proxy.state.redis import RedisStore
+from proxy.state.redis_client import RedisClient
+from proxy.state.sqlite import CheckpointTables, SqliteStore
+from proxy.state.sqlite_file import StateFile
 from proxy.tasks import BackgroundTasks
 from tests import factories as f
 from tests.proxy.state.conftest import RedisServer
@@ -44,15 +45,20 @@ def _checkpoint(cut: int, text: str = "summary", digests: Sequence[bytes] = DIGE
     return Checkpoint(digests[cut - 1], cut, 1, (), summary, f"c{cut}", "llm")
 
 
-def _sqlite(path: Path, now: list[float], **options: Any) -> SqliteStore:
+def _sqlite(
+    path: Path, now: list[float], metrics: StateMetrics | None = None, **options: Any
+) -> SqliteStore:
+    """A store over a state file of its own (the file and the store on the same clock)."""
     settings = {
         "max_entries": 100,
         "ttl_s": 60.0,
         "failure_threshold": 3,
         "failure_cooldown_s": 30.0,
-        "metrics": StateMetrics(CollectorRegistry()),
     }
-    return SqliteStore(path, clock=lambda: now[0], **{**settings, **options})
+    file = StateFile(
+        path, metrics=metrics or StateMetrics(CollectorRegistry()), clock=lambda: now[0]
+    )
+    return SqliteStore(file, clock=lambda: now[0], **{**settings, **options})
 
 
 def _rows(path: Path) -> int:
@@ -135,10 +141,12 @@ async def test_a_guarded_backend_keeps_state_cached_checkpoints_in_memory_and_re
     # The guard's fallback cache was bounded by compaction.checkpoint_max_entries (10,000 by
     # default): every checkpoint the process wrote or read stayed decoded in it, RSS rising
     # through the whole 10-minute soak while the file kept them anyway.
-    state = StateSettings(path=tmp_path / "state.sqlite3", cached_checkpoints=3)
+    settings = StateSettings(path=tmp_path / "state.sqlite3", cached_checkpoints=3)
     tasks = BackgroundTasks()
-    backend = build_backend(state, CompactionSection(), StateMetrics(CollectorRegistry()), tasks)
-    await backend.open()
+    metrics = StateMetrics(CollectorRegistry())
+    state = build_state(settings, CompactionSection(), ArchiveSettings(), metrics, tasks)
+    await state.open()
+    backend = state.backend
     alive = []
     for cut in range(1, 8):
         checkpoint = _checkpoint(cut)
@@ -148,7 +156,7 @@ async def test_a_guarded_backend_keeps_state_cached_checkpoints_in_memory_and_re
     gc.collect()
     assert sum(ref() is not None for ref in alive) == 3
     assert await backend.longest(DIGESTS[:2]) == _checkpoint(2)  # read back from the file
-    await backend.close()
+    await state.close()
     await tasks.close()
 
 
@@ -239,13 +247,11 @@ def _redis(
     max_connections: int = 32,
 ) -> RedisStore:
     return RedisStore(
-        url,
+        RedisClient(url, timeout_s=2.0, max_connections=max_connections),
         ttl_s=ttl_s,
         failure_threshold=3,
         failure_cooldown_s=30,
         lease_ttl_s=lease_ttl_s,
-        timeout_s=2.0,
-        max_connections=max_connections,
         tasks=BackgroundTasks() if tasks is None else tasks,
         # Waiters re-check rarely here, so a lost notice shows as a long wait, never hides.
         recheck_s=30.0,
@@ -368,9 +374,8 @@ async def test_a_sqlite_write_given_up_leaves_the_rest_of_its_batch_to_finish(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "state.sqlite3"
-    state = StateFile(
-        path, max_entries=100, metrics=StateMetrics(CollectorRegistry()), clock=time.time
-    )
+    state = StateFile(path, metrics=StateMetrics(CollectorRegistry()), clock=time.time)
+    state.attach(CheckpointTables(max_entries=100))
     await state.open()
     insert = "INSERT OR REPLACE INTO forwarded (id, expires_at) VALUES (?, ?)"
     expires_at = time.time() + 60

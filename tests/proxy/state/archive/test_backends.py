@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from proxy.archive import Scope
-from tests.proxy.archive.conftest import Clock, MakeArchive, entry
+from proxy.state.archive import Scope
+from tests.proxy.state.archive.conftest import Clock, MakeArchive, entry
 
 ALICE = Scope("agent-1", "aa" * 16)
 MALLORY = Scope("agent-1", "bb" * 16)

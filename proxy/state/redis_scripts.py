@@ -1,4 +1,4 @@
-"""The Lua scripts of the Redis backend (proxy.compacting.stores.redis): each does in one round
+"""The Lua scripts of the Redis backend (proxy.state.redis): each does in one round
 trip, atomically, what would otherwise take several. Digests are 16 bytes, passed concatenated."""
 
 # KEYS: none. ARGV: prefix, concatenated 16-byte digests. The 1-based number of digests of the

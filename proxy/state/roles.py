@@ -4,11 +4,11 @@ that plays them all.
 - checkpoints: compaction.CheckpointStore (Conversations);
 - Leases: single-flight across processes (proxy.compacting.flight);
 - Cooldowns: the summarizer's, per model and tenant (Conversations);
-- ForwardedMarks: compactions some request already went out with (proxy.compacting.forwarded);
+- ForwardedMarks: compactions some request already went out with (proxy.compacting.applied);
 - claims: compaction.ItemClaims, memory-file items de-duplicated across processes.
 
 A StateBackend plays every role and has a lifecycle; it is built once, in proxy.app.create_app
-(through proxy.compacting.stores.factory), which hands each consumer its role.
+(through proxy.state.factory), which hands each consumer its role.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Cooldowns(Protocol):
 
 class ForwardedMarks(Protocol):
     async def mark_forwarded(self, compaction_id: str) -> bool:
-        """Record that a request went out with this compaction (proxy.compacting.forwarded):
+        """Record that a request went out with this compaction (proxy.compacting.applied):
         True only for the first to record it, atomically, whichever replica it runs in (a
         backend only this process uses: always True, the process's own table decides)."""
         ...

@@ -19,36 +19,24 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import orjson
 import redis.asyncio as aioredis
 from cachetools import LRUCache
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import (
-    AuthenticationError,
-    NoPermissionError,
-    ResponseError,
-)
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from compaction import CHECKPOINT_VERSION, Checkpoint
-from proxy.compacting.cooldown import FORGET_FAILURES_AFTER_S
-from proxy.compacting.stores import redis_scripts as scripts
-from proxy.compacting.stores.redis_notices import RECHECK_S, Notices
-from proxy.compacting.stores.roles import CACHED_CHECKPOINTS, Lease
+from proxy.state import redis_scripts as scripts
+from proxy.state.cooldown import FORGET_FAILURES_AFTER_S
+from proxy.state.redis_client import RedisClient
+from proxy.state.redis_notices import RECHECK_S, Notices
+from proxy.state.roles import CACHED_CHECKPOINTS, Lease
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
 PREFIX = "compaction-proxy:"
-
-
-class Unreachable(ConnectionError):
-    """What keeps this process from using Redis, in words (no credentials)."""
 
 
 class RedisLease:
@@ -90,26 +78,23 @@ class RedisStore:
 
     def __init__(
         self,
-        url: str,
+        redis: RedisClient,
         *,
         ttl_s: float,
         cached: int = CACHED_CHECKPOINTS,
         failure_threshold: int,
         failure_cooldown_s: float,
         lease_ttl_s: float,
-        timeout_s: float,
-        max_connections: int,
         tasks: BackgroundTasks,
         prefix: str = PREFIX,
         recheck_s: float = RECHECK_S,
     ) -> None:
-        self._url = url
+        self._redis = redis
+        redis.attach()
         self._ttl_ms = max(1, int(ttl_s * 1000))
         self._threshold = failure_threshold
         self._cooldown_ms = int(failure_cooldown_s * 1000)
         self._lease_ttl_s = lease_ttl_s
-        self._timeout_s = timeout_s
-        self._max_connections = max_connections
         self._prefix = prefix.encode()
         self.channel = f"{prefix}done"
         self._client: aioredis.Redis | None = None
@@ -122,46 +107,20 @@ class RedisStore:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Connect, and say what keeps this process from using Redis (raising Unreachable: the
-        guard logs it once and serves in-process); the client stays, to be retried later."""
-        pool = aioredis.BlockingConnectionPool.from_url(
-            self._url,
-            # Bounded: past it, a call waits for a free connection (at most the state timeout).
-            max_connections=self._max_connections,
-            timeout=self._timeout_s,
-            socket_timeout=self._timeout_s,
-            socket_connect_timeout=self._timeout_s,
-            # One immediate retry (a pooled connection the server closed is reopened at once);
-            # anything longer is the guard's business, which leaves a failing Redis alone.
-            retry=Retry(NoBackoff(), 1),
-        )
-        self._client = aioredis.Redis.from_pool(pool)
+        """Connect, and say what keeps this process from using Redis (raising
+        proxy.state.redis_client.Unreachable: the guard logs it once and serves in-process);
+        the client stays, to be retried later."""
+        self._client = self._redis.get()
         self._notices = Notices(self._client, self.channel, self._tasks, recheck_s=self._recheck_s)
         await self._notices.start()
-        await self._check(pool)
-
-    async def _check(self, pool: aioredis.ConnectionPool) -> None:
-        where = _where(pool.connection_kwargs)
-        try:
-            await self._require().ping()
-        except AuthenticationError as exc:
-            raise Unreachable(f"Redis at {where} refused the login (state.redis_url)") from exc
-        except NoPermissionError as exc:
-            raise Unreachable(f"Redis at {where} does not let this user in") from exc
-        except ResponseError as exc:
-            # The connection's only other command is SELECT of the URL's database.
-            database = pool.connection_kwargs.get("db", 0)
-            raise Unreachable(f"Redis at {where} has no database {database}") from exc
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise Unreachable(f"Redis at {where} cannot be reached: {exc}") from exc
+        await self._redis.check()
 
     async def close(self) -> None:
         if self._notices is not None:
             await self._notices.close()
             self._notices = None
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        self._client = None
+        await self._redis.close()
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -316,10 +275,3 @@ class RedisStore:
         if self._client is None:
             raise ConnectionError("the redis store is not open")
         return self._client
-
-
-def _where(options: Mapping[str, object]) -> str:
-    """Host and port, or the socket path, of a pool's connections: never the credentials."""
-    if "path" in options:
-        return str(options["path"])
-    return f"{options.get('host', 'localhost')}:{options.get('port', 6379)}"

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 
 import orjson
 import pytest
 
-from proxy.archive import Scope, search_session
-from proxy.archive.local import LocalArchive
-from proxy.archive.sqlite import SqliteArchive
 from proxy.cli import main
-from tests.proxy.archive.conftest import entry
+from proxy.state.archive import Scope, search_session
+from proxy.state.archive.local import LocalArchive
+from proxy.state.archive.sqlite import SqliteArchive
+from proxy.state.sqlite_file import StateFile
+from tests.proxy.state.archive.conftest import entry
 
 ALICE = Scope("agent-1", "aa" * 16)
 MALLORY = Scope("agent-1", "bb" * 16)
@@ -56,7 +58,7 @@ async def test_memory_items_are_found_beside_archived_turns_and_scoped_by_creden
 
 
 async def archive_into(state: Path) -> None:
-    archive = SqliteArchive(state, max_bytes=1 << 20, max_age_s=86400 * 365 * 100)
+    archive = SqliteArchive(StateFile(state), max_bytes=1 << 20, max_age_s=86400 * 365 * 100)
     await archive.open()
     await archive.add(
         ALICE, [entry(12, "the deploy key lives in vault path kv/deploy", kind="tool_output")]
@@ -79,3 +81,22 @@ def test_the_recall_command_prints_the_best_matches_of_the_state_file(
     assert main(["--config", str(config), "recall", "agent-1", "nothing-like-this"]) == 0
     assert "no archived turn or memory item" in capsys.readouterr().out
     assert main(["--config", str(config), "recall", "../etc", "x"]) == 2
+
+
+def test_the_recall_command_only_reads_the_state_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It runs beside a live proxy: it opens the file read-only (a writer closing the database
+    last would checkpoint it and delete the proxy's -wal), so it creates nothing in it."""
+    state = tmp_path / "state.sqlite3"
+    with sqlite3.connect(state) as connection:
+        connection.execute("CREATE TABLE checkpoints (key BLOB PRIMARY KEY)")
+    connection.close()
+    config = tmp_path / "config.yaml"
+    config.write_text(f"state:\n  backend: sqlite\n  path: {state}\n")
+    assert main(["--config", str(config), "recall", "agent-1", "vault"]) == 1
+    assert "could not be searched" in capsys.readouterr().err
+    with sqlite3.connect(state) as connection:
+        tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master")}
+    connection.close()
+    assert tables == {"checkpoints", "sqlite_autoindex_checkpoints_1"}

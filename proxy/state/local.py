@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from compaction import Checkpoint, CheckpointCache
-from proxy.compacting.cooldown import Cooldown
-from proxy.compacting.stores.roles import Lease, LocalLease
+from proxy.state.cooldown import Cooldown
+from proxy.state.roles import Lease, LocalLease
 
 
 class LocalStore:
@@ -61,7 +61,7 @@ class LocalStore:
         return None
 
     async def mark_forwarded(self, compaction_id: str) -> bool:
-        return True  # proxy.compacting.forwarded keeps what this process sent
+        return True  # proxy.compacting.applied keeps what this process sent
 
     async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
         return set(keys)

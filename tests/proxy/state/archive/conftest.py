@@ -1,4 +1,4 @@
-"""Every archive backend, built the way `build_archive` builds it, on a clock the test moves."""
+"""Every archive backend, built the way `build_state` builds it, on a clock the test moves."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from proxy.archive import Archive, Entry, Kind
-from proxy.archive.local import LocalArchive
-from proxy.archive.redis import RedisArchive
-from proxy.archive.sqlite import SqliteArchive
+from proxy.state.archive import Archive, Entry, Kind
+from proxy.state.archive.local import LocalArchive
+from proxy.state.archive.redis import RedisArchive
+from proxy.state.archive.sqlite import SqliteArchive
+from proxy.state.redis_client import RedisClient
+from proxy.state.sqlite_file import StateFile
 from tests.proxy.state.conftest import RedisServer, free_port, redis_binary
 
 BACKENDS = ("memory", "sqlite", "sqlite-like", "redis")
@@ -51,7 +53,7 @@ async def make_archive(
             archive = LocalArchive(max_bytes=max_bytes, max_age_s=max_age_s, clock=clock)
         elif backend.startswith("sqlite"):
             archive = SqliteArchive(
-                tmp_path / "state.sqlite3",
+                StateFile(tmp_path / "state.sqlite3", clock=clock),
                 max_bytes=max_bytes,
                 max_age_s=max_age_s,
                 full_text=backend == "sqlite",
@@ -59,9 +61,8 @@ async def make_archive(
             )
         else:
             assert server is not None
-            archive = RedisArchive(
-                server.url, max_bytes=max_bytes, max_age_s=max_age_s, timeout_s=2, clock=clock
-            )
+            client = RedisClient(server.url, timeout_s=2, max_connections=32)
+            archive = RedisArchive(client, max_bytes=max_bytes, max_age_s=max_age_s, clock=clock)
         opened.append(archive)
         return archive
 

@@ -3,9 +3,9 @@ per session: by `archive.memory_max_mb`, and by the age for sessions no longer a
 
 from __future__ import annotations
 
-from proxy.archive import Scope
-from proxy.archive.local import LocalArchive
-from tests.proxy.archive.conftest import Clock, entry
+from proxy.state.archive import Scope
+from proxy.state.archive.local import LocalArchive
+from tests.proxy.state.archive.conftest import Clock, entry
 
 FIRST = Scope("agent-1", "aa" * 16)
 SECOND = Scope("agent-2", "aa" * 16)

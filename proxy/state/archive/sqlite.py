@@ -1,12 +1,12 @@
 """The archive in the state file (`state.backend: sqlite`), with an FTS5 full-text index in the
 same file; where this SQLite lacks FTS5, a LIKE scan of the session's turns, said once in the log.
 
-Every statement runs on the archive's own thread (its own connection to the file, WAL mode), so
-the event loop never waits for the disk. The archive follows the file its path names: when the
-state store starts a new file (the old one deleted, or moved aside as corrupt) or an operator
-puts another in its place, the next statement reopens the path (one stat each time). What only the
-old file held is not copied over: the archive can be far larger than the store's rows, and a
-recall that finds less is a loss, never an error.
+Every statement runs through the state file's one connection, on its thread
+(proxy.state.sqlite_file), so the event loop never waits for the disk. The archive follows the
+file its path names: when the file is deleted, moved aside as corrupt, or another is put in its
+place, the next statement works in the new file. What only the old file held is not copied over:
+the archive can be far larger than the store's rows, and a recall that finds less is a loss,
+never an error.
 
 Best first, from the index alone (one statement, cut to `limit` in SQL before a turn is read):
 the newest turns of the scope that hold every word of the query; when none holds all, those that
@@ -22,22 +22,17 @@ intersected with the words, cost ten times more: its list holds every turn of th
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import functools
 import hashlib
 import logging
-import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import TypeVar
 
-from proxy.archive.entries import Entry, Found, Kind, Scope
-from proxy.archive.terms import query_terms, score_text
+from proxy.state.archive.entries import Entry, Found, Kind, Scope
+from proxy.state.archive.terms import query_terms, score_text
+from proxy.state.sqlite_file import StateFile
 
-T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 _TABLE = (
@@ -110,127 +105,89 @@ def owner_of(session: str, tenant: str) -> int:
 _DROP_BATCH = 256
 
 
+class ArchiveTables:
+    """The archive's tables in the state file (proxy.state.sqlite_file.Tables), made on the
+    file's thread at each connection; whether the full-text index is there."""
+
+    carried: tuple[str, ...] = ()
+
+    def __init__(self, *, full_text: bool) -> None:
+        self._want_full_text = full_text
+        self.full_text = False
+
+    def create(self, connection: sqlite3.Connection, *, read_only: bool) -> None:
+        if read_only:
+            names = {name for (name,) in connection.execute("SELECT name FROM sqlite_master")}
+            if "archive" not in names:
+                raise sqlite3.OperationalError("the state file holds no archive")
+            self.full_text = self._want_full_text and "archive_fts" in names
+            return
+        for statement in _TABLE:
+            connection.execute(statement)
+        if not connection.execute(
+            "SELECT 1 FROM sqlite_master WHERE name = 'archive_compactions'"
+        ).fetchone():
+            for statement in _COMPACTIONS:
+                connection.execute(statement)
+        self.full_text = False
+        if self._want_full_text:
+            try:
+                connection.execute(_INDEX)
+                self.full_text = True
+            except sqlite3.OperationalError as exc:
+                log.warning(
+                    "archive search without a full-text index (this SQLite has no FTS5): LIKE",
+                    extra={"error": str(exc)},
+                )
+
+    def prune(self, connection: sqlite3.Connection, now: float) -> None:
+        return None  # the bounds are applied as turns are added (SqliteArchive.add)
+
+    def load(self, connection: sqlite3.Connection) -> None:
+        return None
+
+
 class SqliteArchive:
     name = "sqlite"
 
     def __init__(
         self,
-        path: Path,
+        file: StateFile,
         *,
         max_bytes: int,
         max_age_s: float,
         full_text: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """`full_text=False` searches by LIKE even where FTS5 exists (how the fallback is
-        tested)."""
-        self.path = path
+        """Over `file`, the process's one connection to the state file (read-only: a reader
+        beside a running proxy). `full_text=False` searches by LIKE even where FTS5 exists (how
+        the fallback is tested)."""
+        self.path = file.path
         self._max_bytes = max_bytes
         self._max_age_s = max_age_s
-        self._want_full_text = full_text
-        self.full_text = False
         self._clock = clock
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._connection: sqlite3.Connection | None = None  # the archive thread's only
-        # The file the connection reads (device, inode): another at the path means it was
-        # replaced.
-        self._identity: tuple[int, int] | None = None
+        self._tables = ArchiveTables(full_text=full_text)
+        self._file = file
+        file.attach(self._tables)
+
+    @property
+    def full_text(self) -> bool:
+        return self._tables.full_text
 
     async def open(self) -> None:
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(1, "archive-sqlite")
-        await self._run(lambda: None)  # connects
+        await self._file.open()
 
     async def close(self) -> None:
-        if self._executor is None:
-            return
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._disconnect)
-        self._executor.shutdown(wait=True)
-        self._executor = None
-
-    async def _run(self, work: Callable[[], T]) -> T:
-        """`work` on the archive's thread, against the file the path names now."""
-        if self._executor is None:
-            raise RuntimeError("the archive is not open")
-
-        def followed() -> T:
-            self._follow()
-            return work()
-
-        return await asyncio.get_running_loop().run_in_executor(self._executor, followed)
-
-    def _connect(self) -> None:
-        if self._connection is not None:
-            return
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # Users' conversations verbatim: private to the proxy's user, whichever of the archive
-        # and the state store creates the file (SQLite gives its -wal and -shm the same mode).
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        try:
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute("PRAGMA busy_timeout=5000")
-            for statement in _TABLE:
-                connection.execute(statement)
-            if not connection.execute(
-                "SELECT 1 FROM sqlite_master WHERE name = 'archive_compactions'"
-            ).fetchone():
-                for statement in _COMPACTIONS:
-                    connection.execute(statement)
-            if self._want_full_text:
-                try:
-                    connection.execute(_INDEX)
-                    self.full_text = True
-                except sqlite3.OperationalError as exc:
-                    log.warning(
-                        "archive search without a full-text index (this SQLite has no FTS5): LIKE",
-                        extra={"error": str(exc)},
-                    )
-            stat = os.stat(self.path)
-        except BaseException:
-            connection.close()
-            raise
-        self._identity = (stat.st_dev, stat.st_ino)
-        self._connection = connection
-
-    def _follow(self) -> None:
-        """Reopen the path when the file the connection reads is no longer the one it names
-        (deleted, moved aside, replaced). Closing the old connection is safe: SQLite neither
-        checkpoints nor deletes the -wal and -shm named after a path its file has left, so the
-        new file's stay whole."""
-        if self._connection is None:  # an earlier reopening failed: try again
-            self._connect()
-            return
-        try:
-            stat = os.stat(self.path)
-            moved = (stat.st_dev, stat.st_ino) != self._identity
-        except FileNotFoundError:
-            moved = True
-        if not moved:
-            return
-        self._disconnect()
-        self._connect()
-        log.warning("the state file was replaced: the archive follows the new one",
-                    extra={"path": str(self.path)})  # fmt: skip
-
-    def _disconnect(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
-            self._identity = None
-
-    def _db(self) -> sqlite3.Connection:
-        if self._connection is None:
-            raise RuntimeError("the archive is not open")
-        return self._connection
+        await self._file.close()
 
     # -- writing ------------------------------------------------------------------------------
 
     async def add(self, scope: Scope, entries: Sequence[Entry]) -> dict[str, int]:
-        return await self._run(lambda: self._add(scope, entries))
+        return await self._file.run(lambda db: self._add(db, scope, entries))
 
-    def _add(self, scope: Scope, entries: Sequence[Entry]) -> dict[str, int]:
-        db = self._db()
+    def _add(
+        self, db: sqlite3.Connection, scope: Scope, entries: Sequence[Entry]
+    ) -> dict[str, int]:
         with db:  # one transaction
             db.execute("BEGIN IMMEDIATE")
             added = 0
@@ -323,21 +280,26 @@ class SqliteArchive:
         terms = query_terms(query)
         if not terms:
             return []
-        return await self._run(lambda: self._found(session, tenant, terms, limit))
+        return await self._file.run(lambda db: self._found(db, session, tenant, terms, limit))
 
-    def _found(self, session: str, tenant: str | None, terms: list[str], limit: int) -> list[Found]:
+    def _found(
+        self, db: sqlite3.Connection, session: str, tenant: str | None, terms: list[str],
+        limit: int,
+    ) -> list[Found]:  # fmt: skip
         if self.full_text:
-            return self._match(session, tenant, terms, limit)
-        return self._scan(session, tenant, terms, limit)
+            return self._match(db, session, tenant, terms, limit)
+        return self._scan(db, session, tenant, terms, limit)
 
-    def _match(self, session: str, tenant: str | None, terms: list[str], limit: int) -> list[Found]:
+    def _match(
+        self, db: sqlite3.Connection, session: str, tenant: str | None, terms: list[str],
+        limit: int,
+    ) -> list[Found]:  # fmt: skip
         """The newest turns holding every term; when none does, those holding the most. The
         score: how many of the query's terms a turn holds."""
-        owners = self._owners(session, tenant)
+        owners = self._owners(db, session, tenant)
         if not owners:
             return []
         phrases = ['"' + term.replace('"', '""') + '"' for term in terms]
-        db = self._db()
         every = db.execute(
             _every_word(len(owners)), (" AND ".join(phrases), *owners, limit)
         ).fetchall()
@@ -356,27 +318,26 @@ class SqliteArchive:
             for index, kind, text, body, compaction_id, at, count in most
         ]
 
-    def _owners(self, session: str, tenant: str | None) -> list[int]:
+    def _owners(self, db: sqlite3.Connection, session: str, tenant: str | None) -> list[int]:
         if tenant is not None:
             return [owner_of(session, tenant)]
-        rows = (
-            self._db()
-            .execute("SELECT tenant FROM archive_sizes WHERE session = ?", (session,))
-            .fetchall()
-        )
+        rows = db.execute(
+            "SELECT tenant FROM archive_sizes WHERE session = ?", (session,)
+        ).fetchall()
         return [owner_of(session, each) for (each,) in rows]
 
-    def _scan(self, session: str, tenant: str | None, terms: list[str], limit: int) -> list[Found]:
+    def _scan(
+        self, db: sqlite3.Connection, session: str, tenant: str | None, terms: list[str],
+        limit: int,
+    ) -> list[Found]:  # fmt: skip
         """Without FTS5: the session's turns holding any term, scored by the simple term score."""
         where = "session = ?" + ("" if tenant is None else " AND tenant = ?")
         params: list[object] = [session] if tenant is None else [session, tenant]
         likes = " OR ".join("text LIKE ? ESCAPE '\\'" for _ in terms)
         params += ["%" + _escape_like(term) + "%" for term in terms]
-        rows = (
-            self._db()
-            .execute(f"SELECT {_COLUMNS} FROM archive a WHERE {where} AND ({likes})", params)
-            .fetchall()
-        )
+        rows = db.execute(
+            f"SELECT {_COLUMNS} FROM archive a WHERE {where} AND ({likes})", params
+        ).fetchall()
         scored = [
             Found(_kind(kind), index, score_text(text, terms), text, body, compaction_id, at)
             for index, kind, text, body, compaction_id, at in rows
@@ -390,21 +351,19 @@ class SqliteArchive:
     ) -> tuple[list[Found], set[str] | None]:
         terms = query_terms(query)
 
-        def both() -> tuple[list[Found], set[str] | None]:
-            found = self._found(session, tenant, terms, limit) if terms else []
-            return found, None if tenant is None else self._compactions(session, tenant)
+        def both(db: sqlite3.Connection) -> tuple[list[Found], set[str] | None]:
+            found = self._found(db, session, tenant, terms, limit) if terms else []
+            return found, None if tenant is None else self._compactions(db, session, tenant)
 
-        return await self._run(both)
+        return await self._file.run(both)
 
     async def compactions(self, session: str, *, tenant: str | None) -> set[str]:
-        return await self._run(lambda: self._compactions(session, tenant))
+        return await self._file.run(lambda db: self._compactions(db, session, tenant))
 
-    def _compactions(self, session: str, tenant: str | None) -> set[str]:
+    def _compactions(self, db: sqlite3.Connection, session: str, tenant: str | None) -> set[str]:
         where = "session = ?" + ("" if tenant is None else " AND tenant = ?")
         params = (session,) if tenant is None else (session, tenant)
-        rows = self._db().execute(
-            f"SELECT compaction_id FROM archive_compactions WHERE {where}", params
-        )
+        rows = db.execute(f"SELECT compaction_id FROM archive_compactions WHERE {where}", params)
         return {compaction_id for (compaction_id,) in rows}
 
 

@@ -1,28 +1,106 @@
-"""State in one SQLite file that outlives the process (the default backend).
+"""Checkpoints, cooldowns and forwarded marks in the SQLite state file (the default backend).
 
 The hot path never touches the file: the keys of every live checkpoint (with their cut and
 expiry) and the cooldowns are loaded into memory when the store opens, and checkpoints are read
 through a bounded cache, so a reused request is a few dictionary lookups. The file itself, with
-its single writer thread, batched commits and pruning, is proxy.compacting.stores.sqlite_file.
+its one connection, its single writer thread, batched commits and pruning, is
+proxy.state.sqlite_file; this module's tables (`CheckpointTables`) are attached to it.
 One process per file: replicas share state through Redis, not through one SQLite file.
 """
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import orjson
 from cachetools import LRUCache
 
 from compaction import Checkpoint
-from proxy.compacting.cooldown import Cooldown, CooldownState
-from proxy.compacting.stores.roles import CACHED_CHECKPOINTS, Lease, LocalLease
-from proxy.compacting.stores.sqlite_file import StateFile
-from proxy.metrics import StateMetrics
+from proxy.state.cooldown import FORGET_FAILURES_AFTER_S, MAX_KEYS, Cooldown, CooldownState
+from proxy.state.roles import CACHED_CHECKPOINTS, Lease, LocalLease
+from proxy.state.sqlite_file import StateFile, is_corrupt
 
 _PRUNE_EVERY_S = 60.0
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS checkpoints"
+    " (key BLOB PRIMARY KEY, cut INTEGER NOT NULL, expires_at REAL NOT NULL, body BLOB NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS checkpoints_expiry ON checkpoints (expires_at)",
+    "CREATE TABLE IF NOT EXISTS cooldowns"
+    " (key TEXT PRIMARY KEY, failures INTEGER NOT NULL, until REAL, failed_at REAL)",
+    "CREATE TABLE IF NOT EXISTS forwarded (id TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
+)
+Index = dict[bytes, tuple[int, float]]
+"""Checkpoint key -> (cut, expiry), oldest expiry first."""
+Cooldowns = list[tuple[str, int, float, float | None]]
+"""Key, consecutive failures, time of the last one, end of the cooldown (if open)."""
+Forwarded = dict[str, float]
+"""Compaction id -> expiry, of the compactions some request went out with."""
+Loaded = tuple[Index, Cooldowns, Forwarded]
+
+
+class CheckpointTables:
+    """The store's tables in the state file (proxy.state.sqlite_file.Tables): made, pruned
+    and loaded on the file's thread; what was loaded waits in `loaded` for the store."""
+
+    carried: tuple[str, ...] = ("checkpoints", "cooldowns", "forwarded")
+
+    def __init__(self, max_entries: int) -> None:
+        self._max_entries = max_entries
+        # Appended on the file's thread, taken on the loop (list operations are atomic).
+        self.loaded: list[Loaded] = []
+
+    def create(self, connection: sqlite3.Connection, *, read_only: bool) -> None:
+        if read_only:
+            return
+        for statement in _SCHEMA:
+            connection.execute(statement)
+        _add_failed_at(connection)
+
+    def load(self, connection: sqlite3.Connection) -> None:
+        index = {
+            bytes(key): (cut, expires_at)
+            for key, cut, expires_at in connection.execute(
+                "SELECT key, cut, expires_at FROM checkpoints ORDER BY expires_at"
+            )
+        }
+        cooldowns = list(
+            connection.execute(
+                "SELECT key, failures, coalesce(failed_at, 0.0), until FROM cooldowns"
+            )
+        )
+        forwarded = dict(
+            connection.execute("SELECT id, expires_at FROM forwarded ORDER BY expires_at")
+        )
+        self.loaded.append((index, cooldowns, forwarded))
+
+    def prune(self, connection: sqlite3.Connection, now: float) -> None:
+        connection.execute("DELETE FROM checkpoints WHERE expires_at <= ?", (now,))
+        connection.execute(
+            "DELETE FROM checkpoints WHERE key IN (SELECT key FROM checkpoints"
+            " ORDER BY expires_at DESC LIMIT -1 OFFSET ?)",
+            (self._max_entries,),
+        )
+        # Cooldowns over, failures a day old (or of a file from before failed_at), and beyond
+        # the keys the process keeps: what proxy.state.cooldown forgets too.
+        connection.execute(
+            "DELETE FROM cooldowns WHERE until <= ? OR (until IS NULL AND"
+            " (failed_at IS NULL OR failed_at <= ?))",
+            (now, now - FORGET_FAILURES_AFTER_S),
+        )
+        connection.execute(
+            "DELETE FROM cooldowns WHERE key IN (SELECT key FROM cooldowns"
+            " ORDER BY failed_at DESC LIMIT -1 OFFSET ?)",
+            (MAX_KEYS,),
+        )
+        connection.execute("DELETE FROM forwarded WHERE expires_at <= ?", (now,))
+        connection.execute(
+            "DELETE FROM forwarded WHERE id IN (SELECT id FROM forwarded"
+            " ORDER BY expires_at DESC LIMIT -1 OFFSET ?)",
+            (self._max_entries,),
+        )
 
 
 class SqliteStore:
@@ -30,17 +108,19 @@ class SqliteStore:
 
     def __init__(
         self,
-        path: str | Path,
+        file: StateFile,
         *,
         max_entries: int,
         ttl_s: float,
         cached: int = CACHED_CHECKPOINTS,
         failure_threshold: int,
         failure_cooldown_s: float,
-        metrics: StateMetrics,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.path = Path(path)
+        """Over `file`, the process's one connection to the state file (its clock should be
+        this one's: expiries are wall-clock time)."""
+        self.file = file
+        self.path = file.path
         self._max_entries = max_entries
         self._ttl_s = ttl_s
         # Wall-clock time: expiries and cooldowns must mean the same after a restart.
@@ -54,7 +134,8 @@ class SqliteStore:
         # all of them stay in memory.
         self._cache: LRUCache[bytes, Checkpoint] = LRUCache(min(cached, max_entries))
         self._lease = LocalLease()
-        self._file = StateFile(self.path, max_entries=max_entries, metrics=metrics, clock=clock)
+        self._tables = CheckpointTables(max_entries)
+        file.attach(self._tables)
         self._pruned_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -63,14 +144,16 @@ class SqliteStore:
         await self._ensure_open()
 
     async def close(self) -> None:
-        await self._file.close()
+        await self.file.close()
 
     async def _ensure_open(self) -> None:
-        """Open the file once (retried by the next call after a failure) and load its keys."""
-        loaded = await self._file.open()
-        if loaded is None:
-            return
-        index, cooldowns, forwarded = loaded
+        """Open the file once (retried by the next call after a failure) and take its keys."""
+        await self.file.open()
+        loaded = self._tables.loaded
+        while loaded:
+            self._restore(*loaded.pop(0))
+
+    def _restore(self, index: Index, cooldowns: Cooldowns, forwarded: Forwarded) -> None:
         for compaction_id, expires_at in forwarded.items():
             self._forwarded.setdefault(compaction_id, expires_at)
         for key, entry in index.items():
@@ -109,13 +192,18 @@ class SqliteStore:
         self._cache[checkpoint.key] = checkpoint
         self._trim(now)
         body = orjson.dumps(checkpoint.to_json())
-        await self._file.write(
+        await self.file.write(
             "INSERT OR REPLACE INTO checkpoints (key, cut, expires_at, body) VALUES (?, ?, ?, ?)",
             (checkpoint.key, checkpoint.cut, expires_at, body),
         )
 
     async def _read(self, key: bytes) -> Checkpoint | None:
-        body = await self._file.read(key)
+        try:
+            body = await self.file.run(lambda connection: self._select(connection, key))
+        except sqlite3.DatabaseError as exc:
+            if not is_corrupt(exc):
+                raise
+            body = None  # the file started afresh: its rows are gone
         if not isinstance(body, bytes | str):  # gone (None), or left by another writer
             self._index.pop(key, None)
             return None
@@ -125,6 +213,13 @@ class SqliteStore:
             # Written by another version, or damaged: a miss, never a crash.
             self._index.pop(key, None)
             return None
+
+    def _select(self, connection: sqlite3.Connection, key: bytes) -> object:
+        """The stored body (bytes, or whatever another writer left there), None if none."""
+        row = connection.execute(
+            "SELECT body FROM checkpoints WHERE key = ? AND expires_at > ?", (key, self._clock())
+        ).fetchone()
+        return row[0] if row is not None else None
 
     def _trim(self, now: float) -> None:
         """Forget expired keys, and the oldest beyond max_entries (the file follows suit)."""
@@ -151,13 +246,13 @@ class SqliteStore:
         self._cooldown.record(key, ok=ok)
         state = self._cooldown.state_of(key)
         if state is not None:
-            await self._file.write(
+            await self.file.write(
                 "INSERT OR REPLACE INTO cooldowns (key, failures, failed_at, until)"
                 " VALUES (?, ?, ?, ?)",
                 (key, *state),
             )
         else:
-            await self._file.write("DELETE FROM cooldowns WHERE key = ?", (key,))
+            await self.file.write("DELETE FROM cooldowns WHERE key = ?", (key,))
 
     async def mark_forwarded(self, compaction_id: str) -> bool:
         await self._ensure_open()
@@ -167,9 +262,9 @@ class SqliteStore:
             return False  # forwarded by this process before a restart
         expires_at = now + self._ttl_s
         # Known only once written: a mark that did not land (a full disk) is written again when
-        # the guard writes back after the outage (proxy.compacting.forwarded keeps concurrent
+        # the guard writes back after the outage (proxy.compacting.applied keeps concurrent
         # callers of this process apart meanwhile).
-        await self._file.write(
+        await self.file.write(
             "INSERT OR REPLACE INTO forwarded (id, expires_at) VALUES (?, ?)",
             (compaction_id, expires_at),
         )
@@ -198,3 +293,10 @@ class SqliteStore:
 
     async def wait(self, key: bytes, timeout_s: float) -> None:
         return None
+
+
+def _add_failed_at(connection: sqlite3.Connection) -> None:
+    """Files written before cooldowns kept the time of the last failure get the column."""
+    columns = {row[1] for row in connection.execute("PRAGMA table_info(cooldowns)")}
+    if "failed_at" not in columns:
+        connection.execute("ALTER TABLE cooldowns ADD COLUMN failed_at REAL")

@@ -3,7 +3,7 @@ and only the most recently failing keys are remembered."""
 
 from __future__ import annotations
 
-from proxy.compacting.cooldown import FORGET_FAILURES_AFTER_S, Cooldown
+from proxy.state.cooldown import FORGET_FAILURES_AFTER_S, Cooldown
 
 
 def test_failures_a_day_old_no_longer_count_towards_a_cooldown() -> None:

@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from compaction import Checkpoint
-from proxy.compacting.stores.local import LocalStore
-from proxy.compacting.stores.roles import Lease, LocalLease, StateBackend
 from proxy.metrics import StateMetrics
+from proxy.state.local import LocalStore
+from proxy.state.roles import Lease, LocalLease, StateBackend
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class Guarded:
         return await self._call("lease", lambda: self.backend.holder(digests), lambda: None)
 
     async def mark_forwarded(self, compaction_id: str) -> bool:
-        # Down: new here; the process's own table (proxy.compacting.forwarded) still holds, and
+        # Down: new here; the process's own table (proxy.compacting.applied) still holds, and
         # the mark is written back with the checkpoints.
         marked = await self._call(
             "write", lambda: self.backend.mark_forwarded(compaction_id), _none

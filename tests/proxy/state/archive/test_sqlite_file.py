@@ -1,6 +1,7 @@
-"""The SQLite archive and the state file it shares with the state store: it follows the file its
-path names when that file is deleted, moved aside or replaced, without harming the store's new
-file, it creates the file private to the proxy's user, and it finds the newest turns first."""
+"""The SQLite archive and the state file it shares with the state store (one connection): it
+follows the file its path names when that file is deleted, moved aside or replaced, the store's
+rows carried into the new file, it creates the file private to the proxy's user, and it finds
+the newest turns first."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy.archive import Scope
-from proxy.archive.sqlite import SqliteArchive
-from tests.proxy.archive.conftest import entry
+from proxy.state.archive import Scope
+from proxy.state.archive.sqlite import SqliteArchive
+from proxy.state.sqlite_file import StateFile
+from tests.proxy.state.archive.conftest import entry
 from tests.proxy.state.test_stores import DIGESTS, _checkpoint, _sqlite
 
 ALICE = Scope("agent-1", "aa" * 16)
@@ -25,8 +27,9 @@ def _archived(path: Path) -> list[int]:
         return sorted(index for (index,) in connection.execute("SELECT idx FROM archive"))
 
 
-def _archive(path: Path) -> SqliteArchive:
-    return SqliteArchive(path, max_bytes=1 << 20, max_age_s=1e9, clock=lambda: 1_000_000.0)
+def _archive(path: Path | StateFile) -> SqliteArchive:
+    file = path if isinstance(path, StateFile) else StateFile(path, clock=lambda: 1_000_000.0)
+    return SqliteArchive(file, max_bytes=1 << 20, max_age_s=1e9, clock=lambda: 1_000_000.0)
 
 
 @pytest.mark.parametrize("how", ["deleted", "moved-aside", "replaced"])
@@ -59,12 +62,12 @@ async def test_the_archive_follows_a_state_file_deleted_moved_or_replaced_while_
 async def test_the_state_store_keeps_its_new_file_whole_when_the_archive_follows_it(
     tmp_path: Path,
 ) -> None:
-    """The store starts a new file when its file vanished; the archive, closing its connection
-    to the vanished one, must not delete the new file's log (named after the same path)."""
+    """The store and the archive work through one connection: whichever finds the file gone
+    first starts the new one with the store's rows, and the other goes on in it."""
     path = tmp_path / "state.sqlite3"
     now = [1000.0]
     store = _sqlite(path, now)
-    archive = _archive(path)
+    archive = _archive(store.file)
     await store.open()
     await archive.open()
     await store.put(_checkpoint(3))
@@ -72,8 +75,8 @@ async def test_the_state_store_keeps_its_new_file_whole_when_the_archive_follows
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
 
-    await store.put(_checkpoint(5))  # the store starts the new file with its rows
-    await archive.add(ALICE, [entry(2, "second turn")])  # the archive follows it
+    await archive.add(ALICE, [entry(2, "second turn")])  # the new file, with the store's rows
+    await store.put(_checkpoint(5))
     await store.put(_checkpoint(7))
     await archive.add(ALICE, [entry(3, "third turn")])
     assert Path(f"{path}-wal").exists()

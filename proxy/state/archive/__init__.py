@@ -6,17 +6,22 @@ credential, and searched (best matches first) with the session's memory items.
 - terms: the words of a query and the simple term score (backends without a full-text index,
   the memory file);
 - local: the process only (`state.backend: memory`);
-- sqlite: the state file, with an FTS5 index (a LIKE scan where SQLite lacks FTS5);
-- redis: shared by replicas, with an inverted index per scope;
+- sqlite: tables of the state file, with an FTS5 index (a LIKE scan where SQLite lacks FTS5),
+  through the file's one connection (proxy.state.sqlite_file);
+- redis: shared by replicas, with an inverted index per scope, through the process's one client
+  (proxy.state.redis_client);
 - memory_file: the session's memory items (`{memory.dir}/{session}/compaction_flush.jsonl`);
-- search: one search over both, and `build_archive`, the one place a backend is chosen.
+- search: one search over both.
+
+A backend is chosen, beside the checkpoint store over the same file or client, in
+proxy.state.factory. What one turn weighs against the bounds is `Entry.size`, in one place.
 
 Writing at each compaction is proxy.compacting.archiving; it never blocks or fails a request.
 """
 
 from __future__ import annotations
 
-from proxy.archive.entries import Archive, Entry, Found, Kind, Scope
-from proxy.archive.search import build_archive, search_session
+from proxy.state.archive.entries import Archive, Entry, Found, Kind, Scope
+from proxy.state.archive.search import search_session
 
-__all__ = ["Archive", "Entry", "Found", "Kind", "Scope", "build_archive", "search_session"]
+__all__ = ["Archive", "Entry", "Found", "Kind", "Scope", "search_session"]

@@ -1,14 +1,25 @@
-"""The SQLite state file and its one writer thread (used by proxy.compacting.stores.sqlite).
+"""The SQLite state file: the one place it is opened, its one connection and its one thread.
 
-Every statement runs on one thread, so the event loop never waits for the disk. A write joins the
-rows already waiting and all of them are committed in one transaction (WAL mode), and each commit
-prunes expired rows and rows beyond `max_entries` (oldest first) and gives the pages it freed back
-to the file system, so the file's size follows what it holds.
+Every consumer of the file (the checkpoint store, proxy.state.sqlite; the archive,
+proxy.state.archive.sqlite) attaches its `Tables` and works through this connection: the file is
+opened once per process, with one set of pragmas (WAL), and every statement runs on one thread,
+so the event loop never waits for the disk and two connections of one process never contend for
+the file's lock. A write joins the rows already waiting and all of them are committed in one
+transaction; each commit prunes what the tables' bounds drop and gives the pages it freed back to
+the file system, so the file's size follows what it holds.
 
-The file may vanish (deleted, moved) while the process writes to it: each commit checks that the
-path still names it (one stat) and otherwise starts a new file with every row of the old one. A
-corrupt file (found at open or by any statement) is moved aside under a timestamped name and a new
-one started. Either is logged once and counted (`state_files_replaced_total`).
+The file is never opened beside the connection: closing any descriptor of it drops every lock
+the process holds on it (https://www.sqlite.org/howtocorrupt.html, section 2.2), and the next
+process to close the database (the `recall` command, `sqlite3`, a backup) would then checkpoint
+and delete the -wal and -shm this connection still writes to. A reader beside a running proxy
+opens it read-only (`read_only`).
+
+The file may vanish (deleted, moved, replaced) while the process writes to it: each statement
+checks that the path still names it (one stat) and otherwise starts a new file with the rows of
+the tables that carry over (the archive's do not: it can be far larger, and a recall that finds
+less is a loss, never an error). A corrupt file (found at open or by any statement) is moved
+aside under a timestamped name and a new one started. Either is logged once and counted
+(`state_files_replaced_total`).
 """
 
 from __future__ import annotations
@@ -22,41 +33,44 @@ import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
-from proxy.compacting.cooldown import FORGET_FAILURES_AFTER_S, MAX_KEYS
 from proxy.metrics import StateMetrics
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-_TABLES = ("checkpoints", "cooldowns", "forwarded")
 _INCREMENTAL = 2  # PRAGMA auto_vacuum's answer
 # Pages given back per commit (of 4 KiB), and freed pages worth checkpointing the log for.
 _VACUUM_PAGES = 2048
 _CHECKPOINT_AFTER_PAGES = 256
 
-_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS checkpoints"
-    " (key BLOB PRIMARY KEY, cut INTEGER NOT NULL, expires_at REAL NOT NULL, body BLOB NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS checkpoints_expiry ON checkpoints (expires_at)",
-    "CREATE TABLE IF NOT EXISTS cooldowns"
-    " (key TEXT PRIMARY KEY, failures INTEGER NOT NULL, until REAL, failed_at REAL)",
-    "CREATE TABLE IF NOT EXISTS forwarded (id TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
-)
-Index = dict[bytes, tuple[int, float]]
-"""Checkpoint key -> (cut, expiry), oldest expiry first."""
-Cooldowns = list[tuple[str, int, float, float | None]]
-"""Key, consecutive failures, time of the last one, end of the cooldown (if open)."""
-Forwarded = dict[str, float]
-"""Compaction id -> expiry, of the compactions some request went out with."""
-Loaded = tuple[Index, Cooldowns, Forwarded]
-_Opened = tuple[sqlite3.Connection, Index, Cooldowns, Forwarded]
 Parameter = bytes | str | int | float | None
 """A value bound to a statement."""
 _Row = tuple[str, tuple[Parameter, ...]]
+
+
+class Tables(Protocol):
+    """What one consumer keeps in the state file. Every method runs on the file's thread."""
+
+    carried: tuple[str, ...]
+    """The tables copied into a new file when the file vanished while in use."""
+
+    def create(self, connection: sqlite3.Connection, *, read_only: bool) -> None:
+        """Make the tables in a connection just opened (read-only: find them, make nothing)."""
+        ...
+
+    def prune(self, connection: sqlite3.Connection, now: float) -> None:
+        """Drop what the bounds leave out: at open, and inside each batched commit."""
+        ...
+
+    def load(self, connection: sqlite3.Connection) -> None:
+        """Read what the consumer keeps in memory, once the file is opened (not again when a
+        vanished or corrupt file is replaced: the consumer's memory already holds it)."""
+        ...
 
 
 class StateFile:
@@ -64,57 +78,65 @@ class StateFile:
         self,
         path: Path,
         *,
-        max_entries: int,
-        metrics: StateMetrics,
-        clock: Callable[[], float],
+        metrics: StateMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+        read_only: bool = False,
     ) -> None:
+        """`metrics` count the files replaced (None: a reader, which replaces none)."""
         self.path = path
-        self._max_entries = max_entries
+        self.read_only = read_only
         self._metrics = metrics
         self._clock = clock
+        self._tables: list[Tables] = []
+        self._users = 0
         # The file the connection writes to (device, inode): another there means it vanished.
         self._identity: tuple[int, int] | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        # Used by the writer thread only; set on the loop once the file is open.
+        # Set and replaced on the writer thread only; read on the loop to skip opening.
         self._connection: sqlite3.Connection | None = None
-        self._opening: asyncio.Future[_Opened] | None = None
+        self._opening: asyncio.Future[None] | None = None
         self._pending: list[tuple[_Row, concurrent.futures.Future[None]]] = []
         self._pending_lock = threading.Lock()
         self._commit_queued = False
 
-    async def open(self) -> Loaded | None:
-        """Open the file: its live keys and cooldowns the first time, None once open. A caller
-        that gives up (the guard's timeout) leaves the opening running for the next one; one
-        that fails leaves the next to try again."""
+    def attach(self, tables: Tables) -> None:
+        """A consumer's tables, made at every connection; the consumer closes the file once
+        (the last to close it closes it)."""
+        self._tables.append(tables)
+        self._users += 1
+
+    async def open(self) -> None:
+        """Open the file (the attached tables made, pruned and loaded) unless it is open. A
+        caller that gives up (the guard's timeout) leaves the opening running for the next
+        one; one that fails leaves the next to try again."""
         if self._connection is not None:
-            return None
+            return
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, "state-sqlite")
-        if self._opening is None:
+        opening = self._opening
+        if opening is None:
             loop = asyncio.get_running_loop()
-            self._opening = loop.run_in_executor(self._executor, self._connect)
+            opening = self._opening = loop.run_in_executor(self._executor, self._ensure_open)
         try:
-            connection, index, cooldowns, forwarded = await asyncio.shield(self._opening)
-        except Exception:
-            self._opening = None
-            raise
-        if self._connection is not None:  # another caller took it meanwhile
-            return None
-        self._opening = None
-        self._connection = connection
-        return index, cooldowns, forwarded
+            await asyncio.shield(opening)
+        finally:
+            if opening.done() and self._opening is opening:
+                self._opening = None
 
     async def close(self) -> None:
-        if self._executor is None:
+        """One consumer is done: the last one commits what waits and closes the file."""
+        self._users = max(0, self._users - 1)
+        if self._users or self._executor is None:
             return
         await self._in_thread(self._disconnect)
         self._executor.shutdown(wait=True)
         self._executor = None
 
-    async def read(self, key: bytes) -> object:
-        """The stored body of checkpoint `key` (bytes, or whatever another writer left there),
-        None if there is none that lives."""
-        return await self._in_thread(lambda: self._select(key))
+    async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """`work` on the file's thread, against the file the path names now (opened if it is
+        not). A corrupt file it finds is moved aside and a new one started before its error is
+        raised."""
+        return await self._in_thread(lambda: self._run(work))
 
     async def write(self, sql: str, parameters: tuple[Parameter, ...]) -> None:
         """Queue a row and wait until it is committed, together with whatever else is queued."""
@@ -135,48 +157,48 @@ class StateFile:
 
     # -- on the writer thread ----------------------------------------------------------------
 
-    def _connect(self) -> _Opened:
+    def _ensure_open(self) -> None:
+        if self._connection is not None:
+            return
         try:
-            return self._load()
+            connection = self._load()
         except sqlite3.DatabaseError as exc:
-            if not _is_corrupt(exc):
+            if self.read_only or not is_corrupt(exc):
                 raise  # locked, unreadable, a full disk: the guard retries later
-        self._move_aside()
-        return self._load()
+            self._move_aside()
+            connection = self._load()
+        self._connection = connection
 
-    def _load(self) -> _Opened:
+    def _load(self) -> sqlite3.Connection:
         connection = self._new_connection()
         try:
-            now = self._clock()
-            self._prune(connection, now)
-            _vacuum(connection)
-            index = {
-                bytes(key): (cut, expires_at)
-                for key, cut, expires_at in connection.execute(
-                    "SELECT key, cut, expires_at FROM checkpoints ORDER BY expires_at"
-                )
-            }
-            cooldowns = list(
-                connection.execute(
-                    "SELECT key, failures, coalesce(failed_at, 0.0), until FROM cooldowns"
-                )
-            )
-            forwarded = dict(
-                connection.execute("SELECT id, expires_at FROM forwarded ORDER BY expires_at")
-            )
+            if not self.read_only:
+                now = self._clock()
+                for tables in self._tables:
+                    tables.prune(connection, now)
+                _vacuum(connection)
+            for tables in self._tables:
+                tables.load(connection)
         except BaseException:
             connection.close()
             raise
-        return connection, index, cooldowns, forwarded
+        return connection
 
     def _new_connection(self) -> sqlite3.Connection:
-        """The file at `path`, created if missing, with its pragmas and tables."""
+        """The file at `path` with its pragmas and every attached table, created if missing
+        (read-only: as it is)."""
+        if self.read_only:
+            return self._new_reader()
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # Summaries of users' conversations: private to the proxy's user, like the memory files
-        # (SQLite gives its -wal and -shm files the database file's permissions).
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        created = not self.path.exists()
         connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
+            # Summaries and users' conversations verbatim: private to the proxy's user, like
+            # the memory files. Set through the path before the first statement (SQLite gives
+            # its -wal and -shm the database file's mode), never by opening the file beside the
+            # connection (the module's docstring says why).
+            if created:
+                os.chmod(self.path, 0o600)
             # Set before the first table exists: freed pages can then be given back.
             connection.execute("PRAGMA auto_vacuum = INCREMENTAL")
             connection.execute("PRAGMA journal_mode = WAL")
@@ -184,10 +206,25 @@ class StateFile:
             connection.execute("PRAGMA synchronous = NORMAL")
             connection.execute("PRAGMA journal_size_limit = 16777216")
             connection.execute("PRAGMA busy_timeout = 1000")
-            for statement in _SCHEMA:
-                connection.execute(statement)
-            _add_failed_at(connection)
+            for tables in self._tables:
+                tables.create(connection, read_only=False)
             _make_vacuumable(connection)
+            stat = os.stat(self.path)
+        except BaseException:
+            connection.close()
+            raise
+        self._identity = (stat.st_dev, stat.st_ino)
+        return connection
+
+    def _new_reader(self) -> sqlite3.Connection:
+        """A reader beside a running proxy (the command line): it never writes, so it can
+        neither checkpoint nor delete the proxy's -wal and -shm when it closes."""
+        uri = f"file:{urllib.parse.quote(str(self.path))}?mode=ro"
+        connection = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        try:
+            connection.execute("PRAGMA busy_timeout = 1000")
+            for tables in self._tables:
+                tables.create(connection, read_only=True)
             stat = os.stat(self.path)
         except BaseException:
             connection.close()
@@ -197,27 +234,22 @@ class StateFile:
 
     def _disconnect(self) -> None:
         self._commit()
-        if self._connection is not None:
+        if self._connection is not None and not self.read_only:
             with contextlib.suppress(sqlite3.Error, OSError):
                 self._checked()  # a file that vanished since the last write: keep its rows
         if self._connection is not None:
             self._connection.close()
             self._connection = None
 
-    def _select(self, key: bytes) -> object:
-        """The stored body (bytes, or whatever another writer left there), None if none."""
-        connection = self._require()
+    def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        self._ensure_open()
+        connection = self._checked()
         try:
-            row = connection.execute(
-                "SELECT body FROM checkpoints WHERE key = ? AND expires_at > ?",
-                (key, self._clock()),
-            ).fetchone()
+            return work(connection)
         except sqlite3.DatabaseError as exc:
-            if not _is_corrupt(exc):
-                raise
-            self._restart_corrupt()
-            return None
-        return row[0] if row is not None else None
+            if not self.read_only and is_corrupt(exc):
+                self._restart_corrupt()
+            raise
 
     def _commit(self) -> None:
         with self._pending_lock:
@@ -243,7 +275,7 @@ class StateFile:
         try:
             self._transact(connection, rows)
         except sqlite3.DatabaseError as exc:
-            if not _is_corrupt(exc):
+            if not is_corrupt(exc):
                 raise
             connection = self._restart_corrupt()
             self._transact(connection, rows)
@@ -254,14 +286,19 @@ class StateFile:
             connection.execute("BEGIN IMMEDIATE")
             for sql, parameters in rows:
                 connection.execute(sql, parameters)
-            self._prune(connection, self._clock())
+            now = self._clock()
+            for tables in self._tables:
+                tables.prune(connection, now)
 
     # -- a file that vanished or is corrupt --------------------------------------------------
 
     def _checked(self) -> sqlite3.Connection:
-        """The connection, to a new file holding the same rows if the file it writes to was
-        deleted or replaced meanwhile (its writes would otherwise go nowhere): one stat."""
+        """The connection, to a new file holding the same carried rows if the file it writes
+        to was deleted or replaced meanwhile (its writes would otherwise go nowhere): one
+        stat. A reader goes on reading the file it opened."""
         connection = self._require()
+        if self.read_only:
+            return connection
         try:
             stat = os.stat(self.path)
             vanished = (stat.st_dev, stat.st_ino) != self._identity
@@ -269,7 +306,11 @@ class StateFile:
             vanished = True
         if not vanished:
             return connection
-        tables = {table: list(connection.execute(f"SELECT * FROM {table}")) for table in _TABLES}
+        carried = {
+            table: list(connection.execute(f"SELECT * FROM {table}"))
+            for tables in self._tables
+            for table in tables.carried
+        }
         # Closed first: closing deletes the -wal and -shm files named after the path, which
         # must not be the new file's.
         self._connection = None
@@ -277,7 +318,7 @@ class StateFile:
         fresh = self._new_connection()
         with fresh:
             fresh.execute("BEGIN IMMEDIATE")
-            for table, rows in tables.items():
+            for table, rows in carried.items():
                 if rows:
                     marks = ", ".join("?" * len(rows[0]))
                     fresh.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({marks})", rows)
@@ -287,7 +328,7 @@ class StateFile:
 
     def _restart_corrupt(self) -> sqlite3.Connection:
         """Move the corrupt file aside and go on in a new one (what only the corrupt one held
-        is lost; the store finds its rows missing)."""
+        is lost; the consumers find their rows missing)."""
         if self._connection is not None:
             with contextlib.suppress(sqlite3.Error):
                 self._connection.close()
@@ -309,34 +350,9 @@ class StateFile:
         self._replaced("corrupt", f"the state file is corrupt: moved aside to {aside.name}")
 
     def _replaced(self, reason: str, message: str) -> None:
-        self._metrics.files_replaced.labels(reason=reason).inc()
+        if self._metrics is not None:
+            self._metrics.files_replaced.labels(reason=reason).inc()
         log.warning(message, extra={"path": str(self.path)})
-
-    def _prune(self, connection: sqlite3.Connection, now: float) -> None:
-        connection.execute("DELETE FROM checkpoints WHERE expires_at <= ?", (now,))
-        connection.execute(
-            "DELETE FROM checkpoints WHERE key IN (SELECT key FROM checkpoints"
-            " ORDER BY expires_at DESC LIMIT -1 OFFSET ?)",
-            (self._max_entries,),
-        )
-        # Cooldowns over, failures a day old (or of a file from before failed_at), and beyond
-        # the keys the process keeps: what proxy.compacting.cooldown forgets too.
-        connection.execute(
-            "DELETE FROM cooldowns WHERE until <= ? OR (until IS NULL AND"
-            " (failed_at IS NULL OR failed_at <= ?))",
-            (now, now - FORGET_FAILURES_AFTER_S),
-        )
-        connection.execute(
-            "DELETE FROM cooldowns WHERE key IN (SELECT key FROM cooldowns"
-            " ORDER BY failed_at DESC LIMIT -1 OFFSET ?)",
-            (MAX_KEYS,),
-        )
-        connection.execute("DELETE FROM forwarded WHERE expires_at <= ?", (now,))
-        connection.execute(
-            "DELETE FROM forwarded WHERE id IN (SELECT id FROM forwarded"
-            " ORDER BY expires_at DESC LIMIT -1 OFFSET ?)",
-            (self._max_entries,),
-        )
 
     def _require(self) -> sqlite3.Connection:
         if self._connection is None:
@@ -344,7 +360,7 @@ class StateFile:
         return self._connection
 
 
-def _is_corrupt(exc: sqlite3.DatabaseError) -> bool:
+def is_corrupt(exc: sqlite3.DatabaseError) -> bool:
     """The file is damaged or not a database (as opposed to locked, full or unreadable)."""
     code = getattr(exc, "sqlite_errorcode", None)
     return code is not None and code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
@@ -367,13 +383,6 @@ def _vacuum(connection: sqlite3.Connection) -> None:
     connection.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES})")
     if freed >= _CHECKPOINT_AFTER_PAGES:
         connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-
-
-def _add_failed_at(connection: sqlite3.Connection) -> None:
-    """Files written before cooldowns kept the time of the last failure get the column."""
-    columns = {row[1] for row in connection.execute("PRAGMA table_info(cooldowns)")}
-    if "failed_at" not in columns:
-        connection.execute("ALTER TABLE cooldowns ADD COLUMN failed_at REAL")
 
 
 def _settle(done: concurrent.futures.Future[None], error: BaseException | None) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import orjson
 
-from proxy.archive.entries import Found
-from proxy.archive.terms import score_text
+from proxy.state.archive.entries import Found
+from proxy.state.archive.terms import score_text
 
 MEMORY_FILE = "compaction_flush.jsonl"
 

@@ -7,8 +7,8 @@ import heapq
 import time
 from collections.abc import Callable, Sequence
 
-from proxy.archive.entries import Entry, Found, Scope, find_in_two_trips
-from proxy.archive.terms import query_terms, score_text
+from proxy.state.archive.entries import Entry, Found, Scope, find_in_two_trips
+from proxy.state.archive.terms import query_terms, score_text
 
 
 class LocalArchive:

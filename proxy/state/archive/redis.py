@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 import orjson
 import redis.asyncio as aioredis
 
-from proxy.archive.entries import Entry, Found, Kind, Scope, find_in_two_trips
-from proxy.archive.terms import query_terms, text_terms
+from proxy.state.archive.entries import Entry, Found, Kind, Scope, find_in_two_trips
+from proxy.state.archive.terms import query_terms, text_terms
+from proxy.state.redis_client import RedisClient
 
 _DROP_BATCH = 256
 
@@ -29,32 +30,28 @@ class RedisArchive:
 
     def __init__(
         self,
-        url: str,
+        redis: RedisClient,
         *,
         max_bytes: int,
         max_age_s: float,
-        timeout_s: float,
         prefix: str = "compaction-proxy:archive:",
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._url = url
+        self._redis_client = redis
+        redis.attach()
         self._max_bytes = max_bytes
         self._max_age_s = max_age_s
         self._ttl_s = max(1, int(max_age_s))
-        self._timeout_s = timeout_s
         self._prefix = prefix
         self._clock = clock
         self._client: aioredis.Redis | None = None
 
     async def open(self) -> None:
-        self._client = aioredis.from_url(
-            self._url, socket_timeout=self._timeout_s, socket_connect_timeout=self._timeout_s
-        )
+        self._client = self._redis_client.get()
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        self._client = None
+        await self._redis_client.close()
 
     def _redis(self) -> aioredis.Redis:
         if self._client is None:

@@ -1,4 +1,4 @@
-"""Notices between replicas (used by proxy.compacting.stores.redis): one pub/sub subscription
+"""Notices between replicas (used by proxy.state.redis): one pub/sub subscription
 per process wakes every task of it that waits for a checkpoint key, whichever replica published.
 
 The subscription reconnects on its own; while it is down (and whenever it comes back) every
