@@ -38,8 +38,8 @@ async def test_a_compaction_logs_ids_and_counts_but_never_the_conversations_text
     start = small_window_proxies(start_proxy, tmp_path, recall="on")
     proxy = await start()
     # A summarizer that repeats it, as a faithful one does, and a memory item that holds it.
-    script.summary = script.answer(f"## Facts\n- The user said: {SECRET}")
-    script.memory = script.answer(f'[{{"type": "fact", "content": "The user said: {SECRET}"}}]')
+    item = f'[{{"type": "fact", "content": "The user said: {SECRET}"}}]'
+    script.summary = script.answer(f"## Facts\n- The user said: {SECRET}<memory>{item}</memory>")
     messages = conversation_of(int(WINDOW * 1.3))
     # The user says it in an early turn, which the compaction folds, mines and summarizes.
     assert messages[1]["role"] == "user"
