@@ -48,10 +48,14 @@ class Recall:
     def offered(self, request: ParsedRequest) -> bool:
         """True when a compacted `request` goes out with the recall tool (when its body lets
         the tool be placed): not when the client has its own `recall`, nor for a stream of a
-        dialect whose recall calls are not answered in streams."""
+        dialect whose recall calls are not answered in streams, nor for a chat request asking
+        for several choices (`n`): the rounds answer one choice, the others' calls would reach
+        the client unanswered."""
         payload = request.payload
         streamed = payload.get("stream") is True
-        return not has_own_recall(payload) and not (
+        choices = payload.get("n")
+        several = isinstance(choices, int) and choices > 1
+        return not several and not has_own_recall(payload) and not (
             streamed and stream_for(request.dialect.name) is None
         )
 

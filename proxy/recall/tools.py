@@ -81,12 +81,13 @@ _FRAMING_SPAN = 4096
 
 
 def has_own_recall(payload: Mapping[str, object]) -> bool:
-    """True when the client declares a tool named `recall` itself: then the proxy neither adds
-    its own nor answers any call to it."""
-    tools = payload.get("tools")
-    if not isinstance(tools, list):
-        return False
-    for tool in tools:
+    """True when the client declares a tool named `recall` itself (in `tools`, or in chat's
+    legacy `functions`): then the proxy neither adds its own nor answers any call to it."""
+    declared = [
+        *(tools if isinstance(tools := payload.get("tools"), list) else ()),
+        *(functions if isinstance(functions := payload.get("functions"), list) else ()),
+    ]
+    for tool in declared:
         if not isinstance(tool, dict):
             continue
         function = tool.get("function")
