@@ -55,8 +55,10 @@ class Recall:
         streamed = payload.get("stream") is True
         choices = payload.get("n")
         several = isinstance(choices, int) and choices > 1
-        return not several and not has_own_recall(payload) and not (
-            streamed and stream_for(request.dialect.name) is None
+        return (
+            not several
+            and not has_own_recall(payload)
+            and not (streamed and stream_for(request.dialect.name) is None)
         )
 
     def equip(self, request: ParsedRequest, body: bytes, tokens: int) -> Equipped | None:

@@ -50,7 +50,7 @@ async def test_a_long_recall_query_is_clipped_in_the_search_and_in_the_result(
     # 1.2 MB of query: its first words are what the model looks for.
     model = RecallingModel("quasar QX-7781 " + "filler " * 170_000)
     script.chat = model
-    response, answer = await ask(client, proxy, messages)
+    response, _ = await ask(client, proxy, messages)
     assert response.status == 200 and model.problems == []
     [result] = results("/v1/chat/completions", model.bodies[-1])
     assert "QX-7781" in result  # the clipped query still finds the folded turn
