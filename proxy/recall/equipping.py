@@ -73,7 +73,7 @@ class Recall:
             return None
         added = request.estimator.count_text(added_text(request.dialect.name))
         tokens += added
-        answers = Answers(self.archive, self.memory_dir, request.session_id, request.tenant.hex())
+        answers = Answers(self.archive, self.memory_dir, request.session_id, request.conversation)
         room = recall_room(request.window, tokens, request.max_output_tokens)
         budget = Budget(room_tokens=room, max_rounds=self.max_rounds)
         rounds = RecallRounds(request.dialect.name, equipped, answers, budget, self.metrics)
