@@ -2,8 +2,8 @@
 
 The turns a compaction folds for the first time (its checkpoint's range past what its base
 folded) are kept verbatim under the request's session, credential and conversation; a turn
-already archived is kept once. The write is a background task: it never delays a request, and one that fails is
-counted, said once in the log until a write succeeds again, and the request goes on.
+already archived is kept once. The write is a background task: it never delays a request, and one
+that fails is counted, said once in the log until a write succeeds again, and the request goes on.
 """
 
 from __future__ import annotations
