@@ -52,7 +52,8 @@ async def test_a_compaction_logs_ids_and_counts_but_never_the_conversations_text
 
     formatter = JsonFormatter()
     lines = [formatter.format(record) for record in caplog.records]
-    compaction = [line for line in lines if '"msg":"compaction llm"' in line]
+    # (Its path is llm, or a fallback on a loaded machine: the line is the same either way.)
+    compaction = [line for line in lines if '"msg":"compaction ' in line]
     assert len(compaction) == 1
     for fragment in ("4111-1111", "hunter2-zebra"):
         assert not any(fragment in line for line in lines), fragment
