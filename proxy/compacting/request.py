@@ -13,7 +13,6 @@ import hashlib
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from functools import cached_property
 from typing import Any
 
 import orjson
@@ -94,16 +93,14 @@ class ParsedRequest:
     window_source: str = "configured"
     """Where `window` came from: configured, default, discovered (proxy.compacting.discovery)."""
 
-    @cached_property
+    @property
     def conversation(self) -> str:
-        """What scopes the archive within a session: a digest of the conversation's opening
-        (head and first user turn; tool names aside, which a client may extend as it goes) and
-        of the caller's credentials. A session id reused by a new conversation (one
-        `/s/my-agent/` for every run of an agent) names another archive: each archives its own
-        turns (an index is kept once per scope) and recalls only those."""
-        opening = self.dialect.opening(self.payload, self.messages)
-        opening.pop("tools", None)
-        return fingerprint(opening, self.tenant)
+        """What scopes the archive within a session: the fingerprint of the conversation's
+        opening, which digests the caller's credentials too (`opening`: read once per request,
+        also where the fast path parses no message). A session id reused by a new conversation
+        (one `/s/my-agent/` for every run of an agent) names another archive: each archives its
+        own turns (an index is kept once per scope) and recalls only those."""
+        return self.opening
 
     def with_budget(self, *, window: int, factor: float) -> ParsedRequest:
         estimator = HeuristicEstimator(factor, shape=self.dialect.shape)
