@@ -43,7 +43,13 @@ from compaction.engine import CompactionEngine
 from compaction.extract import extract_items_heuristically, parse_memory_reply
 from compaction.ledger import Ledger, build_ledger
 from compaction.marker import PREVIEW_MARK, SUMMARY_MARKER
-from compaction.memory import InvalidSessionId, ItemClaims, MemoryWriter, is_valid_session_id
+from compaction.memory import (
+    InvalidSessionId,
+    ItemClaims,
+    MemoryWriter,
+    is_valid_session_id,
+    prune_memory,
+)
 from compaction.mentions import MentionCache
 from compaction.messages import (
     ANTHROPIC,
@@ -150,6 +156,7 @@ __all__ = [
     "parse_memory_reply",
     "plan_key",
     "prefix_digests",
+    "prune_memory",
     "read_items",
     "recall_note",
     "render_transcript",

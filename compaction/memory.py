@@ -253,6 +253,8 @@ def _append_lines(
     with _session_folder(path, create=True) as folder:
         # Every writer, in any process, holds this while it writes; released on close or crash.
         fcntl.flock(folder, fcntl.LOCK_EX)
+        if os.fstat(folder).st_nlink == 0:  # pruned while this writer waited: a new folder
+            return _append_lines(path, records, write)
         _remove_leftovers(folder, path.name)
         try:
             old = _read_lines(folder, path.name)
@@ -270,6 +272,44 @@ def _append_lines(
             with contextlib.suppress(OSError):
                 os.unlink(temporary, dir_fd=folder)
             raise
+
+
+def prune_memory(root_dir: str | os.PathLike[str], max_age_s: float, *, now: float) -> list[str]:
+    """Remove the session folders under `root_dir` not written for `max_age_s` seconds before
+    `now` (time.time()): the sessions removed. Each folder is taken under the writers' `flock`;
+    a writer that waited on it finds the folder gone and makes a new one. A folder holding
+    anything but what the writer leaves is kept. Reads and removes files: call it off the
+    event loop."""
+    root = Path(root_dir)
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    removed: list[str] = []
+    for name in names:
+        if not is_valid_session_id(name):
+            continue
+        with contextlib.suppress(OSError):  # a link, a file, a folder of other things: kept
+            if _prune_folder(root, name, now - max_age_s):
+                removed.append(name)
+    return removed
+
+
+def _prune_folder(root: Path, name: str, cutoff: float) -> bool:
+    with _session_folder(root / name / FILE_NAME, create=False) as folder:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        newest = os.fstat(folder).st_mtime  # a rename over the file (each flush) touches it
+        with contextlib.suppress(FileNotFoundError):
+            written = os.stat(FILE_NAME, dir_fd=folder, follow_symlinks=False).st_mtime
+            newest = max(newest, written)
+        entries = os.listdir(folder)
+        ours = [e for e in entries if e == FILE_NAME or e.startswith(f".{FILE_NAME}.")]
+        if newest > cutoff or len(ours) < len(entries):
+            return False
+        for entry in ours:
+            os.unlink(entry, dir_fd=folder)
+        os.rmdir(root / name)
+        return True
 
 
 def _write_all(fd: int, data: bytes, write: Callable[[int, bytes], int]) -> None:
@@ -306,7 +346,10 @@ def _remove_leftovers(folder: int, name: str) -> None:
 def _session_folder(path: Path, *, create: bool) -> Iterator[int]:
     """The session folder of `path`, opened without following a link."""
     if create:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # The root too: a listable root lists every session id (mkdir's `parents` would make
+        # it with the default mode).
+        path.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
     folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | _NO_LINKS)
     try:
         yield folder

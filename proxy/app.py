@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 from aiohttp import web
 
-from compaction import CheckpointStore
+from compaction import CheckpointStore, prune_memory
 from proxy.admin import dashboard, routes
 from proxy.admin.records import SessionRecords
 from proxy.compacting.archiving import Archiving
@@ -28,9 +32,13 @@ from proxy.state.archive import Archive
 from proxy.state.factory import State, build_state
 from proxy.tasks import BackgroundTasks
 
+log = logging.getLogger(__name__)
+
 # The processes compactions' CPU work runs in (started on first use, stopped with the app). Only
 # the app reads it: it is not among proxy.http.keys, which the handlers read.
 WORKERS = web.AppKey("workers", Workers)
+# How often memory folders idle past archive.max_age_days are looked for (and once at start).
+_MEMORY_PRUNE_S = 3600.0
 
 
 def create_app(
@@ -154,8 +162,28 @@ async def _tasks_ctx(app: web.Application) -> AsyncIterator[None]:
     trim = find_trim() if trim_s > 0 else None
     if trim is not None:
         app[keys.TASKS].spawn(trim_heap_every(trim_s, trim), name="heap-trim", lifelong=True)
+    settings = app[keys.SETTINGS]
+    app[keys.TASKS].spawn(
+        _prune_memory_every(settings.memory.dir, settings.archive.max_age_s),
+        name="memory-prune",
+        lifelong=True,
+    )
     yield
     await app[keys.TASKS].close()
+
+
+async def _prune_memory_every(root: Path, max_age_s: float) -> None:
+    """A session's memory folder goes with its archived turns: once idle past the archive's age
+    bound (`archive.max_age_days`), at start and then every hour."""
+    while True:
+        try:
+            removed = await asyncio.to_thread(prune_memory, root, max_age_s, now=time.time())
+        except OSError as exc:  # an unreadable root: said, and tried again later
+            log.warning("memory folders not pruned", extra={"error": repr(exc)})
+        else:
+            if removed:
+                log.info("memory folders pruned", extra={"sessions": len(removed)})
+        await asyncio.sleep(_MEMORY_PRUNE_S)
 
 
 def _add_routes(router: web.UrlDispatcher) -> None:

@@ -106,8 +106,11 @@ async def api_session(request: web.Request) -> web.Response:
 async def api_memory(request: web.Request) -> web.Response:
     require_admin(request)
     session_id = check_session_id(request.match_info["session"], "the path")
-    path = MemoryWriter(request.app[keys.SETTINGS].memory.dir).path_for(session_id)
+    settings = request.app[keys.SETTINGS]
+    path = MemoryWriter(settings.memory.dir).path_for(session_id)
     text, size = await asyncio.to_thread(_read_tail, path, MEMORY_TAIL_BYTES)
+    if settings.admin.preview_chars == 0:  # what conversations say stays out of /admin
+        text = ""
     return _json({"session_id": session_id, "size": size, "text": text})
 
 

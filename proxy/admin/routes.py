@@ -58,9 +58,10 @@ async def admin_archive(request: web.Request) -> web.Response:
         raise ArchiveUnavailable(
             f"the archive could not be searched ({type(exc).__name__})"
         ) from exc
-    return json_response(
-        {"session": session_id, "query": query, "results": [item.describe() for item in found]}
-    )
+    results = [item.describe() for item in found]
+    if settings.admin.preview_chars == 0:  # what conversations say stays out of /admin
+        results = [{**item, "text": "", "message": None} for item in results]
+    return json_response({"session": session_id, "query": query, "results": results})
 
 
 def _limit(raw: str | None, default: int) -> int:

@@ -1,9 +1,9 @@
 """Each compaction's folded messages, archived (proxy.state.archive) in the background.
 
 The turns a compaction folds for the first time (its checkpoint's range past what its base
-folded) are kept verbatim under the request's session and credential; a turn already archived is
-kept once. The write is a background task: it never delays a request, and one that fails is
-counted, said once in the log until a write succeeds again, and the request goes on.
+folded) are kept verbatim under the request's session, credential and conversation; a turn
+already archived is kept once. The write is a background task: it never delays a request, and one
+that fails is counted, said once in the log until a write succeeds again, and the request goes on.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Archiving:
         """Archive `req.messages[folded]` (positions in the client's list) in the background."""
         if not folded or self._tasks.closed:
             return
-        scope = Scope(req.session_id, req.tenant.hex())
+        scope = Scope(req.session_id, req.conversation)
         messages = req.messages[folded.start : folded.stop]
         self._tasks.spawn(
             self._write(scope, req.dialect.name, req.dialect.shape, messages, folded.start,

@@ -55,7 +55,7 @@ def record_compaction(
     metrics.pinned_overflow.inc(result.pinned_overflow)
     verification = result.verification
     texts = records.preview_chars > 0  # 0: what conversations say stays out of /admin
-    receipt = {  # the dashboard's receipt, and the log line's
+    receipt = {  # the dashboard's receipt
         "summary": result.summary_text[:RECEIPT_SUMMARY_CHARS] if texts else "",
         "memory_written": [
             {
@@ -105,7 +105,8 @@ def record_compaction(
             **receipt,
         },
     )
-    # A summarizer that failed (the compaction fell back) is a warning, with why.
+    # A summarizer that failed (the compaction fell back) is a warning, with why. Ids and counts
+    # only: what the conversation says (the receipt) stays out of logs (logging.dump_dir has it).
     log.log(
         logging.WARNING if result.errors else logging.INFO,
         "compaction %s",
@@ -118,7 +119,9 @@ def record_compaction(
             "compaction_id": result.compaction_id,
             "waited": waited,
             "errors": list(result.errors),
-            **receipt,
+            "summary_chars": len(result.summary_text),
+            "memory_items": len(result.memory_items),
+            "folded_messages": result.folded_count,
         },
     )
 

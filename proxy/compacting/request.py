@@ -97,6 +97,15 @@ class ParsedRequest:
     """The client's request headers as received (what a client says of a request besides its
     body, such as Codex's turn metadata); never logged."""
 
+    @property
+    def conversation(self) -> str:
+        """What scopes the archive within a session: the fingerprint of the conversation's
+        opening, which digests the caller's credentials too (`opening`: read once per request,
+        also where the fast path parses no message). A session id reused by a new conversation
+        (one `/s/my-agent/` for every run of an agent) names another archive: each archives its
+        own turns (an index is kept once per scope) and recalls only those."""
+        return self.opening
+
     def with_budget(self, *, window: int, factor: float) -> ParsedRequest:
         estimator = HeuristicEstimator(factor, shape=self.dialect.shape)
         return replace(self, window=window, factor=factor, estimator=estimator)

@@ -25,7 +25,7 @@ from proxy.dialects.base import (
 )
 from proxy.dialects.chat import CHAT_COMPLETIONS
 from proxy.dialects.events import read_events
-from proxy.dialects.payload import is_injected, tool_names
+from proxy.dialects.payload import declared_names, is_injected, tool_names
 from proxy.dialects.responses import RESPONSES_API
 from proxy.dialects.usage import add_usage, find_usage
 
@@ -38,6 +38,7 @@ __all__ = [
     "StreamedTurn",
     "Turns",
     "add_usage",
+    "declared_names",
     "for_route",
     "is_injected",
     "read_events",

@@ -98,6 +98,18 @@ def tool_names(payload: Mapping[str, object]) -> list[str]:
     return sorted(names)
 
 
+def declared_names(payload: Mapping[str, object]) -> list[str]:
+    """The names of every function the request declares: its tools (`tool_names`) and chat's
+    legacy `functions`, which a fingerprint does not read (sessions named before stay so)."""
+    functions = payload.get("functions")
+    legacy = [
+        name
+        for function in (functions if isinstance(functions, list) else [])
+        if isinstance(function, Mapping) and isinstance(name := function.get("name"), str)
+    ]
+    return [*tool_names(payload), *legacy]
+
+
 def first_user_words(messages: Iterable[object]) -> object:
     """The first user turn's words of the person (`user_words`): turns holding only what the
     client injected are passed over; None when there is none yet."""

@@ -20,6 +20,9 @@ MAX_LIMIT = 20
 CHARS_PER_TOKEN = 3
 # At most this many tokens per answer, however much room the window has.
 MAX_ANSWER_TOKENS = 8000
+# A query is a few key words: past this many characters it is clipped, in the search and in the
+# answer that repeats it (a 1.2 MB query echoed whole doubled the next round's request).
+MAX_QUERY_CHARS = 300
 _KINDS: tuple[str, ...] = get_args(Kind)
 _CLIPPED = "\n[... clipped to fit the context window]"
 _GAP = "[...]"
@@ -50,7 +53,7 @@ def read_query(arguments: object) -> Query | None:
     kind = arguments.get("kind")
     limit = arguments.get("limit")
     return Query(
-        text.strip(),
+        text.strip()[:MAX_QUERY_CHARS],
         kind if kind in _KINDS else None,
         min(limit, MAX_LIMIT) if isinstance(limit, int) and limit > 0 else DEFAULT_LIMIT,
     )

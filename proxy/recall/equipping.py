@@ -46,11 +46,18 @@ class Recall:
 
     def offered(self, request: ParsedRequest) -> bool:
         """True when a compacted `request` goes out with the recall tool (when its body lets
-        the tool be placed): not when the client has its own `recall`, and never when it sent
-        no tools (no `tools`, or `tools: []`): such a request asks for text (Codex's handoff
-        sends `tools: []`), and a model given a tool there calls it instead of answering."""
-        tools = request.payload.get("tools")
-        return isinstance(tools, list) and bool(tools) and not has_own_recall(request.payload)
+        the tool be placed): not when the client has its own `recall`; never when it sent no
+        tools (no `tools`, or `tools: []`): such a request asks for text (Codex's handoff sends
+        `tools: []`), and a model given a tool there calls it instead of answering; nor for a
+        chat request asking for several choices (`n`): the rounds answer one choice, the
+        others' calls would reach the client unanswered."""
+        payload = request.payload
+        tools = payload.get("tools")
+        choices = payload.get("n")
+        several = isinstance(choices, int) and choices > 1
+        return (
+            isinstance(tools, list) and bool(tools) and not several and not has_own_recall(payload)
+        )
 
     def equip(self, request: ParsedRequest, body: bytes, tokens: int) -> Equipped | None:
         """The compacted `body` of `request` (estimated at `tokens`) with the recall tool, and
@@ -64,7 +71,7 @@ class Recall:
             return None
         added = request.estimator.count_text(added_text(request.dialect))
         tokens += added
-        answers = Answers(self.archive, self.memory_dir, request.session_id, request.tenant.hex())
+        answers = Answers(self.archive, self.memory_dir, request.session_id, request.conversation)
         room = recall_room(request.window, tokens, request.max_output_tokens)
         budget = Budget(room_tokens=room, max_rounds=self.max_rounds)
         rounds = RecallRounds(request.dialect, equipped, answers, budget, self.metrics)

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from compaction import PREVIEW_MARK, SUMMARY_MARKER, recall_note
-from proxy.dialects import Dialect, tool_names
+from proxy.dialects import Dialect, declared_names
 from proxy.dialects.splice import locate_field
 
 NAME = "recall"
@@ -75,9 +75,9 @@ _FRAMING_SPAN = 4096
 
 
 def has_own_recall(payload: Mapping[str, object]) -> bool:
-    """True when the client declares a tool named `recall` itself: then the proxy neither adds
-    its own nor answers any call to it."""
-    return NAME in tool_names(payload)
+    """True when the client declares a tool named `recall` itself (in `tools`, or in chat's
+    legacy `functions`): then the proxy neither adds its own nor answers any call to it."""
+    return NAME in declared_names(payload)
 
 
 def added_text(dialect: Dialect) -> str:

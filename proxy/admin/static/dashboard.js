@@ -199,8 +199,18 @@ function receipt(record) {
   );
 }
 
-async function renderSession(sessionId) {
+// The session view emptied, saying `message`: nothing of the session shown before stays on
+// screen under another route.
+function clearSession(message, className = "") {
   show("session-view");
+  $("#session-name").textContent = "";
+  for (const selector of ["#session-summary", "#timeline tbody"]) $(selector).replaceChildren();
+  $("#receipts").replaceChildren(el("p", { className }, message));
+  $("#memory").textContent = "";
+}
+
+async function renderSession(sessionId) {
+  clearSession("Loading…");
   const path = "sessions/" + encodeURIComponent(sessionId);
   const [found, memory] = await Promise.all([api(path), api(path + "/memory")]);
   $("#session-name").textContent = found.session_id;
@@ -244,7 +254,9 @@ async function route() {
     if (match) await renderSession(decodeURIComponent(match[1]));
     else await renderSessions();
   } catch (error) {
-    if (!(error instanceof Refused)) console.error(error);
+    if (error instanceof Refused) return;
+    console.error(error);
+    if (match) clearSession(`No session to show: ${error.message}`, "error");
   }
 }
 

@@ -2,8 +2,8 @@
 
 A folded message is kept as the JSON the client sent (verbatim), with its index in the
 conversation, its dialect, its kind and when it was archived, under a `Scope`: the session and
-the digest of the caller's credentials, exactly as checkpoints are scoped, so that nothing of one
-credential or session is found from another.
+a digest of the caller's credentials and of the conversation, so that nothing of one credential,
+session or conversation is found from another.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ session's memory file (searched beside the archive, never stored in it)."""
 class Scope:
     session: str
     tenant: str
-    """Hex digest of the caller's credentials (proxy.compacting.request.ParsedRequest.tenant)."""
+    """A digest of the caller's credentials and of the conversation's opening
+    (proxy.compacting.request.ParsedRequest.conversation): one session id reused by two
+    conversations keeps two archives."""
 
 
 @dataclass(frozen=True, slots=True)
