@@ -11,6 +11,8 @@
     ├── NotFound              404    code not_found
     ├── RequestTimeout        408    code request_timeout (the client stopped sending its body)
     ├── BodyTooLarge          413    code request_too_large
+    ├── EncodedBodyRefused    415    code unsupported_content_encoding (an encoded body sent to
+    │                                a route that takes no body)
     ├── ExpectationFailed     417    code expectation_failed (an `Expect` but 100-continue)
     ├── UpstreamUnreachable   502    code upstream_unreachable (connect failed, connection lost
     │                                before the response headers)
@@ -93,6 +95,16 @@ class BodyTooLarge(ProxyError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+    # The rest of the body is not read: draining it for the next request would cost what the
+    # limit refused (all of a decompression bomb, for one).
+    closes = True
+
+
+class EncodedBodyRefused(ProxyError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_content_encoding"
+    closes = True  # its body is never read, nor drained
 
 
 class ExpectationFailed(ProxyError):

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Collection
 
 from aiohttp import web
 
-from proxy.errors import ProxyError, error_body
+from proxy.errors import EncodedBodyRefused, ProxyError, error_body
 from proxy.http import keys
 from proxy.http.targets import is_anthropic_tail
 from proxy.logs import RequestInfo, log_request
@@ -40,11 +40,16 @@ GET_ONLY = ("GET", "HEAD")
 
 
 def wrap_handler(
-    handler: Handler, route: str, *, methods: Collection[str] | None = None
+    handler: Handler,
+    route: str,
+    *,
+    methods: Collection[str] | None = None,
+    takes_body: bool = True,
 ) -> Handler:
     """`handler` with the middleware around it. `route` labels its metrics and access lines (and
     "messages" shapes its errors as Anthropic's); `methods`, when given, are the only ones it
-    takes, any other is a 405."""
+    takes, any other is a 405; a route that `takes_body=False` refuses an encoded body at once
+    (415, connection closed): nothing reads it, and nothing should decode it."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
         info = RequestInfo(route=route)
@@ -54,6 +59,10 @@ def wrap_handler(
         status = 500
         try:
             try:
+                if not takes_body and _is_encoded(request):
+                    raise EncodedBodyRefused(
+                        f"{request.path} takes no request body, let alone an encoded one"
+                    )
                 if methods is not None and request.method not in methods:
                     raise web.HTTPMethodNotAllowed(request.method, methods)
                 response = await handler(request)
@@ -78,6 +87,11 @@ def wrap_handler(
             log_request(request.method, request.path, status, info)
 
     return handle
+
+
+def _is_encoded(request: web.Request) -> bool:
+    coding = request.headers.get("Content-Encoding")
+    return coding is not None and coding.strip().lower() not in ("", "identity")
 
 
 async def unmatched(request: web.Request) -> web.StreamResponse:

@@ -1,8 +1,23 @@
-"""Serving an aiohttp app on a free loopback port: the demo, the benchmarks and tests use it."""
+"""How aiohttp's server serves the proxy (`SERVER_ARGS`, given to every app by create_app, so the
+CLI, the tests and the benchmarks all serve it the same way), and serving an aiohttp app on a free
+loopback port: the demo, the benchmarks and tests use it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
 from aiohttp import web
+
+SERVER_ARGS: Mapping[str, Any] = MappingProxyType(
+    {
+        # Request bodies reach the handlers as sent: the hooked routes decode theirs in bounded
+        # steps against server.max_body_mb (proxy.http.bodies), the others relay them untouched.
+        # aiohttp's own decoding would go on after a 413, in its drain of the unread body.
+        "auto_decompress": False,
+    }
+)
 
 
 async def serve_on_loopback(app: web.Application) -> tuple[web.AppRunner, str]:
