@@ -14,6 +14,7 @@
     ├── EncodedBodyRefused    415    code unsupported_content_encoding (an encoded body sent to
     │                                a route that takes no body)
     ├── ExpectationFailed     417    code expectation_failed (an `Expect` but 100-continue)
+    ├── HeaderTooLarge        431    code request_header_too_large
     ├── UpstreamUnreachable   502    code upstream_unreachable (connect failed, connection lost
     │                                before the response headers)
     └── UpstreamTimeout       504    code upstream_timeout (no response within the read timeout)
@@ -112,6 +113,12 @@ class ExpectationFailed(ProxyError):
     type = "invalid_request_error"
     code = "expectation_failed"
     closes = True  # the client may send its body after all: it would read as the next request
+
+
+class HeaderTooLarge(ProxyError):
+    status = 431
+    type = "invalid_request_error"
+    code = "request_header_too_large"
 
 
 class ArchiveUnavailable(ProxyError):

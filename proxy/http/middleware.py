@@ -23,8 +23,9 @@ from collections.abc import Awaitable, Callable, Collection
 
 from aiohttp import web
 
-from proxy.errors import EncodedBodyRefused, ProxyError, error_body
+from proxy.errors import EncodedBodyRefused, HeaderTooLarge, ProxyError, error_body
 from proxy.http import keys
+from proxy.http.serving import MAX_FIELD_BYTES
 from proxy.http.targets import is_anthropic_tail
 from proxy.logs import RequestInfo, log_request
 
@@ -59,6 +60,7 @@ def wrap_handler(
         status = 500
         try:
             try:
+                verify_header_sizes(request)
                 if not takes_body and _is_encoded(request):
                     raise EncodedBodyRefused(
                         f"{request.path} takes no request body, let alone an encoded one"
@@ -87,6 +89,16 @@ def wrap_handler(
             log_request(request.method, request.path, status, info)
 
     return handle
+
+
+def verify_header_sizes(request: web.Request) -> None:
+    """A header field past MAX_FIELD_BYTES is a 431 that names it, never quotes it."""
+    for name, value in request.raw_headers:
+        if len(value) > MAX_FIELD_BYTES or len(name) > MAX_FIELD_BYTES:
+            shown = name.decode("latin-1") if len(name) <= 100 else "a header"
+            raise HeaderTooLarge(
+                f"the request header {shown} is larger than {MAX_FIELD_BYTES} bytes"
+            )
 
 
 def _is_encoded(request: web.Request) -> bool:
