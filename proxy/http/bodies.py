@@ -69,7 +69,9 @@ async def read_body(request: web.Request, server: ServerSettings) -> ClientBody:
     if request.content_length is not None and request.content_length > limit:
         raise too_large(limit)
     content = request.content
-    content.set_read_chunk_size(min(limit, _READ_BUFFER_BYTES))
+    raise_buffer = getattr(content, "set_read_chunk_size", None)  # aiohttp 3.12 on
+    if raise_buffer is not None:
+        raise_buffer(min(limit, _READ_BUFFER_BYTES))
     coding = request_coding(request.headers)
     decoder = BodyDecoder(coding) if coding else None
     raw: list[bytes] = []

@@ -103,7 +103,11 @@ def verify_header_sizes(request: web.Request) -> None:
 
 def _is_encoded(request: web.Request) -> bool:
     coding = request.headers.get("Content-Encoding")
-    return coding is not None and coding.strip().lower() not in ("", "identity")
+    return (
+        coding is not None
+        and coding.strip().lower() not in ("", "identity")
+        and request.body_exists
+    )
 
 
 async def unmatched(request: web.Request) -> web.StreamResponse:

@@ -36,18 +36,21 @@ class ServerLog:
         self._logger = logger
 
     def debug(self, msg: str, *args: object, **kwargs: Any) -> None:
-        if not self._is_refusal(kwargs):
+        # aiohttp says at debug level what is noise on a public port (TLS or garbage sent to
+        # plain HTTP): it stays at that level.
+        if not self._said_refusal(logging.DEBUG, kwargs):
             self._logger.debug(msg, *args, **kwargs)
 
     def exception(self, msg: str, *args: object, **kwargs: Any) -> None:
-        if not self._is_refusal(kwargs):
+        if not self._said_refusal(logging.WARNING, kwargs):
             self._logger.exception(msg, *args, **kwargs)
 
-    def _is_refusal(self, kwargs: Mapping[str, Any]) -> bool:
+    def _said_refusal(self, level: int, kwargs: Mapping[str, Any]) -> bool:
         error = kwargs.get("exc_info")
         if not isinstance(error, HttpProcessingError):
             return False
-        self._logger.warning(
+        self._logger.log(
+            level,
             "refused a request the HTTP parser could not read",
             extra={"error": type(error).__name__, "status": error.code},
         )

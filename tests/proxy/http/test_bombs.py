@@ -100,3 +100,11 @@ async def test_a_route_that_takes_no_body_refuses_an_encoded_one_at_once(
         assert response.headers["Connection"] == "close"
         assert_openai_error(await response.read(), "unsupported_content_encoding")
     assert _status_kb("VmHWM") - before_kb < RSS_BOUND_KB
+
+
+async def test_a_coding_named_without_a_body_is_no_reason_to_refuse(
+    start_proxy: StartProxy, client: aiohttp.ClientSession
+) -> None:
+    proxy = await start_proxy()
+    async with client.get(f"{proxy.url}/healthz", headers={"Content-Encoding": "gzip"}) as r:
+        assert r.status == 200
