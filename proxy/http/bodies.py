@@ -3,9 +3,9 @@ streamed as they arrive (the rest), either way refused past `server.max_body_mb`
 `server.read_timeout_s` of silence (408), so a client cannot hold a handler by stopping halfway.
 
 aiohttp's server does not decode request bodies here (`auto_decompress` is off, see
-proxy.http.serving): a hooked route decodes its body itself, a step at a time and counting the
-decoded bytes against the limit (`read_body`), and the streamed routes relay the bytes and their
-`Content-Encoding` untouched. So a small body that decodes to gigabytes costs at most the limit,
+proxy.http.serving): a hooked route decodes its body itself, in a thread, a step at a time and
+counting the decoded bytes against the limit (`read_body`), and the streamed routes relay the
+bytes and their `Content-Encoding` untouched. So a small body that decodes to gigabytes costs at most the limit,
 and nothing decodes the rest of it after the answer (aiohttp's lingering drain reads raw bytes,
 and a 413 closes the connection instead).
 """
@@ -59,8 +59,8 @@ class ClientBody:
 async def read_body(request: web.Request, server: ServerSettings) -> ClientBody:
     """The whole body, refused past `server.max_body_mb` (of the bytes sent, and of the decoded
     bytes for a body in a coding the proxy decodes), and after `server.read_timeout_s` without a
-    byte of it. Decoding goes a step at a time (`DECODE_STEP` of output), letting other requests
-    run between steps.
+    byte of it. Decoding runs off the event loop, a step (`DECODE_STEP` of output) at a time,
+    and stops at the limit.
 
     Read as the chunks arrive and joined once: `request.read()` grows a bytearray chunk by chunk
     and then copies it into bytes, two to three copies of a body that may be megabytes, on
@@ -85,12 +85,12 @@ async def read_body(request: web.Request, server: ServerSettings) -> ClientBody:
             raw.append(chunk)
             if decoder is None:
                 continue
-            for piece in decoder.pieces(chunk):
-                decoded_size += len(piece)
-                if decoded_size > limit:
-                    raise too_large(limit)
-                decoded.append(piece)
-                await asyncio.sleep(0)  # a step decoded: let the others run
+            pieces, decoded_size = await asyncio.to_thread(
+                _decode_within, decoder, chunk, decoded_size, limit
+            )
+            if decoded_size > limit:
+                raise too_large(limit)
+            decoded += pieces
     except RequestPayloadError:
         raise _unreadable(content) from None
     whole = _joined(raw)
@@ -98,6 +98,21 @@ async def read_body(request: web.Request, server: ServerSettings) -> ClientBody:
         return ClientBody(whole, whole, "")
     decoder.finish()
     return ClientBody(_joined(decoded), whole, coding)
+
+
+def _decode_within(
+    decoder: BodyDecoder, chunk: bytes, size: int, limit: int
+) -> tuple[list[bytes], int]:
+    """`chunk` decoded, a step at a time, stopping once the body's decoded `size` passes
+    `limit`: the pieces and the new size. Run in a thread: the codecs release the GIL, and one
+    step of brotli can take tens of milliseconds (a 16 MiB window filled at once)."""
+    pieces: list[bytes] = []
+    for piece in decoder.pieces(chunk):
+        size += len(piece)
+        if size > limit:
+            break
+        pieces.append(piece)
+    return pieces, size
 
 
 def _joined(chunks: list[bytes]) -> bytes:

@@ -1,9 +1,8 @@
 """Content codings, both ways: request bodies the proxy decodes itself, in bounded steps
-(`BodyDecoder`, so a small body that decodes to gigabytes costs what the limit allows and never
-holds the event loop), and puts back in the client's coding when it changed them
-(`encode_body`); bodies it reads from the upstream (an error it inspects, a usage probe, a
-summary answer: `decode_body`). Relayed response bodies are never decoded: their bytes and
-`Content-Encoding` travel together.
+(`BodyDecoder`, so a small body that decodes to gigabytes costs what the limit allows), and
+puts back in the client's coding when it changed them (`encode_body`); bodies it reads from the
+upstream (an error it inspects, a usage probe, a summary answer: `decode_body`). Relayed
+response bodies are never decoded: their bytes and `Content-Encoding` travel together.
 """
 
 from __future__ import annotations
@@ -24,7 +23,8 @@ REQUEST_CODINGS = frozenset({"gzip", "deflate", "br", "zstd"})
 or in several, passes through as the client sent it."""
 
 DECODE_STEP = 256 * 1024
-"""The most one decoding step writes: a step is what holds the event loop at once."""
+"""The most one decoding step writes: the granularity at which a body's decoded size is
+checked against its limit."""
 
 
 def request_coding(headers: Mapping[str, str]) -> str:
