@@ -102,6 +102,7 @@ bench: $(STAMP_BENCH) redis-server
 	$(BIN)/python -m bench.recall
 	$(BIN)/python -m bench.dashboard
 	$(BIN)/python -m bench.cost
+	$(BIN)/python -m bench.bombs
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .e2e

@@ -20,7 +20,7 @@ from proxy.compacting.llm_client import LLMFactory
 from proxy.compacting.overflow import LearnedWindows
 from proxy.compacting.workers import Workers
 from proxy.heap import find_trim, trim_heap_every
-from proxy.http import handlers, keys
+from proxy.http import handlers, keys, serving
 from proxy.http.middleware import GET_ONLY, AnyTarget, unmatched, wrap_handler
 from proxy.http.upstream import Upstream
 from proxy.interception import Hook
@@ -56,7 +56,9 @@ def create_app(
     leases); `llm_for` gives the summarizer for a request (default:
     over the upstream); `metrics` lets a caller supply an extended `Metrics`; `archive` keeps
     folded turns (default: the `state.backend`'s)."""
-    app = web.Application(client_max_size=settings.server.max_body_bytes)
+    app = web.Application(
+        client_max_size=settings.server.max_body_bytes, handler_args=serving.SERVER_ARGS
+    )
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics if metrics is not None else Metrics()
     # Built here, written by the compacting hook and forwarding, read by proxy.admin.
@@ -219,7 +221,7 @@ def _add_routes(router: web.UrlDispatcher) -> None:
         router.add_route(
             "*",
             path,
-            wrap_handler(handler, route, methods=GET_ONLY),
+            wrap_handler(handler, route, methods=GET_ONLY, takes_body=False),
             expect_handler=handlers.expect_handler(route),
         )
     # The admin endpoints refuse other methods themselves, after answering 404 while disabled.
@@ -229,7 +231,10 @@ def _add_routes(router: web.UrlDispatcher) -> None:
         ("/admin/sessions/{session}/archive", routes.admin_archive, "admin_archive"),
     ):
         router.add_route(
-            "*", path, wrap_handler(handler, route), expect_handler=handlers.expect_handler(route)
+            "*",
+            path,
+            wrap_handler(handler, route, takes_body=False),
+            expect_handler=handlers.expect_handler(route),
         )
     # The dashboard: its page and files (no token: they hold no data), and its JSON (token).
     for path, handler, route in (
@@ -241,7 +246,10 @@ def _add_routes(router: web.UrlDispatcher) -> None:
         ("/admin/api/live", dashboard.api_live, "admin_api"),
     ):
         router.add_route(
-            "*", path, wrap_handler(handler, route), expect_handler=handlers.expect_handler(route)
+            "*",
+            path,
+            wrap_handler(handler, route, takes_body=False),
+            expect_handler=handlers.expect_handler(route),
         )
     anywhere = AnyTarget()
     router.register_resource(anywhere)

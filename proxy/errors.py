@@ -11,10 +11,17 @@ that API's shape: its dialect's `error_body`, Anthropic's `{"type": "error", "er
     ├── NotFound              404    code not_found
     ├── RequestTimeout        408    code request_timeout (the client stopped sending its body)
     ├── BodyTooLarge          413    code request_too_large
+    ├── EncodedBodyRefused    415    code unsupported_content_encoding (an encoded body sent to
+    │                                a route that takes no body)
     ├── ExpectationFailed     417    code expectation_failed (an `Expect` but 100-continue)
+    ├── WebSocketRefused      426    code websocket_not_relayed (upstream.websocket: refuse)
+    ├── HeaderTooLarge        431    code request_header_too_large
     ├── UpstreamUnreachable   502    code upstream_unreachable (connect failed, connection lost
     │                                before the response headers)
-    └── UpstreamTimeout       504    code upstream_timeout (no response within the read timeout)
+    ├── UpstreamTimeout       504    code upstream_timeout (no response within the read timeout)
+    └── UpstreamRefusedWebSocket     the upstream's error status, else 502: code
+                                     websocket_refused_upstream (it answered a relayed
+                                     WebSocket handshake without upgrading)
 
     UpstreamStreamCut                not a ProxyError: the upstream failed after the response
                                      started; the relay can only end the client's stream.
@@ -101,6 +108,16 @@ class BodyTooLarge(ProxyError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+    # The rest of the body is not read: draining it for the next request would cost what the
+    # limit refused (all of a decompression bomb, for one).
+    closes = True
+
+
+class EncodedBodyRefused(ProxyError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_content_encoding"
+    closes = True  # its body is never read, nor drained
 
 
 class ExpectationFailed(ProxyError):
@@ -108,6 +125,22 @@ class ExpectationFailed(ProxyError):
     type = "invalid_request_error"
     code = "expectation_failed"
     closes = True  # the client may send its body after all: it would read as the next request
+
+
+class WebSocketRefused(ProxyError):
+    """The answer to a WebSocket upgrade while `upstream.websocket: refuse`: a client such as
+    Codex falls back to HTTP POST at once on a 426 (it retries on a 404 and gives up on a
+    400)."""
+
+    status = 426
+    type = "invalid_request_error"
+    code = "websocket_not_relayed"
+
+
+class HeaderTooLarge(ProxyError):
+    status = 431
+    type = "invalid_request_error"
+    code = "request_header_too_large"
 
 
 class ArchiveUnavailable(ProxyError):
@@ -127,6 +160,19 @@ class UpstreamTimeout(ProxyError):
     status = 504
     type = "upstream_error"
     code = "upstream_timeout"
+
+
+class UpstreamRefusedWebSocket(ProxyError):
+    """The upstream answered a relayed WebSocket handshake without upgrading: its error status
+    is passed on (aiohttp's client keeps no body of such an answer to relay), any other answer
+    is a 502."""
+
+    type = "upstream_error"
+    code = "websocket_refused_upstream"
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"the upstream answered the WebSocket handshake with {status}")
+        self.status = status if status >= 400 else 502
 
 
 class UpstreamStreamCut(Exception):

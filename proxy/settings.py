@@ -65,6 +65,9 @@ class UpstreamSettings(_Section):
     connect_timeout_s: float = Field(default=10, gt=0)
     api_key: str | None = None
     trust_env: bool = False  # HTTPS_PROXY / HTTP_PROXY / NO_PROXY, read at start (http.egress)
+    websocket: Literal["refuse", "relay"] = "refuse"
+    """A WebSocket upgrade: answered 426 (the client falls back to HTTP POST), or relayed
+    untouched (proxy.http.websocket)."""
 
     @field_validator("base_url", "anthropic_base_url")
     @classmethod

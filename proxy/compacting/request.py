@@ -31,6 +31,13 @@ SCOPE_HEADERS = ("api-key", "x-api-key", "OpenAI-Organization", "OpenAI-Project"
 """Headers that identify the caller to the upstream besides Authorization (Azure-style keys,
 OpenAI organisation and project): they go with the proxy's own summary calls and scope reuse."""
 
+ACCOUNT_HEADERS = ("chatgpt-account-id", "originator")
+"""Client headers the proxy's own calls carry so the upstream accepts and bills them where it
+does the client's (a ChatGPT-plan Codex: the workspace account, and the client's name). Not
+`x-codex-*`: its turn metadata would mark a summary call as the client's own compaction
+request, and its beta features opt the client into behaviour no summary call uses. The list
+is in docs/operations.md."""
+
 # What can make a small body cost more than its bytes, found in one compiled scan of the body
 # (on a small body the scan is most of the decision's time): a part with a fixed token cost
 # (image, audio, file; group 1) and the output reservation (group 2).
@@ -260,10 +267,11 @@ class RequestBuilder:
         model = model_of(payload)
         auth = {name: ctx.headers[name] for name in SCOPE_HEADERS if name in ctx.headers}
         tenant = conversation_seed(ctx.credential or "", *auth.values())
-        # Headers the summary call needs but that do not name the caller (anthropic-version).
-        auth.update(
-            {name: ctx.headers[name] for name in dialect.call_headers if name in ctx.headers}
-        )
+        # Headers the summary call needs but that do not name the caller (anthropic-version,
+        # the account a ChatGPT sign-in bills).
+        for name in (*dialect.call_headers, *ACCOUNT_HEADERS):
+            if name in ctx.headers:
+                auth[name] = ctx.headers[name]
         if opening is None:  # hashing the opening costs as much as the first user message is long
             opening = fingerprint(dialect.opening(payload, opening_messages), tenant)
         session_id = (

@@ -23,7 +23,7 @@ from yarl import URL
 
 from proxy.errors import InvalidPath, ProxyError, UpstreamStreamCut
 from proxy.http import keys
-from proxy.http.bodies import LimitedBody, RequestBody, read_body, too_large
+from proxy.http.bodies import ClientBody, LimitedBody, RequestBody, read_body, too_large
 from proxy.http.encodings import decode_body
 from proxy.http.headers import upstream_request_headers
 from proxy.http.keys import TimelineLine
@@ -70,8 +70,9 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
     info.session = explicit_session
     tail = raw_tail(request, path_session)
     url = upstream.url_for(tail, request.rel_url.raw_query_string)
-    body = await read_body(request, settings.server)
-    metrics.requests.add_request_bytes(info.route, len(body))
+    sent = await read_body(request, settings.server)
+    body = sent.data
+    metrics.requests.add_request_bytes(info.route, len(sent.raw))
     headers, credential = upstream_request_headers(
         request.headers, upstream.api_key_for(tail, request.headers), keep_length=False
     )
@@ -90,7 +91,7 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
         app[keys.RECORDS].touch(session)
     overhead_ms = info.overhead_ms()  # what deciding cost before anything went upstream
 
-    response = await _send(request, "POST", url, headers, exchange.body)
+    response = await _send(request, "POST", url, headers, await sent.for_upstream(exchange.body))
     already_read = b""
     if response.status in RETRYABLE_STATUSES:
         try:
@@ -115,13 +116,13 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
         if retry is not None:
             response.close()
             log.info("retrying upstream once with the hook's body", extra={"path": request.path})
-            response = await _send(request, "POST", url, headers, retry)
+            response = await _send(request, "POST", url, headers, await sent.for_upstream(retry))
             already_read = b""
 
     followup = exchange.followup
     if followup is not None and response.status == 200:
         return await _relay_followed(request, exchange, followup, response, body, overhead_ms,
-                                     _Resend(request, url, headers))  # fmt: skip
+                                     _Resend(request, url, headers, sent))  # fmt: skip
 
     # Only an exchange that will use `usage` pays for the (cheap) probe.
     probe = (
@@ -184,16 +185,20 @@ async def _relay_followed(
 
 
 class _Resend:
-    """The upstream for a followup: the request's URL and headers, waits counted as upstream
-    waits."""
+    """The upstream for a followup: the request's URL and headers, bodies in the client's
+    coding, waits counted as upstream waits."""
 
-    def __init__(self, request: web.Request, url: URL, headers: CIMultiDict[str]) -> None:
+    def __init__(
+        self, request: web.Request, url: URL, headers: CIMultiDict[str], sent: ClientBody
+    ) -> None:
         self._request = request
         self._url = url
         self._headers = headers
+        self._sent = sent
 
     async def send(self, body: bytes) -> Response:
-        return await _send(self._request, "POST", self._url, self._headers, body)
+        data = await self._sent.for_upstream(body)
+        return await _send(self._request, "POST", self._url, self._headers, data)
 
     def chunks(self, response: Response) -> AsyncIterable[bytes]:
         return self._request.app[keys.UPSTREAM].chunks(response)

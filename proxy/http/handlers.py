@@ -10,8 +10,9 @@ from aiohttp import HttpVersion11, web
 
 from proxy.errors import ExpectationFailed
 from proxy.http import keys
-from proxy.http.forwarding import forward_hooked, forward_verbatim
+from proxy.http.forwarding import forward_hooked, forward_verbatim, raw_tail
 from proxy.http.middleware import wrap_handler
+from proxy.http.websocket import answer_upgrade, is_websocket_upgrade
 
 ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
 
@@ -21,7 +22,10 @@ async def hooked(request: web.Request) -> web.StreamResponse:
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
-    return await forward_verbatim(request, request.match_info.get("session"))
+    session = request.match_info.get("session")
+    if is_websocket_upgrade(request):
+        return await answer_upgrade(request, raw_tail(request, session), session)
+    return await forward_verbatim(request, session)
 
 
 def expect_handler(route: str) -> ExpectHandler:

@@ -4,9 +4,9 @@ Hop-by-hop headers (RFC 9110 §7.6.1, plus any header the `Connection` header na
 connection and never cross the proxy. `Host` is rewritten by the client library for the upstream.
 End-to-end headers pass through, `Authorization` included; `upstream.api_key` is injected only
 when the client sent no `Authorization`. `Content-Encoding` always travels with the bytes it
-describes: responses are relayed as the upstream's bytes (compressed or not, header kept);
-request bodies in a coding aiohttp's server decodes (gzip, deflate, br, zstd) reach the handler
-decoded, so they go upstream decoded, without `Content-Encoding` or the old `Content-Length`.
+describes, both ways: responses are relayed as the upstream's bytes (compressed or not, header
+kept), and request bodies go upstream in the client's coding (its own bytes, or a compacted body
+encoded again: proxy.http.bodies).
 """
 
 from __future__ import annotations
@@ -55,10 +55,6 @@ def _end_to_end(
 
 _REQUEST_DROP = frozenset({"host"})
 _REQUEST_DROP_WITH_LENGTH = frozenset({"host", "content-length"})
-_DECODED_REQUEST_DROP = frozenset({"host", "content-length", "content-encoding"})
-# aiohttp's server decodes request bodies in these codings before the handler sees them
-# (bounded, so no decompression bomb gets through); the bytes forwarded are then plain.
-DECODED_BY_SERVER = frozenset({"gzip", "deflate", "br", "zstd"})
 
 
 def upstream_request_headers(
@@ -68,11 +64,7 @@ def upstream_request_headers(
 
     `keep_length=False` drops `Content-Length` so the client library states the length of the
     body actually sent (the chat route may change it)."""
-    if incoming.get("Content-Encoding", "").strip().lower() in DECODED_BY_SERVER:
-        drop = _DECODED_REQUEST_DROP
-    else:
-        drop = _REQUEST_DROP if keep_length else _REQUEST_DROP_WITH_LENGTH
-    outgoing = _end_to_end(incoming, drop)
+    outgoing = _end_to_end(incoming, _REQUEST_DROP if keep_length else _REQUEST_DROP_WITH_LENGTH)
     credential = outgoing.get("Authorization")
     if credential is None and api_key:
         credential = f"Bearer {api_key}"

@@ -24,8 +24,9 @@ from collections.abc import Awaitable, Callable, Collection
 from aiohttp import web
 
 from proxy.dialects import Dialect, for_route
-from proxy.errors import ProxyError, error_body
+from proxy.errors import EncodedBodyRefused, HeaderTooLarge, ProxyError, error_body
 from proxy.http import keys
+from proxy.http.serving import MAX_FIELD_BYTES
 from proxy.http.targets import is_anthropic_tail
 from proxy.logs import RequestInfo, log_request
 
@@ -41,11 +42,16 @@ GET_ONLY = ("GET", "HEAD")
 
 
 def wrap_handler(
-    handler: Handler, route: str, *, methods: Collection[str] | None = None
+    handler: Handler,
+    route: str,
+    *,
+    methods: Collection[str] | None = None,
+    takes_body: bool = True,
 ) -> Handler:
     """`handler` with the middleware around it. `route` labels its metrics and access lines (and
     its dialect shapes its errors); `methods`, when given, are the only ones it takes, any other
-    is a 405."""
+    is a 405; a route that `takes_body=False` refuses an encoded body at once (415, connection
+    closed): nothing reads it, and nothing should decode it."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
         info = RequestInfo(route=route)
@@ -55,6 +61,11 @@ def wrap_handler(
         status = 500
         try:
             try:
+                verify_header_sizes(request)
+                if not takes_body and _is_encoded(request):
+                    raise EncodedBodyRefused(
+                        f"{request.path} takes no request body, let alone an encoded one"
+                    )
                 if methods is not None and request.method not in methods:
                     raise web.HTTPMethodNotAllowed(request.method, methods)
                 response = await handler(request)
@@ -79,6 +90,25 @@ def wrap_handler(
             log_request(request.method, request.path, status, info)
 
     return handle
+
+
+def verify_header_sizes(request: web.Request) -> None:
+    """A header field past MAX_FIELD_BYTES is a 431 that names it, never quotes it."""
+    for name, value in request.raw_headers:
+        if len(value) > MAX_FIELD_BYTES or len(name) > MAX_FIELD_BYTES:
+            shown = name.decode("latin-1") if len(name) <= 100 else "a header"
+            raise HeaderTooLarge(
+                f"the request header {shown} is larger than {MAX_FIELD_BYTES} bytes"
+            )
+
+
+def _is_encoded(request: web.Request) -> bool:
+    coding = request.headers.get("Content-Encoding")
+    return (
+        coding is not None
+        and coding.strip().lower() not in ("", "identity")
+        and request.body_exists
+    )
 
 
 async def unmatched(request: web.Request) -> web.StreamResponse:

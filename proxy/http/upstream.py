@@ -24,6 +24,7 @@ from yarl import URL
 
 from proxy.errors import (
     ProxyError,
+    UpstreamRefusedWebSocket,
     UpstreamStreamCut,
     UpstreamTimeout,
     UpstreamUnreachable,
@@ -123,6 +124,21 @@ class Upstream:
             raise_mapped(exc, reading_body=False, count=self._count)
         self._metrics.requests.observe_upstream_latency(route, time.perf_counter() - started)
         return response
+
+    async def open_websocket(
+        self, url: URL, headers: CIMultiDict[str], protocols: tuple[str, ...], max_msg_size: int
+    ) -> aiohttp.ClientWebSocketResponse:
+        """A WebSocket to `url` (proxy.http.websocket relays one), its handshake carrying
+        `headers` and offering `protocols`; UpstreamRefusedWebSocket when the upstream answers
+        without upgrading."""
+        try:
+            return await self.session.ws_connect(
+                url, headers=headers, protocols=protocols, max_msg_size=max_msg_size
+            )
+        except aiohttp.WSServerHandshakeError as exc:
+            raise UpstreamRefusedWebSocket(exc.status) from exc
+        except _CLIENT_ERRORS as exc:
+            raise_mapped(exc, reading_body=False, count=self._count)
 
     def chunks(self, response: Response) -> BodyChunks:
         """`response`'s body as it arrives (see BodyChunks)."""

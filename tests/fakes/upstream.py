@@ -70,7 +70,8 @@ class FakeUpstream:
     # lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=1024**3)
+        # Bodies recorded as sent: aiohttp's server would decode a gzip/br/zstd body first.
+        app = web.Application(client_max_size=1024**3, handler_args={"auto_decompress": False})
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner, _ = await serve_on_loopback(app)
         self._port = self._runner.addresses[0][1]

@@ -113,8 +113,11 @@ def _upstream_connect_errors(metrics_text: str) -> float:
     return 0.0
 
 
+NOT_COMPRESSED = b'{"model": "m", "messages": []} and not compressed at all'
+
+
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "br", "zstd"])
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings", "/s/a/v1/files"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/s/a/v1/responses", "/v1/messages"])
 async def test_a_body_not_in_its_stated_encoding_is_a_400_naming_the_encoding(
     start_proxy: StartProxy,
     upstream: FakeUpstream,
@@ -123,24 +126,54 @@ async def test_a_body_not_in_its_stated_encoding_is_a_400_naming_the_encoding(
     encoding: str,
     path: str,
 ) -> None:
+    # The routes that read their body decode it themselves.
     caplog.set_level(logging.WARNING)
     proxy = await start_proxy()
     async with client.post(
         f"{proxy.url}{path}",
-        data=b'{"model": "m", "messages": []} and not compressed at all',
+        data=NOT_COMPRESSED,
         headers={"Content-Encoding": encoding, "Content-Type": "application/json"},
     ) as response:
         assert response.status == 400
-        # The server's parser stopped where the body broke: the connection cannot serve on.
+        # The rest of the body is not read: the connection cannot serve on.
         assert response.headers["Connection"] == "close"
         body = await response.read()
-    assert_openai_error(body, "invalid_content_encoding")
-    assert encoding in orjson.loads(body)["error"]["message"]
+    api = "anthropic" if path.endswith("messages") else "openai"
+    if api == "openai":
+        assert_openai_error(body, "invalid_content_encoding")
+        assert encoding in orjson.loads(body)["error"]["message"]
+    else:
+        assert orjson.loads(body)["error"]["type"] == "invalid_request_error"
     assert upstream.requests == []
     async with client.get(f"{proxy.url}/metrics") as response:
         assert _upstream_connect_errors(await response.text()) == 0
     # The client's error, answered: not a traceback in the server's log.
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "br", "zstd", "compress"])
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/s/a/v1/files"])
+async def test_bodies_the_proxy_only_relays_go_upstream_as_sent_coding_and_all(
+    start_proxy: StartProxy,
+    upstream: FakeUpstream,
+    client: aiohttp.ClientSession,
+    encoding: str,
+    path: str,
+) -> None:
+    # One body policy (Content-Encoding travels with the bytes it describes): the proxy never
+    # decodes what it does not read, so whether the bytes are in their coding is the
+    # upstream's business.
+    proxy = await start_proxy()
+    async with client.post(
+        f"{proxy.url}{path}",
+        data=NOT_COMPRESSED,
+        headers={"Content-Encoding": encoding, "Content-Type": "application/json"},
+    ) as response:
+        assert response.status == 200
+    sent = upstream.requests[-1]
+    assert sent.body == NOT_COMPRESSED
+    assert sent.headers["Content-Encoding"] == encoding
+    assert sent.headers["Content-Length"] == str(len(NOT_COMPRESSED))
 
 
 @pytest.mark.parametrize(
@@ -153,7 +186,7 @@ async def test_a_body_not_in_its_stated_encoding_is_a_400_naming_the_encoding(
     ],
 )
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings"])
-async def test_bodies_in_every_encoding_the_server_decodes_arrive_decoded(
+async def test_bodies_in_every_encoding_go_upstream_byte_for_byte_with_their_coding(
     start_proxy: StartProxy,
     upstream: FakeUpstream,
     client: aiohttp.ClientSession,
@@ -161,15 +194,18 @@ async def test_bodies_in_every_encoding_the_server_decodes_arrive_decoded(
     compress: Callable[[bytes], bytes],
     path: str,
 ) -> None:
+    # Below the trigger a hooked request is read (decoded) and forwarded unchanged: the
+    # client's own bytes, in their coding.
     proxy = await start_proxy()
+    sent_body = compress(CHAT_BODY)
     async with client.post(
         f"{proxy.url}{path}",
-        data=compress(CHAT_BODY),
+        data=sent_body,
         headers={"Content-Encoding": encoding, "Content-Type": "application/json"},
     ) as response:
         assert response.status == 200
-    assert upstream.requests[-1].body == CHAT_BODY
-    assert "Content-Encoding" not in upstream.requests[-1].headers
+    assert upstream.requests[-1].body == sent_body
+    assert upstream.requests[-1].headers["Content-Encoding"] == encoding
 
 
 @pytest.mark.parametrize(

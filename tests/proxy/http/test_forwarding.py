@@ -217,7 +217,7 @@ async def test_invalid_json_chat_request_is_forwarded_and_the_upstream_400_relay
     assert upstream.requests[-1].body == broken
 
 
-async def test_compressed_responses_pass_through_untouched_and_requests_arrive_decoded(
+async def test_compressed_bodies_pass_through_untouched_both_ways(
     proxy: RunningProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
 ) -> None:
     payload = gzip.compress(orjson.dumps(chat_completion("zipped")))
@@ -231,10 +231,11 @@ async def test_compressed_responses_pass_through_untouched_and_requests_arrive_d
         assert response.headers["Content-Encoding"] == "gzip"
         assert await response.read() == payload
     sent = upstream.requests[-1]
-    # aiohttp's server decodes the request body; it goes upstream decoded and says so.
-    assert sent.body == CHAT_BODY
-    assert "Content-Encoding" not in sent.headers
-    assert sent.headers["Content-Length"] == str(len(CHAT_BODY))
+    # The request body is read (decoded by the proxy) and, unchanged, goes upstream as the
+    # client sent it: its bytes and the coding they are in.
+    assert sent.body == request_body
+    assert sent.headers["Content-Encoding"] == "gzip"
+    assert sent.headers["Content-Length"] == str(len(request_body))
     assert sent.headers["Accept-Encoding"] == "gzip"
 
 
