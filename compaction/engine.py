@@ -1,4 +1,4 @@
-"""The seed API for in-process agents (DESIGN §6): compact a history, flush memory, verify.
+"""The seed API for in-process agents (docs/library.md): compact a history, flush memory, verify.
 
 Built on `Compactor`; it adds what an agent without the proxy needs: a window chosen from the
 number of rounds to keep, a memory directory, and a verification of a compacted history. The

@@ -45,7 +45,7 @@ class InvalidSessionId(ValueError):
 
 
 def is_valid_session_id(value: str) -> bool:
-    """The one rule for session ids (DESIGN §5): 1-128 of [A-Za-z0-9._-], no leading dot."""
+    """The one rule for session ids (README "Sessions"): 1-128 of [A-Za-z0-9._-], no leading dot."""
     return len(value) <= 128 and _is_valid_short_id(value)
 
 

@@ -30,8 +30,11 @@ review` lists the long ones for a reviewer to look at (tests/review.py).
 from __future__ import annotations
 
 import ast
+import io
+import re
 import subprocess
 import sys
+import tokenize
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -495,3 +498,103 @@ def test_the_call_finders_find_what_they_look_for() -> None:
 def test_the_state_imports_neither_http_compacting_nor_recall() -> None:
     forbidden = ("proxy.http", "proxy.compacting", "proxy.recall", "proxy.admin", "proxy.app")
     assert _violations("proxy/state", forbidden) == []
+
+
+# A dotted name of one of our modules, in prose or code: `proxy.compacting.hook`,
+# `compaction.plan.Trigger`. Config keys (`compaction.trigger_ratio`) and attributes of a variable
+# named like a package (`proxy.port`) start with one component that is not a subpackage.
+_DOTTED = re.compile(r"(?<![\w/.])((?:proxy|compaction)(?:\.[A-Za-z_]\w*)+)")
+
+
+def _module_paths() -> dict[str, Path]:
+    found = {}
+    for path in [*_modules("proxy"), *_modules("compaction")]:
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _defines(path: Path, name: str) -> bool:
+    """True when `name` is bound at the top of the module at `path` (defined, assigned,
+    imported, or listed in its `__all__`)."""
+    text = path.read_text(encoding="utf-8")
+    bound = rf"(^|\n)\s*((async )?def|class)\s+{name}\b|(^|\n){name}\s*[:=]"
+    return (
+        re.search(bound, text) is not None
+        or re.search(rf"\b{name}\b,?\s*(\n|\))", text) is not None
+    )
+
+
+def _prose(path: Path) -> str:
+    """What a reader reads of `path`: a module's strings and comments (its code names variables
+    that may share a package's name), a page whole."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix != ".py":
+        return text
+    kept = (tokenize.STRING, tokenize.COMMENT)
+    tokens = tokenize.generate_tokens(io.StringIO(text).readline)
+    return "\n".join(token.string for token in tokens if token.type in kept)
+
+
+def stale_references(text: str, modules: dict[str, Path]) -> list[str]:
+    """The dotted names in `text` that name a module of ours, or a name in one, that does not
+    exist. A name whose second part is no subpackage or module of that package is a config key
+    (`compaction.recall`) and is left alone."""
+    stale = []
+    for match in _DOTTED.finditer(text):
+        parts = match.group(1).split(".")
+        children = {name.split(".")[1] for name in modules if name.startswith(f"{parts[0]}.")}
+        if parts[1] not in children:
+            continue
+        deepest = max(k for k in range(1, len(parts) + 1) if ".".join(parts[:k]) in modules)
+        if deepest < len(parts) and not _defines(
+            modules[".".join(parts[:deepest])], parts[deepest]
+        ):
+            stale.append(match.group(1))
+    return stale
+
+
+def test_no_module_or_doc_names_a_module_that_does_not_exist() -> None:
+    modules = _module_paths()
+    texts = [*_modules("proxy"), *_modules("compaction"), *sorted((REPO / "docs").glob("*.md"))]
+    found = [
+        f"{path.relative_to(REPO)}: {name}"
+        for path in [*texts, REPO / "README.md"]
+        for name in stale_references(_prose(path), modules)
+    ]
+    assert found == []
+
+
+def test_the_reference_check_finds_a_module_that_is_gone() -> None:
+    modules = _module_paths()
+    text = (
+        "see proxy.compacting.forwarded and proxy.compacting.hook.CompactingHook, the key"
+        " compaction.trigger_ratio, proxy.compacting.hook.Nowhere"
+    )
+    assert stale_references(text, modules) == [
+        "proxy.compacting.forwarded",
+        "proxy.compacting.hook.Nowhere",
+    ]
+
+
+def test_no_module_cites_a_document_outside_the_repository() -> None:
+    cited = [
+        f"{path.relative_to(REPO)}"
+        for path in [*_modules("proxy"), *_modules("compaction")]
+        if re.search(r"DESIGN §|style guide", path.read_text(encoding="utf-8"))
+    ]
+    assert cited == []
+
+
+def test_every_package_of_the_proxy_is_on_the_map() -> None:
+    """docs/development.md names every package folder under proxy/ (as `name/`)."""
+    development = (REPO / "docs" / "development.md").read_text(encoding="utf-8")
+    packages = sorted(
+        path.parent.relative_to(REPO / "proxy")
+        for path in (REPO / "proxy").glob("**/__init__.py")
+        if path.parent != REPO / "proxy"
+    )
+    missing = [str(p) for p in packages if f"{p.name}/" not in development]
+    assert missing == []

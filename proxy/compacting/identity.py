@@ -1,6 +1,6 @@
-"""Which conversation a request belongs to when its client names it in the body (DESIGN §5,
-after the header and the path): the name its dialect reads (proxy.dialects.naming) made a
-session id.
+"""Which conversation a request belongs to when its client names it in the body (README
+"Sessions": after the header and the path): the name its dialect reads (proxy.dialects.naming)
+made a session id.
 
 Such a name is the client's, not the operator's: it becomes an id of the session-id alphabet
 scoped by the caller's credentials (two tenants naming the same session never share its records
