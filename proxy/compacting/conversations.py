@@ -47,10 +47,11 @@ from proxy.compacting.llm_client import LLMFactory, Prefix
 from proxy.compacting.records import folded_range, record_compaction
 from proxy.compacting.request import Decision, ParsedRequest
 from proxy.compacting.reserve_writes import ReserveWrites
+from proxy.compacting.thinking import BoundThinking
 from proxy.compacting.workers import WorkerLost
 from proxy.metrics import CompactionMetrics
 from proxy.recall import Recall
-from proxy.settings import CompactionSection
+from proxy.settings import CompactionSection, ModelsSettings
 from proxy.state.roles import Cooldowns, ForwardedMarks, Leases
 from proxy.tasks import BackgroundTasks
 
@@ -123,12 +124,15 @@ class Conversations:
         tasks: BackgroundTasks,
         archiving: Archiving | None = None,
         recall: Recall | None = None,
+        thinking: BoundThinking | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`recall`: what offers compacted requests the recall tool (None: not offered); a
         cached summary request repeats the tool where the view went upstream with it."""
         self._options = options
         self._recall = recall
+        # Which thinking a compacted view may send back (also read by the hook and exchanges).
+        self.thinking = thinking or BoundThinking(ModelsSettings(), options.checkpoint_max_entries)
         self._compactor = compactor
         self._store = store
         self._llm_for = llm_for
@@ -150,6 +154,8 @@ class Conversations:
         request costs besides them."""
         raw = raw_tokens(history, base, req.dialect.shape)
         fixed = req.estimator.count_tools(req.extras) + REPLY_PRIMING_TOKENS
+        if base is not None and self._recall is not None and self._options.mode == "on":
+            fixed += self._recall.added_tokens(req)  # a compacted view goes with the tool
         return round(raw * req.factor) + fixed
 
     def needs(self, req: ParsedRequest, tokens: int) -> bool:
@@ -468,7 +474,10 @@ class Conversations:
         compacted = view.base is not None and options.mode == "on"
         recall = compacted and self._recall is not None and self._recall.offered(req)
         room = req.window - compaction.plan.tokens_before
-        return Prefix(req.payload, view.messages, room, recall=recall)
+        # As forwarded: a thinking block whose prefix changed would get the question refused.
+        base = view.base.compaction_id if view.base is not None else None
+        messages = self.thinking.forwarded(req, view.messages, base)
+        return Prefix(req.payload, messages, room, recall=recall)
 
     async def _run(
         self, req: ParsedRequest, compaction: Compaction, *, llm: ChatLLM | None, flush: bool = True

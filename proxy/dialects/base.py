@@ -116,6 +116,16 @@ class Dialect(Protocol):
         """True when `wire` joins the summary with the user turns right after it (Anthropic)."""
         ...
 
+    @property
+    def has_thinking(self) -> bool:
+        """True when the API's turns carry thinking blocks that may be bound to their prefix
+        (Anthropic; proxy.compacting.thinking)."""
+        ...
+
+    def without_thinking(self, message: Message) -> Message | None:
+        """A copy of `message` without its thinking blocks; None when it has none."""
+        ...
+
     def parse(self, body: bytes) -> tuple[JsonObject, list[Message]]:
         """The payload and its list of messages; NotCompactable when it has none to compact."""
         ...

@@ -52,6 +52,11 @@ class ItemsDialect:
     def wire(self, messages: list[Message]) -> list[Message]:
         return messages
 
+    has_thinking = False
+
+    def without_thinking(self, message: Message) -> Message | None:
+        return None
+
 
 def list_field(payload: Mapping[str, object], name: str) -> list[Message]:
     value = payload.get(name)

@@ -50,8 +50,18 @@ class AnthropicMessages(ItemsDialect):
     lists_models = False
     usage_holder = "message"
 
+    has_thinking = True
+
     def wire(self, messages: list[Message]) -> list[Message]:
         return join_summary(messages)
+
+    def without_thinking(self, message: Message) -> Message | None:
+        # Removing thinking blocks is allowed by the prefix check; editing anything is not
+        # (platform docs `build-with-claude/preserved-thinking/prefix-checks`).
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list) or not any(map(_is_thinking, content)):
+            return None
+        return {**message, "content": [b for b in content if not _is_thinking(b)]}
 
     def extras(self, payload: Mapping[str, object]) -> object:
         parts = [payload.get(key) for key in ("system", "tools")]
@@ -142,6 +152,10 @@ class AnthropicMessages(ItemsDialect):
         if not isinstance(content, list):
             return None
         return blocks_text([b for b in content if isinstance(b, dict) and b.get("type") == "text"])
+
+
+def _is_thinking(block: object) -> bool:
+    return isinstance(block, Mapping) and block.get("type") in ("thinking", "redacted_thinking")
 
 
 ANTHROPIC_MESSAGES = AnthropicMessages()

@@ -1,0 +1,263 @@
+"""Claude's preserved thinking through compaction, against a strict fake of Anthropic's rules
+(tests/fakes/anthropic_strict.py: platform docs `build-with-claude/preserved-thinking`,
+`.../preserved-thinking/prefix-checks`, `.../fix-bound-to-a-different-conversation`).
+
+A Claude Code-shaped tool loop (thinking enabled with a 31,999 budget, `max_tokens` 32,000,
+every thinking block sent back on every turn) grows past the trigger several times: on a model
+that binds thinking to its prefix, no request (the agent's or the proxy's summary calls) is
+refused, and the thinking written after a compaction reaches the model readable while that
+compaction is reused."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from tests.fakes.anthropic_strict import BINDING_BETA, StrictAnthropic
+from tests.proxy.compacting.conftest import small_window_proxies
+from tests.proxy.conftest import RunningProxy, StartProxy
+
+WINDOW = 64_000
+BOUND_MODEL = "claude-opus-5-5"
+OLDER_MODEL = "claude-sonnet-4-5"
+HEADERS = {
+    "Content-Type": "application/json",
+    "x-api-key": "sk-ant-client",
+    "anthropic-version": "2023-06-01",
+}
+SYSTEM = [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}]
+TOOLS = [
+    {"name": "Bash", "description": "Run a command.", "input_schema": {"type": "object"}},
+    {"name": "Read", "description": "Read a file.", "input_schema": {"type": "object"}},
+]
+OUTPUT = "collected 214 items; tests/test_parser.py::test_nested FAILED at line 88\n" * 40
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[StrictAnthropic]:
+    async with StrictAnthropic(window=WINDOW) as fake:
+        yield fake
+
+
+@pytest.fixture
+def start(start_proxy: StartProxy, tmp_path: Path) -> Callable[..., Awaitable[RunningProxy]]:
+    return small_window_proxies(start_proxy, tmp_path, recall="on")
+
+
+async def proxy_for(
+    start: Callable[..., Awaitable[RunningProxy]], api: StrictAnthropic, **models: Any
+) -> RunningProxy:
+    return await start(
+        upstream={"anthropic_base_url": api.base_url},
+        models={"default_context_window": WINDOW, **models},
+        compaction={"summary_max_tokens": 1000, "keep_recent_rounds": 2},
+    )
+
+
+def claude_code_body(model: str, messages: list[Any], **fields: Any) -> dict[str, Any]:
+    return {
+        "model": model,
+        "max_tokens": 32_000,
+        "thinking": {"type": "enabled", "budget_tokens": 31_999},
+        "system": SYSTEM,
+        "tools": TOOLS,
+        "messages": messages,
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        **fields,
+    }
+
+
+async def send(
+    client: aiohttp.ClientSession, url: str, body: dict[str, Any], **headers: str
+) -> tuple[int, dict[str, str], bytes]:
+    async with client.post(
+        f"{url}/v1/messages", data=orjson.dumps(body), headers={**HEADERS, **headers}
+    ) as response:
+        return response.status, dict(response.headers), await response.read()
+
+
+def streamed_message(raw: bytes) -> dict[str, Any]:
+    """The message an SSE stream of Anthropic events spells out."""
+    message: dict[str, Any] = {}
+    blocks: list[dict[str, Any]] = []
+    partial: dict[int, str] = {}
+    for chunk in raw.split(b"\n\n"):
+        data = [line[6:] for line in chunk.split(b"\n") if line.startswith(b"data: ")]
+        if not data:
+            continue
+        event = orjson.loads(data[0])
+        kind = event["type"]
+        if kind == "message_start":
+            message = event["message"]
+        elif kind == "content_block_start":
+            blocks.append(dict(event["content_block"]))
+        elif kind == "content_block_delta":
+            block, delta = blocks[event["index"]], event["delta"]
+            if delta["type"] == "thinking_delta":
+                block["thinking"] += delta["thinking"]
+            elif delta["type"] == "signature_delta":
+                block["signature"] = delta["signature"]
+            elif delta["type"] == "text_delta":
+                block["text"] += delta["text"]
+            elif delta["type"] == "input_json_delta":
+                partial[event["index"]] = partial.get(event["index"], "") + delta["partial_json"]
+    for index, text in partial.items():
+        blocks[index]["input"] = orjson.loads(text) if text else {}
+    return {**message, "content": blocks}
+
+
+async def tool_loop(
+    client: aiohttp.ClientSession,
+    proxy: RunningProxy,
+    model: str,
+    turns: int,
+    *,
+    stream: bool = False,
+    session: str = "cc-1",
+) -> list[tuple[int, dict[str, str]]]:
+    """Drive a Claude Code-shaped loop for `turns` requests; every answer's blocks go back
+    verbatim, each tool call answered with a long output."""
+    messages: list[Any] = [
+        {"role": "user", "content": [{"type": "text", "text": "Fix the tests."}]}
+    ]
+    seen: list[tuple[int, dict[str, str]]] = []
+    for _ in range(turns):
+        body = claude_code_body(model, messages, stream=stream)
+        status, headers, raw = await send(client, proxy.url, body, **{"X-Session-Id": session})
+        seen.append((status, headers))
+        if status != 200:
+            break
+        answer = streamed_message(raw) if stream else orjson.loads(raw)
+        messages.append({"role": "assistant", "content": answer["content"]})
+        uses = [b for b in answer["content"] if b["type"] == "tool_use"]
+        results = [{"type": "tool_result", "tool_use_id": u["id"], "content": OUTPUT} for u in uses]
+        messages.append(
+            {"role": "user", "content": results or [{"type": "text", "text": "Go on."}]}
+        )
+    return seen
+
+
+# -- the strict fake itself ------------------------------------------------------------------
+
+
+async def test_the_strict_fake_refuses_an_edited_prefix_and_drops_with_the_beta(
+    api: StrictAnthropic, client: aiohttp.ClientSession
+) -> None:
+    first = [{"role": "user", "content": "Hello."}]
+    status, _, raw = await send(client, api.base_url[:-3], claude_code_body(BOUND_MODEL, first))
+    assert status == 200
+    answer = orjson.loads(raw)
+    history = [*first, {"role": "assistant", "content": answer["content"]}]
+    follow = [*history, {"role": "user", "content": "And then?"}]
+    # Sent back as produced, a cache marker moved: valid.
+    moved = [{**follow[0], "content": [{"type": "text", "text": "Hello.",
+                                         "cache_control": {"type": "ephemeral"}}]}, *follow[1:]]  # fmt: skip
+    assert (await send(client, api.base_url[:-3], claude_code_body(BOUND_MODEL, moved)))[0] == 200
+    # An edit before the block: the documented 400.
+    edited = [{"role": "user", "content": "Hello!"}, *follow[1:]]
+    status, _, raw = await send(client, api.base_url[:-3], claude_code_body(BOUND_MODEL, edited))
+    assert status == 400
+    message = orjson.loads(raw)["error"]["message"]
+    assert message.startswith("messages.1.content.0: Invalid `signature` in `thinking` block.")
+    assert "bound to a different conversation" in message
+    # drop_block needs its beta; with it the block is dropped and the request answered.
+    binding = {"type": "enabled", "budget_tokens": 31_999,
+               "block_binding": {"prefix_mismatch_behavior": "drop_block"}}  # fmt: skip
+    dropping = claude_code_body(BOUND_MODEL, edited, thinking=binding)
+    assert (await send(client, api.base_url[:-3], dropping))[0] == 400
+    beta = {"anthropic-beta": BINDING_BETA}
+    assert (await send(client, api.base_url[:-3], dropping, **beta))[0] == 200
+    assert api.dropped == 1
+    # An older model reads whatever comes back.
+    assert (await send(client, api.base_url[:-3], claude_code_body(OLDER_MODEL, edited)))[0] == 200
+
+
+async def test_the_strict_fake_refuses_a_request_over_its_window_or_budget(
+    api: StrictAnthropic, client: aiohttp.ClientSession
+) -> None:
+    long = [{"role": "user", "content": "word " * 150_000}]
+    assert (await send(client, api.base_url[:-3], claude_code_body(BOUND_MODEL, long)))[0] == 400
+    short = [{"role": "user", "content": "Hi."}]
+    budget = {"type": "enabled", "budget_tokens": 4096}
+    body = claude_code_body(BOUND_MODEL, short, max_tokens=4096, thinking=budget)
+    assert (await send(client, api.base_url[:-3], body))[0] == 400
+    assert [r.message for r in api.refused][-1].startswith("`max_tokens` must be greater")
+
+
+# -- through the proxy -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_claude_code_loop_on_a_bound_model_is_never_refused(
+    start: Callable[..., Awaitable[RunningProxy]],
+    api: StrictAnthropic,
+    client: aiohttp.ClientSession,
+    stream: bool,
+) -> None:
+    proxy = await proxy_for(start, api)
+    seen = await tool_loop(client, proxy, BOUND_MODEL, 60, stream=stream)
+    assert [status for status, _ in seen] == [200] * 60
+    assert api.refused == []  # neither the agent's requests nor the summary calls
+    ids = {h.get("x-compaction-id") for _, h in seen if h.get("x-compaction-id")}
+    assert len(ids) >= 3  # grown past the trigger several times
+    assert api.readable > 0  # thinking written after a compaction is read while it is reused
+
+
+async def test_the_compacted_prefix_and_tools_are_byte_stable_while_a_compaction_is_reused(
+    start: Callable[..., Awaitable[RunningProxy]],
+    api: StrictAnthropic,
+    client: aiohttp.ClientSession,
+) -> None:
+    proxy = await proxy_for(start, api)
+    seen = await tool_loop(client, proxy, BOUND_MODEL, 40)
+    agent = api.requests
+    by_compaction: dict[str, list[dict[str, Any]]] = {}
+    for (_, headers), request in zip(seen, agent, strict=True):
+        if "x-compaction-id" in headers:
+            by_compaction.setdefault(headers["x-compaction-id"], []).append(request)
+    assert by_compaction
+    for requests in by_compaction.values():
+        first = requests[0]
+        assert [t["name"] for t in first["tools"]] == ["Bash", "Read", "recall"]
+        for later in requests[1:]:
+            assert later["tools"] == first["tools"]
+            count = len(first["messages"])
+            assert later["messages"][:count] == first["messages"]
+
+
+async def test_a_bound_model_not_configured_is_learned_from_one_refusal_the_client_never_sees(
+    start: Callable[..., Awaitable[RunningProxy]],
+    api: StrictAnthropic,
+    client: aiohttp.ClientSession,
+) -> None:
+    proxy = await proxy_for(start, api, preserved_thinking=[])
+    seen = await tool_loop(client, proxy, BOUND_MODEL, 50)
+    assert [status for status, _ in seen] == [200] * 50
+    agent_refusals = [r for r in api.refused if r.purpose is None]
+    assert len(agent_refusals) == 1
+    assert "bound to a different conversation" in agent_refusals[0].message
+    async with client.get(f"{proxy.url}/metrics") as response:
+        metrics = await response.text()
+    assert "compaction_proxy_thinking_refused_total 1.0" in metrics
+
+
+async def test_an_older_model_keeps_its_thinking_byte_for_byte(
+    start: Callable[..., Awaitable[RunningProxy]],
+    api: StrictAnthropic,
+    client: aiohttp.ClientSession,
+) -> None:
+    proxy = await proxy_for(start, api)
+    seen = await tool_loop(client, proxy, OLDER_MODEL, 35)
+    assert [status for status, _ in seen] == [200] * 35
+    compacted = [
+        r for r, (_, h) in zip(api.requests, seen, strict=True)
+        if h.get("x-compaction-status") in ("applied", "reused")
+    ]  # fmt: skip
+    assert compacted
+    last = compacted[-1]["messages"]
+    assert any(b.get("type") == "thinking" for m in last[1:] for b in m["content"])
