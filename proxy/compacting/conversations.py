@@ -474,9 +474,12 @@ class Conversations:
         compacted = view.base is not None and options.mode == "on"
         recall = compacted and self._recall is not None and self._recall.offered(req)
         room = req.window - compaction.plan.tokens_before
+        if recall and self._recall is not None:
+            room -= self._recall.added_tokens(req)  # the question carries the tool too
         # As forwarded: a thinking block whose prefix changed would get the question refused.
         base = view.base.compaction_id if view.base is not None else None
-        messages = self.thinking.forwarded(req, view.messages, base)
+        as_is = Decision(view.messages, "reused", 0, 0, base)
+        messages = self.thinking.forwarded(req, as_is).messages
         return Prefix(req.payload, messages, room, recall=recall)
 
     async def _run(

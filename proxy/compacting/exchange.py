@@ -173,10 +173,8 @@ class CompactedExchange:
             log.exception("compaction after a context-length error failed")
             self._metrics.errors.inc()
             return None
-        thinking = self._conversations.thinking
-        retry = harder.serialize(
-            thinking.forwarded(harder, decision.messages, decision.compaction_id)
-        )
+        decision = self._conversations.thinking.forwarded(harder, decision)
+        retry = harder.serialize(decision.messages)
         if decision.status not in ("applied", "reused") or len(retry) >= len(self._body):
             return None  # nothing smaller to send: relay the upstream's error
         self._request, self._tokens, self._body = harder, decision.tokens_after, retry

@@ -259,8 +259,8 @@ class CompactingHook:
     def _exchange(
         self, request: ParsedRequest, decision: Decision, index: BodyIndex | None = None
     ) -> CompactedExchange:
-        thinking = self._conversations.thinking
-        messages = thinking.forwarded(request, decision.messages, decision.compaction_id)
+        decision = self._conversations.thinking.forwarded(request, decision)
+        messages = decision.messages
         if messages is request.messages:
             forwarded = request.body
         else:

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 
 from cachetools import LRUCache
 
 from compaction import Message
-from proxy.compacting.request import ParsedRequest
+from proxy.compacting.request import Decision, ParsedRequest
 from proxy.dialects import Dialect
 from proxy.settings import ModelsSettings
 
@@ -63,15 +64,22 @@ class BoundThinking:
         if compaction_id is not None:
             self._fresh_from[compaction_id] = count
 
-    def forwarded(
-        self, req: ParsedRequest, view: list[Message], compaction_id: str | None
-    ) -> list[Message]:
-        """The compacted `view` of `req` as it may go upstream: without the thinking whose
-        prefix `compaction_id` changed, on a model that binds it (else `view` itself)."""
+    def forwarded(self, req: ParsedRequest, decision: Decision) -> Decision:
+        """`decision` on `req` as it may go upstream: without the thinking whose prefix its
+        compaction changed, on a model that binds it (else `decision` itself); its estimate
+        less what was removed, so calibration learns from what really went out."""
+        compaction_id = decision.compaction_id
         if compaction_id is None or not self.applies(req.dialect, req.model):
-            return view
+            return decision
         fresh_from = self.fresh_from(compaction_id, len(req.messages))
-        return self.strip(req.dialect, req.messages, view, fresh_from)
+        view = decision.messages
+        messages = self.strip(req.dialect, req.messages, view, fresh_from)
+        if messages is view:
+            return decision
+        removed = sum(req.estimator.count_messages(view)) - sum(
+            req.estimator.count_messages(messages)
+        )
+        return replace(decision, messages=messages, tokens_after=decision.tokens_after - removed)
 
     def fresh_from(self, compaction_id: str, count: int) -> int:
         """The index of the first message answered on `compaction_id`'s prefix: `count` (the

@@ -168,6 +168,12 @@ class Dialect(Protocol):
         out the parameters in `refused` that the model turned down before."""
         ...
 
+    def reasoning_room(self, payload: Mapping[str, object]) -> int:
+        """The tokens a cached summary request of `payload` adds to its answer's length for the
+        reasoning the model spends first (the request's own reasoning settings kept, so its
+        cache holds): counted in the room the window must leave after the prompt."""
+        ...
+
     def cached_summary_body(
         self,
         payload: Mapping[str, object],

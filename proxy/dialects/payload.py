@@ -54,6 +54,9 @@ class ItemsDialect:
 
     has_thinking = False
 
+    def reasoning_room(self, payload: Mapping[str, object]) -> int:
+        return 0
+
     def without_thinking(self, message: Message) -> Message | None:
         return None
 

@@ -32,6 +32,8 @@ from proxy.dialects.payload import (
 )
 from proxy.dialects.usage import counted
 
+# The least thinking budget Anthropic accepts: what a summary request thinks at most.
+_SUMMARY_THINKING_TOKENS = 1024
 _CACHE_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens")
 # Where an Anthropic request names its conversation: the gateways' field, Claude Code's.
 _SESSION_NAMES: tuple[naming.NameReader, ...] = (
@@ -118,10 +120,16 @@ class AnthropicMessages(ItemsDialect):
         choice = payload.get("tool_choice")
         if isinstance(choice, Mapping) and choice.get("type") in ("any", "tool"):
             body["tool_choice"] = {"type": "auto"}  # a forced call would answer with a call
-        # Extended thinking, kept so the cached prefix holds: max_tokens must exceed its budget.
+        # Thinking stays on (turned off, the thinking blocks in the prefix would have to go), at
+        # the least budget the API takes: a summary needs little of it, and the client's own
+        # budget (Claude Code: 31,999) on top of a prompt near the window's end is refused as
+        # over the window. `max_tokens` must exceed the budget (docs `build-with-claude/
+        # extended-thinking`); the room is counted where the question is sized.
         thinking = payload.get("thinking")
-        budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None
-        body["max_tokens"] = max_tokens + (budget if isinstance(budget, int) else 0)
+        room = self.reasoning_room(payload)
+        if isinstance(thinking, Mapping) and thinking.get("type") == "enabled":
+            body["thinking"] = {**thinking, "budget_tokens": _SUMMARY_THINKING_TOKENS}
+        body["max_tokens"] = max_tokens + room
         return body
 
     def own_compaction(
@@ -146,6 +154,11 @@ class AnthropicMessages(ItemsDialect):
 
     def error_body(self, status: int, message: str, type_: str, code: str | None) -> bytes:
         return anthropic_error_body(status, message, type_)
+
+    def reasoning_room(self, payload: Mapping[str, object]) -> int:
+        thinking = payload.get("thinking")
+        thinks = isinstance(thinking, Mapping) and thinking.get("type") in ("enabled", "adaptive")
+        return _SUMMARY_THINKING_TOKENS if thinks else 0
 
     def summary_text(self, answer: object) -> str | None:
         content = answer.get("content") if isinstance(answer, dict) else None

@@ -55,7 +55,15 @@ async def proxy_for(
     return await start(
         upstream={"anthropic_base_url": api.base_url},
         models={"default_context_window": WINDOW, **models},
-        compaction={"summary_max_tokens": 1000, "keep_recent_rounds": 2},
+        # Triggered by the ratio, well before prompt + max_tokens reaches the window: at that
+        # edge an estimate 1% short sends a request the window refuses (a retry, not this test).
+        compaction={
+            "summary_max_tokens": 1000,
+            "keep_recent_rounds": 2,
+            "trigger_ratio": 0.4,
+            "target_ratio": 0.25,
+            "strategy": "summary",  # every compaction asks the model: summary calls are checked
+        },
     )
 
 
@@ -200,9 +208,10 @@ async def test_a_claude_code_loop_on_a_bound_model_is_never_refused(
     stream: bool,
 ) -> None:
     proxy = await proxy_for(start, api)
-    seen = await tool_loop(client, proxy, BOUND_MODEL, 60, stream=stream)
-    assert [status for status, _ in seen] == [200] * 60
+    seen = await tool_loop(client, proxy, BOUND_MODEL, 70, stream=stream)
+    assert [status for status, _ in seen] == [200] * 70
     assert api.refused == []  # neither the agent's requests nor the summary calls
+    assert len(api.own_calls) >= 3
     ids = {h.get("x-compaction-id") for _, h in seen if h.get("x-compaction-id")}
     assert len(ids) >= 3  # grown past the trigger several times
     assert api.readable > 0  # thinking written after a compaction is read while it is reused
@@ -261,3 +270,24 @@ async def test_an_older_model_keeps_its_thinking_byte_for_byte(
     assert compacted
     last = compacted[-1]["messages"]
     assert any(b.get("type") == "thinking" for m in last[1:] for b in m["content"])
+
+
+async def test_the_summary_call_fits_the_window_whatever_the_client_asks(
+    start: Callable[..., Awaitable[RunningProxy]],
+    api: StrictAnthropic,
+    client: aiohttp.ClientSession,
+) -> None:
+    # Compacted where prompt + the client's 32,000 reach the window: a summary call asking the
+    # client's thinking budget on top would be refused as over the window (issue 34).
+    proxy = await start(
+        upstream={"anthropic_base_url": api.base_url},
+        models={"default_context_window": WINDOW},
+        compaction={"strategy": "summary", "keep_recent_rounds": 2},
+    )
+    seen = await tool_loop(client, proxy, BOUND_MODEL, 48)
+    assert [status for status, _ in seen] == [200] * 48
+    assert api.own_calls  # the summarizer was asked
+    assert [r for r in api.refused if r.purpose is not None] == []
+    for call in api.own_calls:
+        assert call["max_tokens"] < 32_000
+        assert call["thinking"]["budget_tokens"] < call["max_tokens"]
