@@ -104,6 +104,8 @@ class StrictAnthropic:
     readable: int = 0
     """Of those, the ones that passed the prefix check (the model read them)."""
     dropped: int = 0
+    reads: list[tuple[int, int]] = field(default_factory=list)
+    """Per agent request to a bound model: thinking blocks received, and readable."""
     _signed: dict[str, bytes] = field(default_factory=dict)
     _serial: Any = field(default_factory=lambda: itertools.count(1))
     _runner: web.AppRunner | None = None
@@ -180,6 +182,7 @@ class StrictAnthropic:
                 f"`anthropic-beta: {BINDING_BETA}`"
             )
         failed = False
+        received, readable = self.received, self.readable
         chain: list[str] = []
         kept_messages = []
         for m, message in enumerate(payload.get("messages") or []):
@@ -207,6 +210,8 @@ class StrictAnthropic:
                 self.dropped += 1
             kept_messages.append({**message, "content": kept})
         payload["messages"] = kept_messages  # what the model reads
+        if counted:
+            self.reads.append((self.received - received, self.readable - readable))
         return None
 
     def _default_behavior(self) -> str:
