@@ -17,7 +17,6 @@ from proxy.compacting.conversations import Conversations
 from proxy.compacting.history import ListHistory
 from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.request import Decision, ParsedRequest
-from proxy.compacting.thinking import is_bound_refusal
 from proxy.interception import Exchange, Followup, Passthrough
 from proxy.metrics import CompactionMetrics
 from proxy.outcome import Outcome
@@ -139,7 +138,7 @@ class CompactedExchange:
     async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
         if self._retried:
             return None
-        if is_bound_refusal(status, body):
+        if self._request.dialect.refuses_bound_thinking(status, body):
             return await self._without_bound_thinking()
         overflow = parse_overflow(status, body)
         if overflow is None:

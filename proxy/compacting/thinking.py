@@ -22,7 +22,6 @@ refused), and a model that still refuses is retried once without any thinking in
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -32,15 +31,6 @@ from compaction import Message
 from proxy.compacting.request import Decision, ParsedRequest
 from proxy.dialects import Dialect
 from proxy.settings import ModelsSettings
-
-# Anthropic's answer to a thinking block whose prefix changed (docs:
-# `.../preserved-thinking/fix-bound-to-a-different-conversation`).
-_BOUND = re.compile(rb"bound to a different conversation")
-
-
-def is_bound_refusal(status: int, body: bytes) -> bool:
-    """True for the upstream's 400 saying a thinking block's prefix changed."""
-    return status == 400 and _BOUND.search(body) is not None
 
 
 class BoundThinking:

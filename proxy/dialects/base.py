@@ -122,6 +122,10 @@ class Dialect(Protocol):
         (Anthropic; proxy.compacting.thinking)."""
         ...
 
+    def refuses_bound_thinking(self, status: int, body: bytes) -> bool:
+        """True for the upstream's error saying a thinking block's prefix changed."""
+        ...
+
     def without_thinking(self, message: Message) -> Message | None:
         """A copy of `message` without its thinking blocks; None when it has none."""
         ...

@@ -57,6 +57,9 @@ class ItemsDialect:
     def reasoning_room(self, payload: Mapping[str, object]) -> int:
         return 0
 
+    def refuses_bound_thinking(self, status: int, body: bytes) -> bool:
+        return False
+
     def without_thinking(self, message: Message) -> Message | None:
         return None
 

@@ -10,6 +10,7 @@ not in the OpenAI-shaped upstream's listing (proxy.dialects.anthropic.rules). On
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import orjson
@@ -32,6 +33,7 @@ from proxy.dialects.payload import (
 )
 from proxy.dialects.usage import counted
 
+_BOUND_REFUSAL = re.compile(rb"bound to a different conversation")
 # The least thinking budget Anthropic accepts: what a summary request thinks at most.
 _SUMMARY_THINKING_TOKENS = 1024
 _CACHE_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens")
@@ -56,6 +58,12 @@ class AnthropicMessages(ItemsDialect):
 
     def wire(self, messages: list[Message]) -> list[Message]:
         return join_summary(messages)
+
+    def refuses_bound_thinking(self, status: int, body: bytes) -> bool:
+        # A thinking block whose prefix changed (docs `build-with-claude/preserved-thinking/
+        # fix-bound-to-a-different-conversation`): "... Invalid `signature` in `thinking`
+        # block. The block is bound to a different conversation. ..."
+        return status == 400 and _BOUND_REFUSAL.search(body) is not None
 
     def without_thinking(self, message: Message) -> Message | None:
         # Removing thinking blocks is allowed by the prefix check; editing anything is not
