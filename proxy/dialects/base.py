@@ -52,6 +52,12 @@ class Turns(Protocol):
         """Append `response`'s turn and the answers to its calls to `payload`'s list."""
         ...
 
+    def after_rounds(self, first: JsonObject, final: JsonObject) -> JsonObject:
+        """`final`, the response the client gets after hidden rounds that began with `first`,
+        leaving the client a history the API accepts on its next request (Anthropic: no
+        thinking written after a call and result the client never sees)."""
+        ...
+
 
 class StreamedTurn(Protocol):
     """One streamed response after another (a round's continues the first), read event by

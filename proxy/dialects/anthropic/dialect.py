@@ -18,7 +18,7 @@ import orjson
 from compaction import ANTHROPIC, Message, Shape, blocks_text, join_summary
 from proxy.dialects import naming
 from proxy.dialects.anthropic import rules
-from proxy.dialects.anthropic.recall import AnthropicTurns, declared_tool
+from proxy.dialects.anthropic.recall import AnthropicTurns, declared_tool, is_thinking
 from proxy.dialects.anthropic.rules import anthropic_error_body
 from proxy.dialects.anthropic.streams import AnthropicStream
 from proxy.dialects.base import JsonObject, Turns
@@ -69,9 +69,9 @@ class AnthropicMessages(ItemsDialect):
         # Removing thinking blocks is allowed by the prefix check; editing anything is not
         # (platform docs `build-with-claude/preserved-thinking/prefix-checks`).
         content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list) or not any(map(_is_thinking, content)):
+        if not isinstance(content, list) or not any(map(is_thinking, content)):
             return None
-        return {**message, "content": [b for b in content if not _is_thinking(b)]}
+        return {**message, "content": [b for b in content if not is_thinking(b)]}
 
     def extras(self, payload: Mapping[str, object]) -> object:
         parts = [payload.get(key) for key in ("system", "tools")]
@@ -173,10 +173,6 @@ class AnthropicMessages(ItemsDialect):
         if not isinstance(content, list):
             return None
         return blocks_text([b for b in content if isinstance(b, dict) and b.get("type") == "text"])
-
-
-def _is_thinking(block: object) -> bool:
-    return isinstance(block, Mapping) and block.get("type") in ("thinking", "redacted_thinking")
 
 
 ANTHROPIC_MESSAGES = AnthropicMessages()

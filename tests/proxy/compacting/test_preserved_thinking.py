@@ -18,7 +18,7 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.fakes.anthropic_strict import BINDING_BETA, StrictAnthropic
+from tests.fakes.anthropic_strict import BINDING_BETA, StrictAnthropic, thinking_then_tool
 from tests.proxy.compacting.conftest import small_window_proxies
 from tests.proxy.conftest import RunningProxy, StartProxy
 
@@ -127,12 +127,15 @@ async def tool_loop(
     *,
     stream: bool = False,
     session: str = "cc-1",
+    messages: list[Any] | None = None,
 ) -> list[tuple[int, dict[str, str]]]:
     """Drive a Claude Code-shaped loop for `turns` requests; every answer's blocks go back
-    verbatim, each tool call answered with a long output."""
-    messages: list[Any] = [
-        {"role": "user", "content": [{"type": "text", "text": "Fix the tests."}]}
-    ]
+    verbatim, each tool call answered with a long output (`messages`: the client's history,
+    grown in place)."""
+    if messages is None:
+        messages = []
+    if not messages:
+        messages.append({"role": "user", "content": [{"type": "text", "text": "Fix the tests."}]})
     seen: list[tuple[int, dict[str, str]]] = []
     for _ in range(turns):
         body = claude_code_body(model, messages, stream=stream)
@@ -291,3 +294,59 @@ async def test_the_summary_call_fits_the_window_whatever_the_client_asks(
     for call in api.own_calls:
         assert call["max_tokens"] < 32_000
         assert call["thinking"]["budget_tokens"] < call["max_tokens"]
+
+
+def recalling_turn(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Think, then call `recall` while it is offered and not yet answered; then think and
+    answer from its result."""
+    answered = [
+        b["content"]
+        for m in payload["messages"]
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_result" and b["tool_use_id"].startswith("toolu_recall")
+    ]
+    offered = any(t["name"] == "recall" for t in payload.get("tools") or [])
+    if offered and not answered:
+        return [
+            {"type": "thinking", "thinking": "I folded that away; recall it."},
+            {"type": "text", "text": "Let me check. "},
+            {"type": "tool_use", "id": "toolu_recall1", "name": "recall",
+             "input": {"query": "test_parser"}},
+        ]  # fmt: skip
+    return [
+        {"type": "thinking", "thinking": "The recalled output answers it."},
+        {"type": "text", "text": f"Found it: {str(answered[-1])[:40] if answered else 'no'}"},
+    ]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_after_a_recall_round_the_clients_next_request_passes_the_prefix_check(
+    start: Callable[..., Awaitable[RunningProxy]],
+    api: StrictAnthropic,
+    client: aiohttp.ClientSession,
+    stream: bool,
+) -> None:
+    proxy = await proxy_for(start, api)
+    session = f"rounds-{stream}"
+    messages: list[Any] = []
+    seen = await tool_loop(client, proxy, BOUND_MODEL, 40, session=session, messages=messages)
+    assert seen[-1][1].get("x-compaction-status") in ("applied", "reused")
+    messages.pop()  # the last answer's tool call, answered below by the client instead
+    messages.pop()
+    messages.append({"role": "user", "content": [{"type": "text", "text": "Why did it fail?"}]})
+    api.turn = recalling_turn
+    body = claude_code_body(BOUND_MODEL, messages, stream=stream)
+    status, headers, raw = await send(client, proxy.url, body, **{"X-Session-Id": session})
+    assert status == 200 and (stream or headers.get("x-compaction-recall-rounds") == "1")
+    answer = streamed_message(raw) if stream else orjson.loads(raw)
+    assert [b["type"] for b in answer["content"]][0] == "thinking"
+    assert all(b.get("name") != "recall" for b in answer["content"])
+    # The client's next request sends the message back as it got it: nothing is refused.
+    api.turn = thinking_then_tool
+    after = [*messages, {"role": "assistant", "content": answer["content"]},
+             {"role": "user", "content": [{"type": "text", "text": "Thanks, go on."}]}]  # fmt: skip
+    body = claude_code_body(BOUND_MODEL, after, stream=stream)
+    status, _, _ = await send(client, proxy.url, body, **{"X-Session-Id": session})
+    assert status == 200
+    assert api.refused == []
