@@ -340,7 +340,7 @@ async def test_after_a_recall_round_the_clients_next_request_passes_the_prefix_c
     status, headers, raw = await send(client, proxy.url, body, **{"X-Session-Id": session})
     assert status == 200 and (stream or headers.get("x-compaction-recall-rounds") == "1")
     answer = streamed_message(raw) if stream else orjson.loads(raw)
-    assert [b["type"] for b in answer["content"]][0] == "thinking"
+    assert answer["content"][0]["type"] == "thinking"
     assert all(b.get("name") != "recall" for b in answer["content"])
     # The client's next request sends the message back as it got it: nothing is refused.
     api.turn = thinking_then_tool
