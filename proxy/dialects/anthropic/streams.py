@@ -1,7 +1,9 @@
 """An Anthropic message streamed as events (`message_start`, content blocks: start, deltas, stop;
 `message_delta`, `message_stop`), across the rounds that answer the proxy's tool: the tool's
 `tool_use` block's events are dropped, later blocks renumbered; a round's `message_start` is
-withheld (one message); `message_stop` once; usage summed over the rounds."""
+withheld (one message), and so are a round's thinking blocks (written after a call and result
+the client never sees, they would come back bound to a different conversation);
+`message_stop` once; usage summed over the rounds."""
 
 from __future__ import annotations
 

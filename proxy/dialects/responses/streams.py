@@ -1,6 +1,8 @@
 """A Responses API response streamed as events, each with its `sequence_number` and most with an
 `output_index`, across the rounds that answer the proxy's tool: the tool's call item events are
-dropped, later items renumbered, one sequence; a round's `response.created` is withheld; the
+dropped, and a reasoning item's events wait for the item after it (dropped with a call of the
+tool's: a reasoning item goes back to the API only with the item that followed it), later
+items renumbered, one sequence; a round's `response.created` is withheld; the
 terminal event tells the whole response (every item shown, the first's id, usage summed)."""
 
 from __future__ import annotations
