@@ -487,8 +487,7 @@ class Conversations:
             room -= self._recall.added_tokens(req)  # the question carries the tool too
         # As forwarded: a thinking block whose prefix changed would get the question refused.
         base = view.base.compaction_id if view.base is not None else None
-        as_is = Decision(view.messages, "reused", 0, 0, base)
-        messages = self.thinking.forwarded(req, as_is).messages
+        messages = self.thinking.view(req, view.messages, base)
         return Prefix(req.payload, messages, room, recall=recall)
 
     async def _run(

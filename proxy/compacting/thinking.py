@@ -55,21 +55,27 @@ class BoundThinking:
             self._fresh_from[compaction_id] = count
 
     def forwarded(self, req: ParsedRequest, decision: Decision) -> Decision:
-        """`decision` on `req` as it may go upstream: without the thinking whose prefix its
-        compaction changed, on a model that binds it (else `decision` itself); its estimate
-        less what was removed, so calibration learns from what really went out."""
-        compaction_id = decision.compaction_id
-        if compaction_id is None or not self.applies(req.dialect, req.model):
-            return decision
-        fresh_from = self.fresh_from(compaction_id, len(req.messages))
+        """`decision` on `req` as it may go upstream (see `view`); its estimate less what was
+        removed, so calibration learns from what really went out."""
         view = decision.messages
-        messages = self.strip(req.dialect, req.messages, view, fresh_from)
+        messages = self.view(req, view, decision.compaction_id)
         if messages is view:
             return decision
         removed = sum(req.estimator.count_messages(view)) - sum(
             req.estimator.count_messages(messages)
         )
         return replace(decision, messages=messages, tokens_after=decision.tokens_after - removed)
+
+    def view(
+        self, req: ParsedRequest, view: list[Message], compaction_id: str | None
+    ) -> list[Message]:
+        """`view`, a compaction's view of `req` (None: the request as sent), without the
+        thinking whose prefix the compaction changed, on a model that binds it (else `view`
+        itself)."""
+        if compaction_id is None or not self.applies(req.dialect, req.model):
+            return view
+        fresh_from = self.fresh_from(compaction_id, len(req.messages))
+        return self.strip(req.dialect, req.messages, view, fresh_from)
 
     def fresh_from(self, compaction_id: str, count: int) -> int:
         """The index of the first message answered on `compaction_id`'s prefix: `count` (the

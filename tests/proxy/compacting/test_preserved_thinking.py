@@ -18,6 +18,9 @@ import aiohttp
 import orjson
 import pytest
 
+from proxy.compacting.thinking import BoundThinking
+from proxy.dialects.anthropic import ANTHROPIC_MESSAGES
+from proxy.settings import ModelsSettings
 from tests.fakes.anthropic_strict import BINDING_BETA, StrictAnthropic, thinking_then_tool
 from tests.proxy.compacting.conftest import small_window_proxies
 from tests.proxy.conftest import RunningProxy, StartProxy
@@ -350,3 +353,29 @@ async def test_after_a_recall_round_the_clients_next_request_passes_the_prefix_c
     status, _, _ = await send(client, proxy.url, body, **{"X-Session-Id": session})
     assert status == 200
     assert api.refused == []
+
+
+def test_stale_thinking_goes_and_a_turn_of_thinking_alone_goes_with_it() -> None:
+    bound = BoundThinking(ModelsSettings(), max_entries=8)
+    thought = {"type": "thinking", "thinking": "hm", "signature": "sig-1"}
+    said = {"type": "text", "text": "Done."}
+    original: list[Any] = [
+        {"role": "user", "content": "Start."},
+        {"role": "assistant", "content": [thought]},
+        {"role": "user", "content": "Go on."},
+        {"role": "assistant", "content": [thought, said]},
+        {"role": "user", "content": "And?"},
+        {"role": "assistant", "content": [thought, said]},
+    ]
+    summary = {"role": "user", "content": "[summary]"}
+    view = [summary, *original[1:]]
+    out = bound.strip(ANTHROPIC_MESSAGES, original, view, fresh_from=5)
+    assert out == [
+        summary,
+        original[2],
+        {"role": "assistant", "content": [said]},
+        original[4],
+        original[5],  # answered on the compacted prefix: kept, the same object
+    ]
+    assert out[-1] is original[-1]
+    assert bound.strip(ANTHROPIC_MESSAGES, original, view, fresh_from=0) is view
