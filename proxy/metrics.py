@@ -278,6 +278,12 @@ class CompactionMetrics:
             "without it.",
             registry=r,
         )
+        self.thinking_refused = Counter(
+            "compaction_proxy_thinking_refused",
+            "Compacted requests the upstream refused (400) for a thinking block bound to a "
+            "changed prefix, retried once without the thinking of kept turns.",
+            registry=r,
+        )
         self.tokens_saved = Counter(
             "compaction_proxy_tokens_saved",
             "Estimated prompt tokens removed by compactions (each compaction counted once).",

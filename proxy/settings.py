@@ -88,6 +88,17 @@ class Price(_Section):
     output: float = Field(ge=0)
 
 
+PRESERVED_THINKING = (
+    "claude-fable-5*",
+    "claude-mythos-5*",
+    "claude-opus-5-5*",
+    "claude-sonnet-5-5*",
+    "claude-haiku-5-5*",
+)
+"""The models Anthropic documents as running the prefix check on thinking blocks (platform docs
+`build-with-claude/preserved-thinking`)."""
+
+
 class ModelsSettings(_Section):
     default_context_window: int = Field(default=128000, gt=0)
     context_windows: dict[str, PositiveInt] = Field(default_factory=dict)
@@ -98,6 +109,12 @@ class ModelsSettings(_Section):
     prices: dict[str, Price] = Field(default_factory=dict)
     # A mid-range hosted model's list price: savings are an estimate until `prices` says more.
     default_price: Price = Price(input=2.5, cached_input=1.25, output=10.0)
+    preserved_thinking: list[str] = Field(default_factory=lambda: list(PRESERVED_THINKING))
+    """Models (exact names or globs) whose thinking blocks are bound to their prefix: a
+    compacted request sends back none whose prefix changed (proxy.compacting.thinking)."""
+
+    def has_preserved_thinking(self, model: str) -> bool:
+        return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.preserved_thinking)
 
     def price_for(self, model: str | None) -> Price:
         """The price of `model`: exact name first, then the first matching glob, then the

@@ -47,10 +47,11 @@ from proxy.compacting.llm_client import LLMFactory, Prefix
 from proxy.compacting.records import folded_range, record_compaction
 from proxy.compacting.request import Decision, ParsedRequest
 from proxy.compacting.reserve_writes import ReserveWrites
+from proxy.compacting.thinking import BoundThinking
 from proxy.compacting.workers import WorkerLost
 from proxy.metrics import CompactionMetrics
 from proxy.recall import Recall
-from proxy.settings import CompactionSection
+from proxy.settings import CompactionSection, ModelsSettings
 from proxy.state.roles import Cooldowns, ForwardedMarks, Leases
 from proxy.tasks import BackgroundTasks
 
@@ -123,12 +124,15 @@ class Conversations:
         tasks: BackgroundTasks,
         archiving: Archiving | None = None,
         recall: Recall | None = None,
+        thinking: BoundThinking | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`recall`: what offers compacted requests the recall tool (None: not offered); a
         cached summary request repeats the tool where the view went upstream with it."""
         self._options = options
         self._recall = recall
+        # Which thinking a compacted view may send back (also read by the hook and exchanges).
+        self.thinking = thinking or BoundThinking(ModelsSettings(), options.checkpoint_max_entries)
         self._compactor = compactor
         self._store = store
         self._llm_for = llm_for
@@ -152,13 +156,24 @@ class Conversations:
         fixed = req.estimator.count_tools(req.extras) + REPLY_PRIMING_TOKENS
         return round(raw * req.factor) + fixed
 
-    def needs(self, req: ParsedRequest, tokens: int) -> bool:
+    def needs(self, req: ParsedRequest, tokens: int, *, compacted: bool = False) -> bool:
+        """True when a request estimated at `tokens` reaches the trigger; a `compacted` view
+        goes upstream with the recall tool, which counts too (or a view just under the
+        window's end goes out over it once equipped)."""
+        tokens += self._recall_tokens(req, compacted)
         return self._compactor.needs_compaction(tokens, req.window, req.max_output_tokens)
 
-    def fits(self, req: ParsedRequest, tokens: int) -> bool:
+    def _recall_tokens(self, req: ParsedRequest, compacted: bool) -> int:
+        """What the recall tool adds to a `compacted` view (shadow decides as `on` does)."""
+        if not compacted or self._recall is None:
+            return 0
+        return self._recall.added_tokens(req)
+
+    def fits(self, req: ParsedRequest, tokens: int, *, compacted: bool = False) -> bool:
         """True while a view of `tokens` over the trigger may still go out as it is, its
-        compaction running meanwhile (see fit_limit)."""
-        return tokens <= fit_limit(self._options, req)
+        compaction running meanwhile (see fit_limit); a `compacted` view with its recall
+        tool."""
+        return tokens + self._recall_tokens(req, compacted) <= fit_limit(self._options, req)
 
     async def decide(self, req: ParsedRequest, history: History) -> Choice:
         """The one decision per request, whichever way its history was read (parsed, or
@@ -175,9 +190,9 @@ class Conversations:
         if not self.needs(req, before):
             return Choice(before, None, before)
         base, after, _ = await self.view(req, history)
-        if base is not None and not self.needs(req, after):
+        if base is not None and not self.needs(req, after, compacted=True):
             return Choice(before, base, after)
-        return Choice(before, base, after, not self.fits(req, after))
+        return Choice(before, base, after, not self.fits(req, after, compacted=base is not None))
 
     @staticmethod
     def steps_aside(req: ParsedRequest, history: History) -> str | None:
@@ -219,7 +234,7 @@ class Conversations:
         timeout_s = deadline.left()
         if await wait_for_running(flight, leases, digests, timeout_s, starting=self.planning):
             base, tokens, _ = await self.view(req, history)
-            if base is not None and not self.needs(req, tokens):
+            if base is not None and not self.needs(req, tokens, compacted=True):
                 return await self._reused(View.of(req.messages, base), before, tokens)
             view = View.of(req.messages, base)
             waited = _WAITED_RUNNING
@@ -270,7 +285,7 @@ class Conversations:
             return newest, self.estimate(req, history, newest), None
         parent = await self.stored(digests, newest.parent)
         parent_tokens = self.estimate(req, history, parent)
-        if self.needs(req, parent_tokens):
+        if self.needs(req, parent_tokens, compacted=parent is not None):
             await self.flush_reserve(req, newest)
             return newest, self.estimate(req, history, newest), None
         if parent is not None and parent.precomputed:
@@ -445,7 +460,7 @@ class Conversations:
             checkpoint=checkpoint,
             # What goes out: a reserve is prepared to a target lowered by the growth still to
             # come, and fits the request well before it reaches that target.
-            fits=not self.needs(req, result.tokens_after),
+            fits=not self.needs(req, result.tokens_after, compacted=True),
             waited=waited,
         )
         return result
@@ -468,7 +483,12 @@ class Conversations:
         compacted = view.base is not None and options.mode == "on"
         recall = compacted and self._recall is not None and self._recall.offered(req)
         room = req.window - compaction.plan.tokens_before
-        return Prefix(req.payload, view.messages, room, recall=recall)
+        if recall and self._recall is not None:
+            room -= self._recall.added_tokens(req)  # the question carries the tool too
+        # As forwarded: a thinking block whose prefix changed would get the question refused.
+        base = view.base.compaction_id if view.base is not None else None
+        messages = self.thinking.view(req, view.messages, base)
+        return Prefix(req.payload, messages, room, recall=recall)
 
     async def _run(
         self, req: ParsedRequest, compaction: Compaction, *, llm: ChatLLM | None, flush: bool = True

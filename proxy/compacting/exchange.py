@@ -100,6 +100,33 @@ class CompactedExchange:
         )
         return self._body
 
+    async def _without_bound_thinking(self) -> bytes | None:
+        """The request without the thinking of its kept turns, after the upstream refused a
+        thinking block whose prefix the compaction changed (a model not configured in
+        `models.preserved_thinking`): learned, so the model's next compacted requests carry
+        none of it, and retried once; the client never sees that 400."""
+        if self._full is not None:
+            self._request, self._full = await self._full(), None
+        request = self._request
+        dialect = request.dialect
+        if not dialect.has_thinking:
+            return None
+        body, tokens = self._plain or (self._body, self._tokens)
+        payload, messages = dialect.parse(body)
+        kept = [dialect.without_thinking(m) or m for m in messages]
+        kept = [m for m in kept if m.get("content")]  # a turn of thinking alone goes
+        compaction_id = self._outcome.compaction_id
+        self._conversations.thinking.learn(request.model, compaction_id, len(request.messages))
+        self._body, self._tokens = dialect.serialize(body, payload, kept), tokens
+        self._followup, self._plain, self._retried = None, None, True
+        self._equip()
+        self._metrics.thinking_refused.inc()
+        log.info(
+            "upstream refused a thinking block whose prefix changed; retrying once without",
+            extra={"session": request.session_id},
+        )
+        return self._body
+
     @property
     def outcome(self) -> Outcome:
         return self._outcome
@@ -111,6 +138,8 @@ class CompactedExchange:
     async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
         if self._retried:
             return None
+        if self._request.dialect.refuses_bound_thinking(status, body):
+            return await self._without_bound_thinking()
         overflow = parse_overflow(status, body)
         if overflow is None:
             return self._without_recall(status)
@@ -143,6 +172,7 @@ class CompactedExchange:
             log.exception("compaction after a context-length error failed")
             self._metrics.errors.inc()
             return None
+        decision = self._conversations.thinking.forwarded(harder, decision)
         retry = harder.serialize(decision.messages)
         if decision.status not in ("applied", "reused") or len(retry) >= len(self._body):
             return None  # nothing smaller to send: relay the upstream's error

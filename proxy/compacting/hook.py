@@ -36,6 +36,7 @@ from proxy.compacting.llm_client import LLMFactory, UpstreamLLMFactory
 from proxy.compacting.overflow import LearnedWindows, parse_overflow
 from proxy.compacting.precompute import Precompute
 from proxy.compacting.request import Decision, ParsedRequest, RequestBuilder, may_need_parsing
+from proxy.compacting.thinking import BoundThinking
 from proxy.dialects import Dialect, NotCompactable, for_route
 from proxy.http.upstream import Upstream
 from proxy.interception import Exchange, Passthrough, RequestContext
@@ -258,11 +259,13 @@ class CompactingHook:
     def _exchange(
         self, request: ParsedRequest, decision: Decision, index: BodyIndex | None = None
     ) -> CompactedExchange:
-        if decision.messages is request.messages:
+        decision = self._conversations.thinking.forwarded(request, decision)
+        messages = decision.messages
+        if messages is request.messages:
             forwarded = request.body
         else:
-            spliced = self._fast.forwarded_body(request, decision.messages, index)
-            forwarded = spliced or request.serialize(decision.messages)
+            spliced = self._fast.forwarded_body(request, messages, index)
+            forwarded = spliced or request.serialize(messages)
         return self._exchanges.build(request, decision, forwarded)
 
 
@@ -305,6 +308,7 @@ def build_hook(
         tasks=shared.tasks,
         archiving=shared.archiving,
         recall=shared.recall,
+        thinking=BoundThinking(settings.models, options.checkpoint_max_entries),
     )
     discovery = None
     if settings.models.discover:

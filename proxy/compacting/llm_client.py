@@ -201,7 +201,8 @@ class CachedUpstreamLLM(UpstreamLLM):
 
     @property
     def room_after_prefix(self) -> int:
-        return self._prefix.room
+        # The reasoning the summary request lets the model spend comes out of the answer's room.
+        return self._prefix.room - self._dialect.reasoning_room(self._prefix.payload)
 
     async def complete_after_prefix(
         self, instruction: str, *, purpose: Purpose, max_tokens: int

@@ -52,6 +52,12 @@ class Turns(Protocol):
         """Append `response`'s turn and the answers to its calls to `payload`'s list."""
         ...
 
+    def after_rounds(self, first: JsonObject, final: JsonObject) -> JsonObject:
+        """`final`, the response the client gets after hidden rounds that began with `first`,
+        leaving the client a history the API accepts on its next request (Anthropic: no
+        thinking written after a call and result the client never sees)."""
+        ...
+
 
 class StreamedTurn(Protocol):
     """One streamed response after another (a round's continues the first), read event by
@@ -116,6 +122,20 @@ class Dialect(Protocol):
         """True when `wire` joins the summary with the user turns right after it (Anthropic)."""
         ...
 
+    @property
+    def has_thinking(self) -> bool:
+        """True when the API's turns carry thinking blocks that may be bound to their prefix
+        (Anthropic; proxy.compacting.thinking)."""
+        ...
+
+    def refuses_bound_thinking(self, status: int, body: bytes) -> bool:
+        """True for the upstream's error saying a thinking block's prefix changed."""
+        ...
+
+    def without_thinking(self, message: Message) -> Message | None:
+        """A copy of `message` without its thinking blocks; None when it has none."""
+        ...
+
     def parse(self, body: bytes) -> tuple[JsonObject, list[Message]]:
         """The payload and its list of messages; NotCompactable when it has none to compact."""
         ...
@@ -156,6 +176,12 @@ class Dialect(Protocol):
     ) -> bytes:
         """A summary request from the library's chat-shaped `messages` (system + user), leaving
         out the parameters in `refused` that the model turned down before."""
+        ...
+
+    def reasoning_room(self, payload: Mapping[str, object]) -> int:
+        """The tokens a cached summary request of `payload` adds to its answer's length for the
+        reasoning the model spends first (the request's own reasoning settings kept, so its
+        cache holds): counted in the room the window must leave after the prompt."""
         ...
 
     def cached_summary_body(

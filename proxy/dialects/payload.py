@@ -52,6 +52,17 @@ class ItemsDialect:
     def wire(self, messages: list[Message]) -> list[Message]:
         return messages
 
+    has_thinking = False
+
+    def reasoning_room(self, payload: Mapping[str, object]) -> int:
+        return 0
+
+    def refuses_bound_thinking(self, status: int, body: bytes) -> bool:
+        return False
+
+    def without_thinking(self, message: Message) -> Message | None:
+        return None
+
 
 def list_field(payload: Mapping[str, object], name: str) -> list[Message]:
     value = payload.get(name)

@@ -26,6 +26,8 @@ MAX_QUERY_CHARS = 300
 _KINDS: tuple[str, ...] = get_args(Kind)
 _CLIPPED = "\n[... clipped to fit the context window]"
 _GAP = "[...]"
+# Below this many characters of room, a result is not cut to an excerpt: it is left out.
+_LEAST_EXCERPT = 80
 # Lines kept on each side of a line that holds a query word, when a result is cut to excerpts.
 _CONTEXT_LINES = 1
 
@@ -99,20 +101,33 @@ def render(query: Query, found: list[Found], room_tokens: int) -> str:
         return f"Nothing earlier matches {query.text!r}. Try other key words, or go on without it."
     room = max(0, min(room_tokens, MAX_ANSWER_TOKENS)) * CHARS_PER_TOKEN
     terms = query_terms(query.text)
-    parts = [f"{len(found)} earlier result(s) for {query.text!r}, best match first:"]
-    used = len(parts[0])
+    header = f"{len(found)} earlier result(s) for {query.text!r}, best match first:"
+    shown: list[str] = []
+    used = len(header) + len(" (20 shown, the rest did not fit)")  # the longer header's room
     for number, item in enumerate(found, 1):
         head = f"\n\n[{number}] {_origin(item)}:\n"
         text = item.text.strip()
         left = room - used - len(head)
         if len(text) > left:
-            text = excerpt(text, terms, left - len(_CLIPPED))
-            if len(text) <= 80:
-                break
-            text += _CLIPPED
-        parts.append(head + text)
+            if left - len(_CLIPPED) <= _LEAST_EXCERPT:
+                break  # no room left for a useful piece of it
+            # Cut to the lines holding the query's words: however short, that is an answer.
+            text = excerpt(text, terms, left - len(_CLIPPED)) + _CLIPPED
+        shown.append(head + text)
         used += len(head) + len(text)
-    return "".join(parts)
+    if not shown:
+        # Never a header alone: the model is told what happened and what to do instead.
+        return (
+            f"{len(found)} earlier result(s) match {query.text!r}, but none fits in the room "
+            "left in the context window. Ask again with fewer, more precise key words (a name, "
+            "a path, a value), or go on without it."
+        )
+    if len(shown) < len(found):
+        header = (
+            f"{len(found)} earlier result(s) for {query.text!r}, best match first "
+            f"({len(shown)} shown, the rest did not fit):"
+        )
+    return header + "".join(shown)
 
 
 def excerpt(text: str, terms: list[str], budget: int) -> str:

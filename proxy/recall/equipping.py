@@ -59,6 +59,14 @@ class Recall:
             isinstance(tools, list) and bool(tools) and not several and not has_own_recall(payload)
         )
 
+    def added_tokens(self, request: ParsedRequest) -> int:
+        """What the tool and the summary's recall line add to a compacted `request`: counted
+        where the view is chosen too, or a view just under the window's end goes out over it
+        once equipped."""
+        if not self.offered(request):
+            return 0
+        return request.estimator.count_text(added_text(request.dialect))
+
     def equip(self, request: ParsedRequest, body: bytes, tokens: int) -> Equipped | None:
         """The compacted `body` of `request` (estimated at `tokens`) with the recall tool, and
         the rounds that answer it; None: it goes out as it is (the client has its own `recall`
@@ -69,7 +77,7 @@ class Recall:
         equipped = equip(body, payload, request.dialect)
         if equipped is None:
             return None
-        added = request.estimator.count_text(added_text(request.dialect))
+        added = self.added_tokens(request)
         tokens += added
         answers = Answers(self.archive, self.memory_dir, request.session_id, request.conversation)
         room = recall_room(request.window, tokens, request.max_output_tokens)

@@ -147,6 +147,7 @@ class RecallRounds:
         if current_http is not first:
             first.release()
         if rounds:
+            final = turns.after_rounds(response, final)
             final = {**final, "id": response.get("id", final.get("id"))}
             if total_usage is not None:
                 final["usage"] = total_usage

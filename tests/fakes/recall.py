@@ -110,10 +110,19 @@ def check_pairing(path: str, payload: dict[str, Any]) -> list[str]:
 
 
 class RecallingModel:
-    def __init__(self, query: str, *, calls: int = 1, also: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        query: str,
+        *,
+        calls: int = 1,
+        also: tuple[str, str] | None = None,
+        reasoning: bool = False,
+    ) -> None:
+        """`reasoning`: each Responses answer opens with a reasoning item of its own."""
         self.query = query
         self.calls = calls
         self.also = also
+        self.reasoning = reasoning
         self.problems: list[str] = []
         self.bodies: list[dict[str, Any]] = []
 
@@ -128,11 +137,11 @@ class RecallingModel:
             if calling:
                 events = self._call_events(request.path, len(found) + 1, usage)
             else:
-                events = _text_events(request.path, _answer(found), usage)
+                events = _text_events(request.path, _answer(found), usage, self.reasoning)
             return await _stream(request, events)
         if calling:
             return web.json_response(self._call(request.path, len(found) + 1))
-        return web.json_response(_text(request.path, _answer(found)))
+        return web.json_response(_text(request.path, _answer(found), self.reasoning))
 
     def _anthropic_call_events(self, number: int) -> list[bytes]:
         start = {**anthropic_message(input_tokens=100), "stop_reason": None}
@@ -172,7 +181,11 @@ class RecallingModel:
         own = [self.also] if self.also else []
         calls = [(f"call_r{number}", RECALL, arguments)]
         calls += [(f"call_own{number}", name, args) for name, args in own]
-        return _responses_events(responses_object("Let me check. ", calls=calls, input_tokens=100))
+        # Reasoning straight into the call, as reasoning models do (no words before it).
+        reasoning = f"enc-call-{number}" if self.reasoning else None
+        text = "" if self.reasoning else "Let me check. "
+        done = responses_object(text, calls=calls, reasoning=reasoning, input_tokens=100)
+        return _responses_events(done)
 
     def _call_events(self, path: str, number: int, usage: bool) -> list[bytes]:
         if path.endswith("/messages"):
@@ -206,7 +219,8 @@ class RecallingModel:
         if path.endswith("/responses"):
             calls = [(f"call_r{number}", RECALL, arguments)]
             calls += [(f"call_own{number}", name, args) for name, args in own]
-            return responses_object(calls=calls, input_tokens=100)
+            reasoning = f"enc-call-{number}" if self.reasoning else None
+            return responses_object(calls=calls, reasoning=reasoning, input_tokens=100)
         if path.endswith("/messages"):
             uses = [(f"toolu_r{number}", RECALL, {"query": self.query})]
             uses += [(f"toolu_own{number}", name, orjson.loads(args)) for name, args in own]
@@ -228,9 +242,11 @@ class RecallingModel:
         return completion
 
 
-def _text(path: str, text: str) -> dict[str, Any]:
+def _text(path: str, text: str, reasoning: bool = False) -> dict[str, Any]:
     if path.endswith("/responses"):
-        return responses_object(text, input_tokens=100)
+        return responses_object(
+            text, reasoning="enc-answer" if reasoning else None, input_tokens=100
+        )
     if path.endswith("/messages"):
         return anthropic_message(text, input_tokens=100)
     return chat_completion(text, {"prompt_tokens": 100, "completion_tokens": 5,
@@ -262,11 +278,12 @@ def _sse(chunks: list[Any], usage: bool) -> list[bytes]:
     return [b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks] + [b"data: [DONE]\n\n"]
 
 
-def _text_events(path: str, text: str, usage: bool) -> list[bytes]:
+def _text_events(path: str, text: str, usage: bool, reasoning: bool = False) -> list[bytes]:
     if path.endswith("/messages"):
         return anthropic_events(text, input_tokens=100)
     if path.endswith("/responses"):
-        return _responses_events(responses_object(text, input_tokens=100))
+        encrypted = "enc-answer" if reasoning else None
+        return _responses_events(responses_object(text, reasoning=encrypted, input_tokens=100))
     if not path.endswith("/chat/completions"):
         raise NotImplementedError(path)
     half = len(text) // 2
@@ -294,7 +311,13 @@ def _responses_events(done: dict[str, Any]) -> list[bytes]:
         {"type": "response.in_progress", "response": started},
     ]
     for index, item in enumerate(done["output"]):
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            item["id"] = f"rs_{number}_{index}"
+            events.append(
+                {"type": "response.output_item.added", "output_index": index,
+                 "item": {**item, "encrypted_content": None}}
+            )  # fmt: skip
+        elif item["type"] == "message":
             item["id"] = f"msg_{number}"
             part = {"type": "output_text", "text": "", "annotations": []}
             text = item["content"][0]["text"]

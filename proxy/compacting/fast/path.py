@@ -166,6 +166,8 @@ class FastPath:
             return None  # a compaction to run, a precompute to start: they read the messages
         if choice.base is None:
             return Decision([], "none", choice.before, choice.before, None), index.body
+        if conversations.thinking.applies(request.dialect, request.model):
+            return None  # the thinking its prefix binds is read from the parsed messages
         parts = _wire_parts(index, choice.base, request.dialect)
         if parts is None:
             return None

@@ -10,6 +10,7 @@ not in the OpenAI-shaped upstream's listing (proxy.dialects.anthropic.rules). On
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import orjson
@@ -17,7 +18,7 @@ import orjson
 from compaction import ANTHROPIC, Message, Shape, blocks_text, join_summary
 from proxy.dialects import naming
 from proxy.dialects.anthropic import rules
-from proxy.dialects.anthropic.recall import AnthropicTurns, declared_tool
+from proxy.dialects.anthropic.recall import AnthropicTurns, declared_tool, is_thinking
 from proxy.dialects.anthropic.rules import anthropic_error_body
 from proxy.dialects.anthropic.streams import AnthropicStream
 from proxy.dialects.base import JsonObject, Turns
@@ -32,6 +33,9 @@ from proxy.dialects.payload import (
 )
 from proxy.dialects.usage import counted
 
+_BOUND_REFUSAL = re.compile(rb"bound to a different conversation")
+# The least thinking budget Anthropic accepts: what a summary request thinks at most.
+_SUMMARY_THINKING_TOKENS = 1024
 _CACHE_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens")
 # Where an Anthropic request names its conversation: the gateways' field, Claude Code's.
 _SESSION_NAMES: tuple[naming.NameReader, ...] = (
@@ -50,8 +54,24 @@ class AnthropicMessages(ItemsDialect):
     lists_models = False
     usage_holder = "message"
 
+    has_thinking = True
+
     def wire(self, messages: list[Message]) -> list[Message]:
         return join_summary(messages)
+
+    def refuses_bound_thinking(self, status: int, body: bytes) -> bool:
+        # A thinking block whose prefix changed (docs `build-with-claude/preserved-thinking/
+        # fix-bound-to-a-different-conversation`): "... Invalid `signature` in `thinking`
+        # block. The block is bound to a different conversation. ..."
+        return status == 400 and _BOUND_REFUSAL.search(body) is not None
+
+    def without_thinking(self, message: Message) -> Message | None:
+        # Removing thinking blocks is allowed by the prefix check; editing anything is not
+        # (platform docs `build-with-claude/preserved-thinking/prefix-checks`).
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list) or not any(map(is_thinking, content)):
+            return None
+        return {**message, "content": [b for b in content if not is_thinking(b)]}
 
     def extras(self, payload: Mapping[str, object]) -> object:
         parts = [payload.get(key) for key in ("system", "tools")]
@@ -108,10 +128,16 @@ class AnthropicMessages(ItemsDialect):
         choice = payload.get("tool_choice")
         if isinstance(choice, Mapping) and choice.get("type") in ("any", "tool"):
             body["tool_choice"] = {"type": "auto"}  # a forced call would answer with a call
-        # Extended thinking, kept so the cached prefix holds: max_tokens must exceed its budget.
+        # Thinking stays on (turned off, the thinking blocks in the prefix would have to go), at
+        # the least budget the API takes: a summary needs little of it, and the client's own
+        # budget (Claude Code: 31,999) on top of a prompt near the window's end is refused as
+        # over the window. `max_tokens` must exceed the budget (docs `build-with-claude/
+        # extended-thinking`); the room is counted where the question is sized.
         thinking = payload.get("thinking")
-        budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None
-        body["max_tokens"] = max_tokens + (budget if isinstance(budget, int) else 0)
+        room = self.reasoning_room(payload)
+        if isinstance(thinking, Mapping) and thinking.get("type") == "enabled":
+            body["thinking"] = {**thinking, "budget_tokens": _SUMMARY_THINKING_TOKENS}
+        body["max_tokens"] = max_tokens + room
         return body
 
     def own_compaction(
@@ -136,6 +162,11 @@ class AnthropicMessages(ItemsDialect):
 
     def error_body(self, status: int, message: str, type_: str, code: str | None) -> bytes:
         return anthropic_error_body(status, message, type_)
+
+    def reasoning_room(self, payload: Mapping[str, object]) -> int:
+        thinking = payload.get("thinking")
+        thinks = isinstance(thinking, Mapping) and thinking.get("type") in ("enabled", "adaptive")
+        return _SUMMARY_THINKING_TOKENS if thinks else 0
 
     def summary_text(self, answer: object) -> str | None:
         content = answer.get("content") if isinstance(answer, dict) else None

@@ -32,6 +32,15 @@ def is_tool_call(block: object) -> TypeGuard[Json]:
     return isinstance(block, dict) and block.get("type") == "tool_use"
 
 
+def is_thinking(block: object) -> bool:
+    return isinstance(block, dict) and block.get("type") in ("thinking", "redacted_thinking")
+
+
+def _content(response: Json) -> list[Any]:
+    content = response.get("content")
+    return content if isinstance(content, list) else []
+
+
 class AnthropicTurns:
     def __init__(self, tool: str) -> None:
         self._tool = tool
@@ -59,6 +68,15 @@ class AnthropicTurns:
         if response.get("stop_reason") == "tool_use" and not any(map(is_tool_call, kept)):
             changed["stop_reason"] = "end_turn"
         return changed
+
+    def after_rounds(self, first: Json, final: Json) -> Json:
+        # Thinking the model wrote after a hidden call and its result is bound to that prefix,
+        # which the client never has: its next request would send it back bound to a different
+        # conversation (docs `build-with-claude/preserved-thinking`). The first response's
+        # thinking was written on the client's own prefix: it leads the message.
+        thought = [b for b in _content(first) if is_thinking(b)]
+        said = [b for b in _content(final) if not is_thinking(b)]
+        return {**final, "content": [*thought, *said]}
 
     def continue_with(
         self, payload: Json, response: Json, answered: list[tuple[Call, str]]

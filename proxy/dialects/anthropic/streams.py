@@ -1,7 +1,9 @@
 """An Anthropic message streamed as events (`message_start`, content blocks: start, deltas, stop;
 `message_delta`, `message_stop`), across the rounds that answer the proxy's tool: the tool's
 `tool_use` block's events are dropped, later blocks renumbered; a round's `message_start` is
-withheld (one message); `message_stop` once; usage summed over the rounds."""
+withheld (one message), and so are a round's thinking blocks (written after a call and result
+the client never sees, they would come back bound to a different conversation);
+`message_stop` once; usage summed over the rounds."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from proxy.dialects.anthropic.recall import Json, answer_calls
+from proxy.dialects.anthropic.recall import Json, answer_calls, is_thinking, is_tool_call
 from proxy.dialects.base import Call
 from proxy.dialects.events import StreamReader, named_event, typed_payload
 from proxy.dialects.usage import add_usage
@@ -32,6 +34,8 @@ class AnthropicStream(StreamReader):
 
     def __init__(self, tool: str) -> None:
         self._started = False
+        self._round = False
+        """A round's response is being read (the first response's came before it)."""
         self._shown = 0
         """Blocks shown to the client by the rounds before this response."""
         super().__init__(tool)
@@ -47,7 +51,7 @@ class AnthropicStream(StreamReader):
     def recall(self) -> list[Call]:
         return [
             Call(str(b.block.get("id")), _json_input(b)) for b in self._blocks.values()
-            if b.client_index is None
+            if b.client_index is None and is_tool_call(b.block)
         ]  # fmt: skip
 
     def read(self, event: bytes) -> bytes | None:
@@ -84,8 +88,11 @@ class AnthropicStream(StreamReader):
             block = payload.get("content_block")
             block = dict(block) if isinstance(block, dict) else {}
             recall = block.get("type") == "tool_use" and block.get("name") == self._tool
-            shown = None if recall else self._shown + self._shown_now
-            if not recall:
+            # A round's thinking was written after a call and result the client never sees:
+            # bound to that prefix, it would come back bound to a different conversation.
+            withheld = recall or (self._round and is_thinking(block))
+            shown = None if withheld else self._shown + self._shown_now
+            if not withheld:
                 self._shown_now += 1
                 if block.get("type") == "tool_use":
                     self._clients += 1
@@ -123,6 +130,7 @@ class AnthropicStream(StreamReader):
         answer_calls(payload["messages"], content, answered)
         self._prior = add_usage(self._prior, self._spent)
         self._shown += self._shown_now
+        self._round = True
 
     def ending(self) -> bytes:
         if not self._holding or self._finish is None:

@@ -54,6 +54,9 @@ class ChatTurns:
                 recall.append(Call(str(call.get("id")), function.get("arguments")))
         return Calls(recall, len(tool_calls) - len(recall))
 
+    def after_rounds(self, first: Json, final: Json) -> Json:
+        return final
+
     def without_calls(self, response: Json) -> Json:
         message = self._message(response)
         tool_calls = message.get("tool_calls") if message is not None else None

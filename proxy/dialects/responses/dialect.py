@@ -111,6 +111,9 @@ class ResponsesAPI(ItemsDialect):
             payload["max_output_tokens"] = max_tokens + _REASONING_ROOM
         return orjson.dumps(payload)
 
+    def reasoning_room(self, payload: Mapping[str, object]) -> int:
+        return _REASONING_ROOM if isinstance(payload.get("reasoning"), Mapping) else 0
+
     def cached_summary_body(
         self,
         payload: Mapping[str, object],
@@ -130,8 +133,7 @@ class ResponsesAPI(ItemsDialect):
         choice = payload.get("tool_choice")
         if choice not in (None, "auto", "none"):
             body["tool_choice"] = "none"  # a forced call would answer with a call, not text
-        room = _REASONING_ROOM if isinstance(payload.get("reasoning"), Mapping) else 0
-        body["max_output_tokens"] = max_tokens + room
+        body["max_output_tokens"] = max_tokens + self.reasoning_room(payload)
         return body
 
     def own_compaction(

@@ -38,6 +38,24 @@ def calls_tool(item: object, tool: str) -> bool:
     return is_function_call(item) and item.get("name") == tool
 
 
+def is_reasoning(item: object) -> bool:
+    return isinstance(item, dict) and item.get("type") == "reasoning"
+
+
+def without_tool_calls(output: list[Any], tool: str) -> list[Any]:
+    """`output` without the calls to `tool`, and without the reasoning item right before each:
+    a reasoning item goes back to the API only with the item that followed it ("... was
+    provided without its required following item")."""
+    kept: list[Any] = []
+    for item in output:
+        if calls_tool(item, tool):
+            if kept and is_reasoning(kept[-1]):
+                kept.pop()
+            continue
+        kept.append(item)
+    return kept
+
+
 class ResponsesTurns:
     def __init__(self, tool: str) -> None:
         self._tool = tool
@@ -60,7 +78,12 @@ class ResponsesTurns:
         output = response.get("output")
         if not isinstance(output, list):
             return response
-        return {**response, "output": [item for item in output if not calls_tool(item, self._tool)]}
+        return {**response, "output": without_tool_calls(output, self._tool)}
+
+    def after_rounds(self, first: Json, final: Json) -> Json:
+        # The first response is not shown (its reasoning went with its call); each of the
+        # final's reasoning items is followed by its own item.
+        return final
 
     def continue_with(
         self, payload: Json, response: Json, answered: list[tuple[Call, str]]

@@ -1,13 +1,21 @@
 """A Responses API response streamed as events, each with its `sequence_number` and most with an
 `output_index`, across the rounds that answer the proxy's tool: the tool's call item events are
-dropped, later items renumbered, one sequence; a round's `response.created` is withheld; the
+dropped, and a reasoning item's events wait for the item after it (dropped with a call of the
+tool's: a reasoning item goes back to the API only with the item that followed it), later
+items renumbered, one sequence; a round's `response.created` is withheld; the
 terminal event tells the whole response (every item shown, the first's id, usage summed)."""
 
 from __future__ import annotations
 
 from proxy.dialects.base import Call
 from proxy.dialects.events import StreamReader, named_event, typed_payload
-from proxy.dialects.responses.recall import Json, answer_calls, calls_tool, is_function_call
+from proxy.dialects.responses.recall import (
+    Json,
+    answer_calls,
+    calls_tool,
+    is_function_call,
+    is_reasoning,
+)
 from proxy.dialects.usage import add_usage
 
 _OPENING = ("response.created", "response.in_progress", "response.queued")
@@ -31,6 +39,9 @@ class ResponsesStream(StreamReader):
 
     def begin(self) -> None:
         super().begin()
+        self._held_at: int | None = None
+        """The upstream index of a reasoning item whose events wait for the next item."""
+        self._held: list[Json] = []
         self._indices: dict[int, int | None] = {}
         self._shown_now = 0
         self._final: Json | None = None
@@ -59,18 +70,42 @@ class ResponsesStream(StreamReader):
         if kind in _TERMINAL:
             return self._read_end(event, payload)
         index = payload.get("output_index")
-        changed = False
-        if isinstance(index, int):
-            shown = self._index(index, payload)
-            if shown is None:
-                return None
-            if shown != index:
-                payload["output_index"] = shown
-                changed = True
-            if kind == "response.output_item.done" and isinstance(payload.get("item"), dict):
-                self._output.append(payload["item"])
-                self._items.append(payload["item"])
+        if not isinstance(index, int):
+            return self._renumbered(event, payload, changed=False)
+        settled = b""
+        if kind == "response.output_item.added" and index not in self._indices:
+            settled = self._settle(following=payload.get("item"))
+            if is_reasoning(payload.get("item")):
+                self._held_at = index
+        if index == self._held_at:
+            self._held.append(payload)
+            return settled or None
+        shown = self._shown_event(event, payload, index)
+        return settled + (shown or b"") if settled else shown
+
+    def _shown_event(self, event: bytes, payload: Json, index: int) -> bytes | None:
+        shown = self._index(index, payload)
+        if shown is None:
+            return None
+        changed = shown != index or not event  # a held event is written anew
+        payload["output_index"] = shown
+        if payload["type"] == "response.output_item.done" and isinstance(payload.get("item"), dict):
+            self._output.append(payload["item"])
+            self._items.append(payload["item"])
         return self._renumbered(event, payload, changed=changed)
+
+    def _settle(self, following: object) -> bytes:
+        """The held reasoning item's events, now that the item after it starts (`following`;
+        None: the response ends): withheld with a call of the tool's, since a reasoning item
+        goes back to the API only with the item that followed it; shown otherwise."""
+        at, held = self._held_at, self._held
+        self._held_at, self._held = None, []
+        if at is None:
+            return b""
+        if calls_tool(following, self._tool):
+            self._indices[at] = None
+            return b""
+        return b"".join(self._shown_event(b"", p, at) or b"" for p in held)
 
     def _index(self, index: int, payload: Json) -> int | None:
         """The client's index of the upstream's item `index` (None: a call of the tool's)."""
@@ -86,6 +121,11 @@ class ResponsesStream(StreamReader):
         return self._indices[index]
 
     def _read_end(self, event: bytes, payload: Json) -> bytes | None:
+        settled = self._settle(following=None)
+        ended = self._read_terminal(event, payload)
+        return settled + ended if settled and ended else settled or ended
+
+    def _read_terminal(self, event: bytes, payload: Json) -> bytes | None:
         response = payload.get("response")
         if not isinstance(response, dict):
             return self._renumbered(event, payload, changed=False)

@@ -62,3 +62,32 @@ def test_a_result_that_fits_is_given_whole() -> None:
     text = render(Query("cap", None, 5), found, room_tokens=1000)
 
     assert text.endswith("[1] turn 3, message:\nthe cap is $500 without approval")
+
+
+def test_a_short_excerpt_is_still_an_answer_never_a_header_alone() -> None:
+    # One short line holds the words in a long result: its excerpt is short, yet it is the
+    # answer (issue 34: the header alone came back and the model could not answer).
+    rows = ["ok"] * 3000
+    rows[1500] = "cap: $500"
+    found = [_found("tool_output", 7, "\n".join(rows))]
+    text = render(Query("cap", None, 5), found, room_tokens=600)
+
+    assert "$500" in text
+    assert "[1] turn 7, tool output:" in text
+
+
+def test_when_no_result_fits_the_answer_says_so() -> None:
+    found = [_found("tool_output", 7, "x" * 5000)]
+    text = render(Query("cap", None, 5), found, room_tokens=40)
+
+    assert "best match first:" not in text
+    assert "none fits" in text and "cap" in text
+
+
+def test_results_left_out_for_room_are_said_to_be_left_out() -> None:
+    found = [_found("message", i, f"the cap is ${i}00 " + "pad " * 300) for i in range(1, 4)]
+    text = render(Query("cap", None, 5), found, room_tokens=500)
+
+    assert "[1] turn 1, message:" in text
+    assert "shown, the rest did not fit" in text
+    assert len(text) <= 500 * 3

@@ -343,11 +343,13 @@ async def test_a_request_just_below_the_trigger_still_gets_room_for_the_recalled
     await compacted_and_archived(client, proxy, messages, tools=TOOLS)
     model = RecallingModel("quasar QX-7781")
     script.chat = model
-    grown = conversation_of(int(WINDOW * 1.55), grow=messages)
+    grown = conversation_of(int(WINDOW * 1.45), grow=messages)
     response, answer = await ask(client, proxy, grown, tools=TOOLS)
 
     assert response.headers["x-compaction-status"] == "reused"
-    assert int(response.headers["x-compaction-tokens-after"]) > 0.82 * WINDOW
+    # With the recall tool and its line (about 270 tokens at this window, counted where the
+    # trigger is checked), this is just under the trigger.
+    assert int(response.headers["x-compaction-tokens-after"]) > 0.74 * WINDOW
     assert response.headers["x-compaction-recall-rounds"] == "1"
     assert CANARY in answer["choices"][0]["message"]["content"]
     assert model.problems == []
