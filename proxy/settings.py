@@ -325,8 +325,8 @@ class ArchiveSettings(_Section):
 class LoggingSettings(_Section):
     level: str = "INFO"
     dump_dir: Path | None = None
-    """Where compacted requests are dumped as received and as compacted (proxy.compacting.dumps);
-    None: no dump."""
+    """Where compacted requests are dumped as received and as compacted
+    (proxy.compacting.background.dumps); None: no dump."""
     dump_max_files: int = Field(default=300, gt=0)
     dump_max_mb: float = Field(default=256, gt=0)
 
