@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.corpus import corpus_dir, has_corpus, read_corpus
 from compaction import CHAT, HeuristicEstimator
-from proxy.compacting.archiving import build_entries
+from proxy.compacting.background.archiving import build_entries
 from proxy.state.archive import Scope
 from proxy.state.archive.sqlite import SqliteArchive
 from proxy.state.sqlite_file import StateFile

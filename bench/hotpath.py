@@ -47,7 +47,7 @@ from bench.passthrough import COMPLETION, _loop, free_port, spawn, stop, wait_re
 from bench.reuse import DIALECTS, answer_of, prepare_figures, reuse_figures
 from bench.wrk import passthrough_figures
 from compaction import Compaction, Compactor, HeuristicEstimator
-from proxy.compacting.workers import Workers
+from proxy.compacting.background.workers import Workers
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = 128_000

@@ -13,12 +13,12 @@ from aiohttp import web
 from compaction import CheckpointStore, prune_memory
 from proxy.admin import dashboard, routes
 from proxy.admin.records import SessionRecords
-from proxy.compacting.archiving import Archiving
-from proxy.compacting.calibration import Calibration
+from proxy.compacting.background.archiving import Archiving
+from proxy.compacting.background.workers import Workers
 from proxy.compacting.hook import Replacements, Shared, build_hook
-from proxy.compacting.llm_client import LLMFactory
-from proxy.compacting.overflow import LearnedWindows
-from proxy.compacting.workers import Workers
+from proxy.compacting.models.calibration import Calibration
+from proxy.compacting.models.llm_client import LLMFactory
+from proxy.compacting.models.overflow import LearnedWindows
 from proxy.heap import find_trim, trim_heap_every
 from proxy.http import handlers, keys, serving
 from proxy.http.middleware import GET_ONLY, AnyTarget, unmatched, wrap_handler

@@ -297,8 +297,8 @@ class CompactionMetrics:
         )
         self.worker_replacements = Counter(
             "compaction_proxy_worker_replacements",
-            "Worker pools replaced (proxy.compacting.workers), by reason: deadline (a worker "
-            "missed a job's compaction.worker_timeout_s and was killed) or died.",
+            "Worker pools replaced (proxy.compacting.background.workers), by reason: deadline "
+            "(a worker missed a job's compaction.worker_timeout_s and was killed) or died.",
             ("reason",),
             registry=r,
         )

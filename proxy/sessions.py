@@ -1,7 +1,7 @@
 """Sessions: who a request belongs to (docs/operations.md, "Sessions"; README.md).
 
 Identity: `X-Session-Id`, then the `/s/{session}/` path, then (decided by the hook, which parses
-the body; proxy.compacting.identity) the session the client names in its body, then a
+the body; proxy.compacting.decision.identity) the session the client names in its body, then a
 fingerprint of the conversation's opening.
 
 Ids become directory names under `memory.dir`, so they are validated strictly here, by the

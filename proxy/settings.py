@@ -111,7 +111,7 @@ class ModelsSettings(_Section):
     default_price: Price = Price(input=2.5, cached_input=1.25, output=10.0)
     preserved_thinking: list[str] = Field(default_factory=lambda: list(PRESERVED_THINKING))
     """Models (exact names or globs) whose thinking blocks are bound to their prefix: a
-    compacted request sends back none whose prefix changed (proxy.compacting.thinking)."""
+    compacted request sends back none whose prefix changed (proxy.compacting.decision.thinking)."""
 
     def has_preserved_thinking(self, model: str) -> bool:
         return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.preserved_thinking)
@@ -342,8 +342,8 @@ class ArchiveSettings(_Section):
 class LoggingSettings(_Section):
     level: str = "INFO"
     dump_dir: Path | None = None
-    """Where compacted requests are dumped as received and as compacted (proxy.compacting.dumps);
-    None: no dump."""
+    """Where compacted requests are dumped as received and as compacted
+    (proxy.compacting.background.dumps); None: no dump."""
     dump_max_files: int = Field(default=300, gt=0)
     dump_max_mb: float = Field(default=256, gt=0)
 

@@ -12,6 +12,9 @@
   (proxy/compacting/, proxy/recall/) and spells no header to parse back.
 - The speed machinery (proxy/compacting/fast/) is entered through its package only, so the
   plain design reads without it and each optimisation can go on its own.
+- proxy/compacting/ reads from its door down: the hook, fast/, decision/, then background/ and
+  models/; each imports only the rooms after it, so background work and what is known of the
+  models stand below the decision that uses them.
 - proxy's shared modules (settings, logs, metrics, keys, ...) sit below both http/ and
   compacting/: only the app's assembly (app.py, cli.py, demo.py) imports those.
 - No import cycle between the modules of proxy/ and compaction/ (imports under TYPE_CHECKING,
@@ -386,6 +389,43 @@ def test_the_review_lists_long_modules_without_failing() -> None:
         timeout=30,
     )
     assert done.stdout.startswith("review: ")
+
+
+COMPACTING_ROOMS = ("hook", "fast", "decision", ("background", "models"))
+"""proxy/compacting/ from its door down: each room imports (when it runs) only the rooms after
+it; rooms in one tuple import none of each other."""
+
+
+def _room(module: str) -> tuple[int, str] | None:
+    """(rank, room) of a module of proxy/compacting/ in COMPACTING_ROOMS, or None."""
+    parts = module.split(".")
+    if parts[:2] != ["proxy", "compacting"] or len(parts) < 3:
+        return None
+    for rank, rooms in enumerate(COMPACTING_ROOMS):
+        if parts[2] in ((rooms,) if isinstance(rooms, str) else rooms):
+            return rank, parts[2]
+    return None
+
+
+def test_the_rooms_of_compacting_import_only_the_rooms_below() -> None:
+    graph = _import_graph()
+    found = [
+        f"{name} imports {target}"
+        for name, targets in graph.items()
+        if (source := _room(name)) is not None
+        for target in targets
+        if (room := _room(target)) is not None and room[1] != source[1] and room[0] <= source[0]
+    ]
+    assert found == []
+
+
+def test_every_module_of_compacting_is_in_a_room() -> None:
+    modules = [
+        name
+        for name in _import_graph()
+        if name.startswith("proxy.compacting.") and _room(name) is None
+    ]
+    assert modules == []
 
 
 def test_the_speed_machinery_is_entered_through_its_package_only() -> None:

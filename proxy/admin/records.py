@@ -1,8 +1,8 @@
 """The records the proxy keeps per session for /admin, the dashboard and `inspect`.
 
 `SessionRecords` keeps per-session counters and compaction records (built in app.create_app,
-written by the compacting side, proxy.compacting.records, and by forwarding, read by the admin
-routes and the dashboard), bounded three ways: at most `max_sessions` sessions and `max_bytes`
+written by the compacting side, proxy.compacting.decision.records, and by forwarding, read by
+the admin routes and the dashboard), bounded three ways: at most `max_sessions` sessions and `max_bytes`
 of them all (least recently seen evicted first), `records_per_session` records each (oldest
 dropped first). Records are plain JSON-able dicts. Each session also keeps a timeline of its
 last hooked requests (as many as records: what forwarding saw, the hook's typed `Outcome`

@@ -1,14 +1,14 @@
 """The compacting hook: the proxy's per-request compaction decision (proxy.interception.Hook).
 
 Bodies that cannot reach the lowest ratio are not parsed; below the trigger the original bytes go
-upstream untouched. At the trigger the conversations (proxy.compacting.conversations) give the
-view to forward: a remembered checkpoint, or a new compaction; one decision
+upstream untouched. At the trigger the conversations (proxy.compacting.decision.conversations)
+give the view to forward: a remembered checkpoint, or a new compaction; one decision
 (Conversations.decide) reads the request's history. Each hooked route has its dialect
 (proxy.dialects). The speed machinery sits behind one door (proxy.compacting.fast):
 a long conversation's next request is recognized from its last one and mostly answered from
 what is remembered, a large body is parsed in pieces, forwarded lists are spliced from the
-client's bytes. A parsed request becomes a CompactedExchange (proxy.compacting.exchange), which
-owns the retry and the calibration. Anything that fails here forwards the original request; it
+client's bytes. A parsed request becomes a CompactedExchange
+(proxy.compacting.decision.exchange), which owns the retry and the calibration. Anything that fails here forwards the original request; it
 never fails the agent's request.
 """
 
@@ -19,24 +19,29 @@ from dataclasses import dataclass
 
 from compaction import CheckpointStore, Compactor, MemoryWriter, MentionCache, Offload
 from proxy.admin.records import SessionRecords
-from proxy.compacting.archiving import Archiving
-from proxy.compacting.calibration import Calibration
-from proxy.compacting.conversations import Conversations, Deadline
-from proxy.compacting.discovery import WindowDiscovery
-from proxy.compacting.dumps import Dump, RequestDumps
-from proxy.compacting.exchange import (
+from proxy.compacting.background.archiving import Archiving
+from proxy.compacting.background.dumps import Dump, RequestDumps
+from proxy.compacting.decision.conversations import Conversations, Deadline
+from proxy.compacting.decision.exchange import (
     CompactedExchange,
     ExchangeFactory,
     ShadowExchange,
     UnparsedExchange,
 )
+from proxy.compacting.decision.history import History, ListHistory
+from proxy.compacting.decision.precompute import Precompute
+from proxy.compacting.decision.request import (
+    Decision,
+    ParsedRequest,
+    RequestBuilder,
+    may_need_parsing,
+)
+from proxy.compacting.decision.thinking import BoundThinking
 from proxy.compacting.fast import BodyIndex, BodyIndexes, FastPath, parse_in_pieces
-from proxy.compacting.history import History, ListHistory
-from proxy.compacting.llm_client import LLMFactory, UpstreamLLMFactory
-from proxy.compacting.overflow import LearnedWindows, parse_overflow
-from proxy.compacting.precompute import Precompute
-from proxy.compacting.request import Decision, ParsedRequest, RequestBuilder, may_need_parsing
-from proxy.compacting.thinking import BoundThinking
+from proxy.compacting.models.calibration import Calibration
+from proxy.compacting.models.discovery import WindowDiscovery
+from proxy.compacting.models.llm_client import LLMFactory, UpstreamLLMFactory
+from proxy.compacting.models.overflow import LearnedWindows, parse_overflow
 from proxy.dialects import Dialect, NotCompactable, for_route
 from proxy.http.upstream import Upstream
 from proxy.interception import Exchange, Passthrough, RequestContext
@@ -70,7 +75,8 @@ class Shared:
     learned: LearnedWindows
     offload: Offload | None = None
     archiving: Archiving | None = None
-    """Archives each compaction's folded turns (proxy.compacting.archiving); None: not kept."""
+    """Archives each compaction's folded turns (proxy.compacting.background.archiving); None:
+    not kept."""
     recall: Recall | None = None
     """Offers compacted requests the `recall` tool (proxy.recall); None: `compaction.recall`
     off."""

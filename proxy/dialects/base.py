@@ -125,7 +125,7 @@ class Dialect(Protocol):
     @property
     def has_thinking(self) -> bool:
         """True when the API's turns carry thinking blocks that may be bound to their prefix
-        (Anthropic; proxy.compacting.thinking)."""
+        (Anthropic; proxy.compacting.decision.thinking)."""
         ...
 
     def refuses_bound_thinking(self, status: int, body: bytes) -> bool:

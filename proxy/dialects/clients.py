@@ -1,5 +1,5 @@
 """The clients' own compaction requests, as they send them over whichever API they speak: the
-proxy forwards such a request as sent (proxy.compacting.conversations steps aside), since
+proxy forwards such a request as sent (proxy.compacting.decision.conversations steps aside), since
 folding it would leave the client summarizing the proxy's summary, and a tool added to it would
 be called instead of the summary being written.
 

@@ -1,5 +1,5 @@
 """The names clients give their conversations in a request's body, as each dialect reads them
-(proxy.compacting.identity scopes a name into a session id).
+(proxy.compacting.decision.identity scopes a name into a session id).
 
 Clients that know their conversations say so in every request: Codex's `client_metadata`
 (`session_id`, or since 0.17x the `thread_id` in its `x-codex-turn-metadata`), Claude Code's

@@ -14,7 +14,7 @@ from proxy.recall.tools import added_text, equip, has_own_recall
 from proxy.state.archive import Archive
 
 if TYPE_CHECKING:  # the request module builds summarizers, whose cached request equips too
-    from proxy.compacting.request import ParsedRequest
+    from proxy.compacting.decision.request import ParsedRequest
 
 # What the upstream may still write when the request names no output bound: this much, and at
 # most this share of the window.

@@ -105,8 +105,8 @@ class Guarded:
         return await self._call("lease", lambda: self.backend.holder(digests), lambda: None)
 
     async def mark_forwarded(self, compaction_id: str) -> bool:
-        # Down: new here; the process's own table (proxy.compacting.applied) still holds, and
-        # the mark is written back with the checkpoints.
+        # Down: new here; the process's own table (proxy.compacting.decision.applied) still holds,
+        # and the mark is written back with the checkpoints.
         marked = await self._call(
             "write", lambda: self.backend.mark_forwarded(compaction_id), _none
         )

@@ -61,7 +61,7 @@ class LocalStore:
         return None
 
     async def mark_forwarded(self, compaction_id: str) -> bool:
-        return True  # proxy.compacting.applied keeps what this process sent
+        return True  # proxy.compacting.decision.applied keeps what this process sent
 
     async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
         return set(keys)

@@ -2,9 +2,10 @@
 that plays them all.
 
 - checkpoints: compaction.CheckpointStore (Conversations);
-- Leases: single-flight across processes (proxy.compacting.flight);
+- Leases: single-flight across processes (proxy.compacting.background.flight);
 - Cooldowns: the summarizer's, per model and tenant (Conversations);
-- ForwardedMarks: compactions some request already went out with (proxy.compacting.applied);
+- ForwardedMarks: compactions some request already went out with
+  (proxy.compacting.decision.applied);
 - claims: compaction.ItemClaims, memory-file items de-duplicated across processes.
 
 A StateBackend plays every role and has a lifecycle; it is built once, in proxy.app.create_app
@@ -61,7 +62,7 @@ class Cooldowns(Protocol):
 
 class ForwardedMarks(Protocol):
     async def mark_forwarded(self, compaction_id: str) -> bool:
-        """Record that a request went out with this compaction (proxy.compacting.applied):
+        """Record that a request went out with this compaction (proxy.compacting.decision.applied):
         True only for the first to record it, atomically, whichever replica it runs in (a
         backend only this process uses: always True, the process's own table decides)."""
         ...
@@ -79,7 +80,8 @@ class StateBackend(CheckpointStore, Leases, Cooldowns, ForwardedMarks, ItemClaim
 
 class LocalLease:
     """The lease of a backend that only this process uses: always granted, nothing to renew
-    (proxy.compacting.flight already makes concurrent callers of one process share a task)."""
+    (proxy.compacting.background.flight already makes concurrent callers of one process share a
+    task)."""
 
     async def renew(self) -> bool:
         return True

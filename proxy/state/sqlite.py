@@ -262,7 +262,7 @@ class SqliteStore:
             return False  # forwarded by this process before a restart
         expires_at = now + self._ttl_s
         # Known only once written: a mark that did not land (a full disk) is written again when
-        # the guard writes back after the outage (proxy.compacting.applied keeps concurrent
+        # the guard writes back after the outage (proxy.compacting.decision.applied keeps concurrent
         # callers of this process apart meanwhile).
         await self.file.write(
             "INSERT OR REPLACE INTO forwarded (id, expires_at) VALUES (?, ?)",

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from compaction.checkpoints import CheckpointStore
 from proxy.app import create_app
-from proxy.compacting.llm_client import LLMFactory
+from proxy.compacting.models.llm_client import LLMFactory
 from proxy.http.serving import serve_on_loopback
 from proxy.interception import Hook
 from proxy.settings import Settings

@@ -11,8 +11,8 @@ import subprocess
 import sys
 from threading import get_ident
 
-from proxy.compacting.calibration import Calibration
-from proxy.compacting.overflow import LearnedWindows
+from proxy.compacting.models.calibration import Calibration
+from proxy.compacting.models.overflow import LearnedWindows
 from proxy.heap import trim_heap_every
 from proxy.settings import load_settings
 

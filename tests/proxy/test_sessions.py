@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from compaction import is_valid_session_id
-from proxy.compacting.request import fingerprint as fingerprint_of
+from proxy.compacting.decision.request import fingerprint as fingerprint_of
 from proxy.dialects.chat import CHAT_COMPLETIONS
 from proxy.errors import SessionIdRefused
 from proxy.sessions import resolve_session_id

@@ -38,10 +38,10 @@ from compaction import (
     Shape,
     prefix_digests,
 )
+from proxy.compacting.decision.request import Payload
 from proxy.compacting.fast.indexing import IndexJob, index_body
 from proxy.compacting.fast.parts import Part, other_fields, splice
 from proxy.compacting.fast.spans import Items, scan_items
-from proxy.compacting.request import Payload
 
 # Conversations remembered under one key: an agent's parallel sessions open with the same
 # system prompt, often longer than the 4 KiB the key reads.
@@ -56,7 +56,8 @@ class BodyIndex:
     """One request of a conversation as seen, with `count` items: `tokens[i]` is the estimate
     (calibration 1, in `shape`) of items[:i]; `digests[i]` identifies items[:i + 1] under `seed`;
     `opening` holds the items up to the first user message (what a fingerprint session id is
-    made of). It is the request's proxy.compacting.history.History, read without parsing it.
+    made of). It is the request's proxy.compacting.decision.history.History, read without
+    parsing it.
 
     The lists may run past `count`: a continuation appends to them in place (so a request costs
     what it adds, not a copy of the history), and only indices below `count` are this request's.

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import orjson
 
 from compaction import Message
+from proxy.compacting.decision.request import Payload
 from proxy.compacting.fast.spans import Items, locate_value, scan_items
-from proxy.compacting.request import Payload
 from proxy.dialects.splice import load_json
 
 Part = int | range | bytes

@@ -18,19 +18,19 @@ import logging
 import orjson
 
 from compaction import Checkpoint, Message
-from proxy.compacting.conversations import Conversations, Deadline
-from proxy.compacting.exchange import CompactedExchange, ExchangeFactory
-from proxy.compacting.fast.indexes import BodyIndex, BodyIndexes
-from proxy.compacting.fast.parts import Part, splice_view, view_parts
-from proxy.compacting.precompute import Precompute
-from proxy.compacting.request import (
+from proxy.compacting.background.workers import WorkerLost
+from proxy.compacting.decision.conversations import Conversations, Deadline
+from proxy.compacting.decision.exchange import CompactedExchange, ExchangeFactory
+from proxy.compacting.decision.precompute import Precompute
+from proxy.compacting.decision.request import (
     SCOPE_HEADERS,
     Decision,
     ParsedRequest,
     RequestBuilder,
     opening_of,
 )
-from proxy.compacting.workers import WorkerLost
+from proxy.compacting.fast.indexes import BodyIndex, BodyIndexes
+from proxy.compacting.fast.parts import Part, splice_view, view_parts
 from proxy.dialects import Dialect, NotCompactable
 from proxy.interception import RequestContext
 from proxy.metrics import CompactionMetrics

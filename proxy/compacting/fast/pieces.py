@@ -27,9 +27,9 @@ from collections.abc import Generator
 import orjson
 
 from compaction import Message
+from proxy.compacting.decision.request import Payload
 from proxy.compacting.fast.parts import other_fields
 from proxy.compacting.fast.spans import locate_value, scan_items
-from proxy.compacting.request import Payload
 from proxy.dialects import Dialect
 
 PIECES_FROM_BYTES = 1 << 20

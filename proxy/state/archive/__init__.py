@@ -16,7 +16,8 @@ credential, and searched (best matches first) with the session's memory items.
 A backend is chosen, beside the checkpoint store over the same file or client, in
 proxy.state.factory. What one turn weighs against the bounds is `Entry.size`, in one place.
 
-Writing at each compaction is proxy.compacting.archiving; it never blocks or fails a request.
+Writing at each compaction is proxy.compacting.background.archiving; it never blocks or fails a
+request.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ class Scope:
     session: str
     tenant: str
     """A digest of the caller's credentials and of the conversation's opening
-    (proxy.compacting.request.ParsedRequest.conversation): one session id reused by two
+    (proxy.compacting.decision.request.ParsedRequest.conversation): one session id reused by two
     conversations keeps two archives."""
 
 

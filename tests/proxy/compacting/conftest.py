@@ -14,9 +14,9 @@ import orjson
 import pytest
 
 from proxy.admin.records import SessionRecords
-from proxy.compacting.calibration import Calibration
 from proxy.compacting.hook import Replacements, Shared, build_hook
-from proxy.compacting.overflow import LearnedWindows
+from proxy.compacting.models.calibration import Calibration
+from proxy.compacting.models.overflow import LearnedWindows
 from proxy.http.upstream import Upstream
 from proxy.metrics import Metrics
 from proxy.state.local import LocalStore

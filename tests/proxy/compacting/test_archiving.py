@@ -1,5 +1,5 @@
 """What a compaction folds is archived verbatim, searched through /admin, and never fails a
-request (proxy.compacting.archiving, proxy.state.archive)."""
+request (proxy.compacting.background.archiving, proxy.state.archive)."""
 
 from __future__ import annotations
 

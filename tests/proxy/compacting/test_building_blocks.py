@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from proxy.compacting.calibration import Calibration
-from proxy.compacting.flight import SingleFlight, wait_shielded
-from proxy.compacting.overflow import parse_overflow
+from proxy.compacting.background.flight import SingleFlight, wait_shielded
+from proxy.compacting.models.calibration import Calibration
+from proxy.compacting.models.overflow import parse_overflow
 from proxy.state.cooldown import Cooldown
 from proxy.tasks import BackgroundTasks
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from proxy.compacting.dumps import REDACTED, Dump, RequestDumps
+from proxy.compacting.background.dumps import REDACTED, Dump, RequestDumps
 from proxy.tasks import BackgroundTasks
 from tests import factories as f
 from tests.fakes.script import Script

@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compaction import CHAT, Checkpoint, HeuristicEstimator, Message, View
+from proxy.compacting.decision.history import ListHistory, raw_tokens
+from proxy.compacting.decision.records import folded_range
 from proxy.compacting.fast.parts import splice
 from proxy.compacting.fast.spans import locate_value, scan_items
-from proxy.compacting.history import ListHistory, raw_tokens
-from proxy.compacting.records import folded_range
 
 EST = HeuristicEstimator(shape=CHAT)
 
@@ -79,7 +79,7 @@ def former_apply(checkpoint: Checkpoint, messages: Sequence[Message]) -> list[Me
 
 
 def former_raw_tokens(history: ListHistory, base: Checkpoint) -> int:
-    """proxy.compacting.history.raw_tokens before the layout."""
+    """proxy.compacting.decision.history.raw_tokens before the layout."""
     total = history.tokens_to(len(history))
 
     def one(i: int) -> int:
@@ -96,7 +96,7 @@ def former_raw_tokens(history: ListHistory, base: Checkpoint) -> int:
 
 
 def former_folded_range(view: View, checkpoint: Checkpoint) -> list[int]:
-    """proxy.compacting.records.folded_range before the layout."""
+    """proxy.compacting.decision.records.folded_range before the layout."""
     base = view.base
     start = base.cut if base is not None else checkpoint.head_end
     if checkpoint.previews:

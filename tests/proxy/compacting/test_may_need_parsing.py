@@ -7,7 +7,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.compacting.request import may_need_parsing
+from proxy.compacting.decision.request import may_need_parsing
 
 
 def _small(part_type: str) -> bytes:

@@ -11,8 +11,8 @@ import time
 from typing import Any
 
 from compaction import CompactionResult, HeuristicEstimator
-from proxy.compacting.precompute import LEAD_REQUESTS, SUMMARY_MARGIN, Precompute
-from proxy.compacting.request import ParsedRequest
+from proxy.compacting.decision.precompute import LEAD_REQUESTS, SUMMARY_MARGIN, Precompute
+from proxy.compacting.decision.request import ParsedRequest
 from proxy.dialects.chat import CHAT_COMPLETIONS
 from proxy.http import keys
 from proxy.settings import CompactionSection

@@ -18,7 +18,7 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.compacting.thinking import BoundThinking
+from proxy.compacting.decision.thinking import BoundThinking
 from proxy.dialects.anthropic import ANTHROPIC_MESSAGES
 from proxy.settings import ModelsSettings
 from tests.fakes.anthropic_strict import BINDING_BETA, StrictAnthropic, thinking_then_tool

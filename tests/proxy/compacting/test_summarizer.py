@@ -14,7 +14,7 @@ from aiohttp import web
 from compaction import is_summary_message
 from compaction.invariants import check_tool_pairing
 from compaction.types import ChatLLM, Purpose
-from proxy.compacting.llm_client import LLMRequest, ModelParameters
+from proxy.compacting.models.llm_client import LLMRequest, ModelParameters
 from proxy.http import keys
 from tests import factories as f
 from tests.fakes.script import MEMORY_TEXT, SUMMARY_TEXT, Script, tokens
@@ -65,7 +65,7 @@ async def test_a_compaction_that_falls_back_is_logged_as_a_warning_with_why(
     await post(client, proxy, conversation_of(int(WINDOW * 1.3)))
     script.summary = Script.answer(SUMMARY_TEXT)
     await post(client, proxy, conversation_of(int(WINDOW * 1.3)), session="fine")
-    failed, fine = [r for r in caplog.records if r.name == "proxy.compacting.records"]
+    failed, fine = [r for r in caplog.records if r.name == "proxy.compacting.decision.records"]
     assert failed.levelno == logging.WARNING
     assert failed.errors == ["summary call failed: SummarizerError: summarizer answered HTTP 500"]
     assert fine.levelno == logging.INFO and fine.errors == []

@@ -51,7 +51,7 @@ def sample(proxy: RunningProxy, name: str, **labels: str) -> float | None:
 
 
 def worker_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "proxy.compacting.workers"]
+    return [r for r in caplog.records if r.name == "proxy.compacting.background.workers"]
 
 
 def kill_all(pids: tuple[int, ...]) -> None:

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from compaction import Compactor
 from compaction.stages import worker_mentions
-from proxy.compacting.workers import WorkerLost, Workers
+from proxy.compacting.background.workers import WorkerLost, Workers
 from proxy.metrics import Metrics
 from tests.compaction.conftest import ScriptedLLM
 from tests.factories import simple_conversation
@@ -39,7 +39,7 @@ def replaced(registry: CollectorRegistry, reason: str) -> float | None:
 
 
 def worker_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "proxy.compacting.workers"]
+    return [r for r in caplog.records if r.name == "proxy.compacting.background.workers"]
 
 
 async def test_jobs_run_in_another_process() -> None:
@@ -192,7 +192,7 @@ async def test_without_workers_a_compactor_keeps_its_jobs_in_process() -> None:
 
 _KILLED_WITH_A_WORKER = """
 import asyncio, os, signal
-from proxy.compacting.workers import WorkerLost, Workers
+from proxy.compacting.background.workers import WorkerLost, Workers
 from proxy.metrics import Metrics
 from tests.proxy.compacting.worker_jobs import pid_of
 

@@ -1,5 +1,5 @@
 """The names clients give their conversations in a body, as each dialect reads them, made
-session ids scoped by credential (proxy.dialects.naming, proxy.compacting.identity)."""
+session ids scoped by credential (proxy.dialects.naming, proxy.compacting.decision.identity)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compaction import is_valid_session_id
-from proxy.compacting.identity import named_session
+from proxy.compacting.decision.identity import named_session
 from proxy.dialects import Dialect
 from proxy.dialects.anthropic import ANTHROPIC_MESSAGES
 from proxy.dialects.chat import CHAT_COMPLETIONS

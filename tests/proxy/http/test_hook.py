@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.compacting.request import fingerprint as fingerprint_of
+from proxy.compacting.decision.request import fingerprint as fingerprint_of
 from proxy.dialects.chat import CHAT_COMPLETIONS
 from proxy.interception import Exchange, RequestContext
 from proxy.outcome import Outcome

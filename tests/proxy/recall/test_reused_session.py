@@ -1,6 +1,7 @@
 """The archive is per conversation: a session id reused by a new conversation (one
 `base_url=.../s/my-agent/v1` for every run of an agent) archives the new conversation's own turns,
-and its recall never returns the other's (proxy.compacting.request.ParsedRequest.conversation)."""
+and its recall never returns the other's
+(proxy.compacting.decision.request.ParsedRequest.conversation)."""
 
 from __future__ import annotations
 

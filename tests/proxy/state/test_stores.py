@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry
 
 from compaction.checkpoints import Checkpoint, conversation_seed, prefix_digests
 from compaction.marker import SUMMARY_MARKER
-from proxy.compacting.applied import AppliedCompactions
-from proxy.compacting.conversations import stored_under
-from proxy.compacting.flight import run_once_everywhere
+from proxy.compacting.background.flight import run_once_everywhere
+from proxy.compacting.decision.applied import AppliedCompactions
+from proxy.compacting.decision.conversations import stored_under
 from proxy.metrics import StateMetrics
 from proxy.settings import ArchiveSettings, CompactionSection, StateSettings
 from proxy.state.factory import build_state

@@ -13,9 +13,9 @@ import orjson
 from compaction.checkpoints import conversation_seed, prefix_digests
 from compaction.messages import CHAT
 from compaction.stages import PlanJob
+from proxy.compacting.decision.history import ListHistory
 from proxy.compacting.fast.indexes import BodyIndexes
 from proxy.compacting.fast.indexing import IndexJob
-from proxy.compacting.history import ListHistory
 from tests import factories as f
 from tests.fakes.offload import RecordingOffload
 from tests.fakes.script import Script

@@ -12,8 +12,8 @@ A conversation for which a check found nothing to do is left quiet until its his
 what could change that.
 
 Two moments: the trigger is where a compaction starts, the fit limit
-(proxy.compacting.conversations.fit_limit: `fit_ratio` of the window, `max_tokens` within it)
-where it must apply. A request past the trigger that still fits goes out as it is and starts
+(proxy.compacting.decision.conversations.fit_limit: `fit_ratio` of the window, `max_tokens`
+within it) where it must apply. A request past the trigger that still fits goes out as it is and starts
 its conversation's compaction here; the compaction applies on the first request after it is
 ready, and only a request that would no longer fit waits for it.
 
@@ -39,9 +39,9 @@ from typing import NamedTuple
 from cachetools import LRUCache
 
 from compaction import CompactionResult, View, plan_key
-from proxy.compacting.conversations import Conversations, fit_limit
-from proxy.compacting.history import ListHistory
-from proxy.compacting.request import ParsedRequest
+from proxy.compacting.decision.conversations import Conversations, fit_limit
+from proxy.compacting.decision.history import ListHistory
+from proxy.compacting.decision.request import ParsedRequest
 from proxy.settings import CompactionSection
 from proxy.tasks import BackgroundTasks
 

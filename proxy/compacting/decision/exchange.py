@@ -12,11 +12,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
-from proxy.compacting.calibration import Calibration
-from proxy.compacting.conversations import Conversations
-from proxy.compacting.history import ListHistory
-from proxy.compacting.overflow import LearnedWindows, parse_overflow
-from proxy.compacting.request import Decision, ParsedRequest
+from proxy.compacting.decision.conversations import Conversations
+from proxy.compacting.decision.history import ListHistory
+from proxy.compacting.decision.request import Decision, ParsedRequest
+from proxy.compacting.models.calibration import Calibration
+from proxy.compacting.models.overflow import LearnedWindows, parse_overflow
 from proxy.interception import Exchange, Followup, Passthrough
 from proxy.metrics import CompactionMetrics
 from proxy.outcome import Outcome

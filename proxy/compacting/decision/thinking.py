@@ -28,7 +28,7 @@ from dataclasses import replace
 from cachetools import LRUCache
 
 from compaction import Message
-from proxy.compacting.request import Decision, ParsedRequest
+from proxy.compacting.decision.request import Decision, ParsedRequest
 from proxy.dialects import Dialect
 from proxy.settings import ModelsSettings
 

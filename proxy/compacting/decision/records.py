@@ -21,7 +21,7 @@ from proxy.dialects import Dialect
 from proxy.metrics import CompactionMetrics
 
 if TYPE_CHECKING:  # a request's parts are only read here
-    from proxy.compacting.request import ParsedRequest
+    from proxy.compacting.decision.request import ParsedRequest
 
 log = logging.getLogger(__name__)
 

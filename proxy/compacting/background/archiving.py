@@ -12,14 +12,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import orjson
 
 from compaction import Message, Shape, read_items
-from proxy.compacting.request import ParsedRequest
 from proxy.metrics import ArchiveMetrics
 from proxy.state.archive import Archive, Entry, Kind, Scope
 from proxy.tasks import BackgroundTasks
+
+if TYPE_CHECKING:  # background work sits below the decision: a request's parts are only read
+    from proxy.compacting.decision.request import ParsedRequest
 
 log = logging.getLogger(__name__)
 

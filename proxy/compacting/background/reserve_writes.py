@@ -15,7 +15,7 @@ import asyncio
 from cachetools import LRUCache
 
 from compaction import Checkpoint, Compactor
-from proxy.compacting.flight import SingleFlight
+from proxy.compacting.background.flight import SingleFlight
 from proxy.tasks import BackgroundTasks
 
 

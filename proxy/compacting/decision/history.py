@@ -1,7 +1,7 @@
 """A request's history as its decision reads it, and what a view of it is estimated at.
 
-The one decision per request (proxy.compacting.conversations, `Conversations.decide`) reads a
-`History`: how many items it has, the estimate of its first items, the digest of each prefix,
+The one decision per request (proxy.compacting.decision.conversations, `Conversations.decide`)
+reads a `History`: how many items it has, the estimate of its first items, the digest of each prefix,
 an item. A parsed list is one (`ListHistory`, counted and hashed when first asked); a long body
 remembered from the conversation's last request is another (proxy.compacting.fast, counted off
 the loop and extended by what is new). Both count at calibration 1, item by item, and the
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from compaction import Checkpoint, HeuristicEstimator, Message, Shape, prefix_digests
 
 if TYPE_CHECKING:
-    from proxy.compacting.request import ParsedRequest
+    from proxy.compacting.decision.request import ParsedRequest
 
 
 class History(Protocol):

@@ -11,7 +11,7 @@ looping) has its processes killed and is replaced; so is a pool broken by a work
 Either way that is one warning and one count (`compaction_proxy_worker_replacements_total`), and
 each job the old pool held raises `WorkerLost`, which its caller takes as a failed compaction
 without logging it again. Jobs still waiting their turn go to the new pool. How long a request
-waits for a job is its own deadline's business (proxy.compacting.conversations).
+waits for a job is its own deadline's business (proxy.compacting.decision.conversations).
 
 A worker ends with the process that started it, however that one ended: a proxy killed outright
 never shuts its pool down, and its workers, waiting for jobs, would otherwise live on.

@@ -18,11 +18,11 @@ from typing import Any
 import orjson
 
 from compaction import HeuristicEstimator, JsonArray, Message, conversation_seed
-from proxy.compacting.calibration import Calibration
-from proxy.compacting.discovery import WindowDiscovery
-from proxy.compacting.identity import named_session
-from proxy.compacting.llm_client import LLMRequest, Prefix
-from proxy.compacting.overflow import LearnedWindows
+from proxy.compacting.decision.identity import named_session
+from proxy.compacting.models.calibration import Calibration
+from proxy.compacting.models.discovery import WindowDiscovery
+from proxy.compacting.models.llm_client import LLMRequest, Prefix
+from proxy.compacting.models.overflow import LearnedWindows
 from proxy.dialects import Dialect, is_injected
 from proxy.interception import RequestContext
 from proxy.settings import ModelsSettings
@@ -99,7 +99,8 @@ class ParsedRequest:
     array: JsonArray | None = None
     """Its `messages` as the JSON array in `body`, once that is located (a remembered body)."""
     window_source: str = "configured"
-    """Where `window` came from: configured, default, discovered (proxy.compacting.discovery)."""
+    """Where `window` came from: configured, default, discovered
+    (proxy.compacting.models.discovery)."""
     headers: Mapping[str, str] = field(default_factory=dict)
     """The client's request headers as received (what a client says of a request besides its
     body, such as Codex's turn metadata); never logged."""

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Awaitable
 
 from compaction import Compaction, CompactionResult
-from proxy.compacting.workers import WorkerLost
+from proxy.compacting.background.workers import WorkerLost
 
 GRACE_S = 5.0
 """How long a request that stopped waiting for a summary waits for the one built by code."""

@@ -1,14 +1,14 @@
 """The compactions of every conversation: remembered, and running; and the one decision per
 request that reads them (`Conversations.decide`).
 
-A request's history (proxy.compacting.history: a parsed list, or a remembered body's index) is
-estimated; at the trigger, checkpoints are looked up by prefix digest in the store and the view
-to forward is chosen (a reserve held back until the view it extends reaches the trigger). A
-conversation still over the trigger is compacted further once, however many requests wait
-(single-flight). Each compaction is stored as a checkpoint and recorded
-(proxy.compacting.records). Preparing the next checkpoint ahead of the trigger is
-proxy.compacting.precompute; parsing, headers and retries are proxy.compacting.hook and
-proxy.compacting.exchange.
+A request's history (proxy.compacting.decision.history: a parsed list, or a remembered body's
+index) is estimated; at the trigger, checkpoints are looked up by prefix digest in the store and
+the view to forward is chosen (a reserve held back until the view it extends reaches the
+trigger). A conversation still over the trigger is compacted further once, however many
+requests wait (single-flight). Each compaction is stored as a checkpoint and recorded
+(proxy.compacting.decision.records). Preparing the next checkpoint ahead of the trigger is
+proxy.compacting.decision.precompute; parsing, headers and retries are proxy.compacting.hook and
+proxy.compacting.decision.exchange.
 """
 
 from __future__ import annotations
@@ -32,23 +32,23 @@ from compaction import (
     plan_key,
 )
 from proxy.admin.records import SessionRecords
-from proxy.compacting.applied import AppliedCompactions
-from proxy.compacting.archiving import Archiving
-from proxy.compacting.fallback import GRACE_S, fallback
-from proxy.compacting.flight import (
+from proxy.compacting.background.archiving import Archiving
+from proxy.compacting.background.flight import (
     SingleFlight,
     is_running,
     run_once_everywhere,
     wait_for_running,
     wait_shielded,
 )
-from proxy.compacting.history import History, ListHistory, raw_tokens
-from proxy.compacting.llm_client import LLMFactory, Prefix
-from proxy.compacting.records import folded_range, record_compaction
-from proxy.compacting.request import Decision, ParsedRequest
-from proxy.compacting.reserve_writes import ReserveWrites
-from proxy.compacting.thinking import BoundThinking
-from proxy.compacting.workers import WorkerLost
+from proxy.compacting.background.reserve_writes import ReserveWrites
+from proxy.compacting.background.workers import WorkerLost
+from proxy.compacting.decision.applied import AppliedCompactions
+from proxy.compacting.decision.fallback import GRACE_S, fallback
+from proxy.compacting.decision.history import History, ListHistory, raw_tokens
+from proxy.compacting.decision.records import folded_range, record_compaction
+from proxy.compacting.decision.request import Decision, ParsedRequest
+from proxy.compacting.decision.thinking import BoundThinking
+from proxy.compacting.models.llm_client import LLMFactory, Prefix
 from proxy.metrics import CompactionMetrics
 from proxy.recall import Recall
 from proxy.settings import CompactionSection, ModelsSettings
@@ -143,7 +143,8 @@ class Conversations:
         self._leases = leases  # single-flight across processes (proxy.state)
         self._cooldowns = cooldowns
         self._flight: SingleFlight[bytes, CompactionResult | Checkpoint] = SingleFlight(tasks)
-        # Precomputes still planning, by their request's last digest (proxy.compacting.precompute).
+        # Precomputes still planning, by their request's last digest
+        # (proxy.compacting.decision.precompute).
         self.planning: SingleFlight[bytes, None] = SingleFlight(tasks)
         self._reserves = ReserveWrites(compactor, tasks, options.checkpoint_max_entries)
         self._applied = AppliedCompactions(marks, options.checkpoint_max_entries)
@@ -181,7 +182,7 @@ class Conversations:
         itself goes as sent (`steps_aside`); below the trigger it goes as sent; at the trigger
         the view to forward is chosen (`view`): a checkpoint's view under the trigger, else the
         view as it is while it still fits (its compaction starts in the background:
-        proxy.compacting.precompute), else a compaction is called for."""
+        proxy.compacting.decision.precompute), else a compaction is called for."""
         before = self.estimate(req, history)
         stepped_aside = self.steps_aside(req, history)
         if stepped_aside is not None:
@@ -265,7 +266,7 @@ class Conversations:
             req, history, view, tokens, before, deadline, "overflow", _WAITED_OVERFLOW
         )
 
-    # -- shared with proxy.compacting.precompute -----------------------------------------------
+    # -- shared with proxy.compacting.decision.precompute --------------------------------------
 
     async def view(
         self, req: ParsedRequest, history: History
@@ -497,7 +498,7 @@ class Conversations:
 
     async def flush_reserve(self, req: ParsedRequest, reserve: Checkpoint) -> None:
         """A precomputed checkpoint goes out: its memory items are due now, if not yet written
-        (proxy.compacting.reserve_writes)."""
+        (proxy.compacting.background.reserve_writes)."""
         await self._reserves.flush(req.session_id, reserve)
 
     async def stored(self, digests: Sequence[bytes], key: bytes | None) -> Checkpoint | None:
