@@ -35,6 +35,11 @@ class History(Protocol):
         """Item `index` as parsed (for the few a decision or a splice must read)."""
         ...
 
+    def item_bytes(self, index: int) -> int:
+        """Item `index`'s length in the client's bytes: what parsing it costs (0: it is parsed
+        already)."""
+        ...
+
 
 class ListHistory:
     """A parsed list as a History: counted on first use (its total first: a request below the
@@ -74,6 +79,9 @@ class ListHistory:
 
     def item(self, index: int) -> Message:
         return self._items[index]
+
+    def item_bytes(self, index: int) -> int:
+        return 0
 
 
 def raw_tokens(history: History, base: Checkpoint | None, shape: Shape) -> int:

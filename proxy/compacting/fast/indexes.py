@@ -105,6 +105,9 @@ class BodyIndex:
         item: Message = orjson.loads(self.body[self.items.starts[index] : self.items.ends[index]])
         return item
 
+    def item_bytes(self, index: int) -> int:
+        return self.items.ends[index] - self.items.starts[index]
+
 
 @dataclass(frozen=True)
 class Continuation:
