@@ -184,7 +184,8 @@ async def prepare_figures(
                         started = time.perf_counter()
                         exchange = await hook.prepare(ctx, body)
                         took.append((time.perf_counter() - started) * 1000)
-                        statuses.append(exchange.headers.get(STATUS))
+                        outcome = exchange.outcome
+                        statuses.append(outcome.status if outcome is not None else None)
                     # Decided from what is remembered, not by the full path (a precompute check).
                     known = app[keys.METRICS].registry.get_sample_value(
                         "compaction_proxy_recognized_requests_total",
