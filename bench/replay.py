@@ -67,6 +67,8 @@ _ADMIN_TOKEN = "replay-admin"
 _TIMES = frozenset({"time", "duration_ms", "first_seen", "last_seen"})
 # Ids drawn at random per compaction: compared by their order of appearance instead.
 _IDS = frozenset({"id", "extends"})
+# What tells the two runs apart by design: a record says which mode computed it.
+_MODE = "mode"
 # The runs of the shadow proof: each compaction on the request that reaches the trigger, which
 # waits for it (see --shadow).
 _PROOF = {"precompute_ratio": 0, "fit_ratio": None, "summary_timeout_s": 120}
@@ -346,7 +348,7 @@ def comparable(found: Any, ids: dict[str, str] | None = None) -> Any:
         return found
     kept: dict[str, Any] = {}
     for key, value in found.items():
-        if key in _TIMES:
+        if key in _TIMES or key == _MODE:
             continue
         if key in _IDS and isinstance(value, str):
             value = ids.setdefault(value, f"compaction #{len(ids) + 1}")

@@ -177,7 +177,7 @@ function receipt(record) {
   const memory = el("ul", { className: "memory-items" },
     ...(record.memory_written || []).map((item) => el("li", {}, el("b", {}, item.type), " ", item.content)));
   return el("article", { className: "receipt", dataset: { compaction: record.id } },
-    el("h4", {}, `${record.time} · ${record.reason} · path ${record.path}`),
+    el("h4", {}, `${record.time} · ${record.reason} · path ${record.path}` + (record.mode === "shadow" ? " · shadow: computed, not forwarded" : "")),
     el("dl", { className: "figures" },
       el("div", {}, el("dt", {}, "tokens"), el("dd", { className: "receipt-tokens" }, `${number(record.tokens_before)} → ${number(record.tokens_after)}`)),
       el("div", {}, el("dt", {}, "messages"), el("dd", {}, `${number(record.messages_before)} → ${number(record.messages_after)}`)),

@@ -471,6 +471,7 @@ class Conversations:
             # come, and fits the request well before it reaches that target.
             fits=not self.needs(req, result.tokens_after, compacted=True),
             waited=waited,
+            mode=self._options.mode,
         )
         return result
 

@@ -44,11 +44,13 @@ def record_compaction(
     checkpoint: Checkpoint | None,
     fits: bool,
     waited: str | None = None,
+    mode: str = "on",
 ) -> None:
     """Count one compaction, add its record to the session's /admin records, log one line.
     `fits`: whether the compacted view goes out as it is (below the request's trigger);
     `waited`: why a request waited for this compaction (None: none did, it was prepared
-    ahead)."""
+    ahead); `mode`: compaction.mode, "shadow" when it was only computed and the client's
+    request went upstream as sent."""
     metrics.compactions.labels(reason=reason, path=result.path, dialect=request.dialect.name).inc()
     if result.path != "unchanged":
         metrics.tokens_saved.inc(max(0, result.tokens_before - result.tokens_after))
@@ -71,6 +73,7 @@ def record_compaction(
         {
             "id": result.compaction_id,
             "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "mode": mode,
             "reason": reason,
             "path": result.path,
             "strategy": result.strategy,

@@ -22,6 +22,7 @@ from tests.proxy.conftest import RunningProxy
 
 # The figures of a compaction record that do not depend on time or on random ids.
 _FIGURES = (
+    "mode",
     "reason",
     "path",
     "dialect",
@@ -101,8 +102,10 @@ async def test_shadow_forwards_the_clients_bytes_and_records_what_on_does(
     # The same compactions, with the same figures, and the same memory file.
     on_figures, shadow_figures = _figures(on), _figures(shadow)
     assert len(on_figures) == len(shadow_figures) == 1
-    for key in _FIGURES:
+    for key in _FIGURES[1:]:
         assert shadow_figures[0][key] == on_figures[0][key], key
+    # What was only computed says so: the dashboard tells it from what was forwarded.
+    assert on_figures[0]["mode"] == "on" and shadow_figures[0]["mode"] == "shadow"
     memory = "agent-1/compaction_flush.jsonl"
     assert _items(tmp_path / "shadow" / memory) == _items(tmp_path / "on" / memory) != []
     assert len(script.calls("summary")) == 2
