@@ -76,6 +76,16 @@ def cache_key_session(payload: Mapping[str, object]) -> str | None:
     return key if _is_name(key) else None
 
 
+OPENAI_NAMES: tuple[NameReader, ...] = (
+    codex_session,
+    gateway_session,
+    claude_code_session,
+    cache_key_session,
+)
+"""Where an OpenAI-shaped request (chat or Responses) names its conversation, first match wins:
+clients send these fields to both APIs alike."""
+
+
 def _codex_thread(turn: str) -> str | None:
     """The thread in Codex's turn metadata (a JSON object as a string): each thread is one
     conversation (a sub-agent's too), `session_id` the whole run's."""

@@ -26,14 +26,6 @@ from proxy.dialects.payload import (
 from proxy.dialects.usage import counted
 
 _HEAD_ROLES = ("system", "developer")
-# Where an OpenAI-shaped request may name its conversation (clients send these to chat and
-# Responses alike).
-_SESSION_NAMES: tuple[naming.NameReader, ...] = (
-    naming.codex_session,
-    naming.gateway_session,
-    naming.claude_code_session,
-    naming.cache_key_session,
-)
 # Fields of the agent's request that shape its answer, not its prompt: a cached summary request
 # leaves them out (a structured-output schema would hold the summary to the agent's format).
 _ANSWER_FIELDS = (
@@ -113,7 +105,7 @@ class ChatCompletions(ItemsDialect):
         return clients.own_compaction(headers, payload, said)
 
     def session_name(self, payload: Mapping[str, object]) -> str | None:
-        return naming.first_name(payload, _SESSION_NAMES)
+        return naming.first_name(payload, naming.OPENAI_NAMES)
 
     def spent_tokens(self, usage: object) -> tuple[int, int]:
         return counted(usage, "prompt_tokens"), counted(usage, "completion_tokens")

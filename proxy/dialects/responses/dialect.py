@@ -33,13 +33,6 @@ from proxy.dialects.responses.streams import ResponsesStream
 from proxy.dialects.usage import counted
 
 _HEAD_ROLES = ("system", "developer")
-# Where a Responses request names its conversation: Codex's fields first, the generic ones after.
-_SESSION_NAMES: tuple[naming.NameReader, ...] = (
-    naming.codex_session,
-    naming.gateway_session,
-    naming.claude_code_session,
-    naming.cache_key_session,
-)
 
 
 # Fields of the agent's request that shape its answer, not its prompt: a cached summary request
@@ -142,7 +135,7 @@ class ResponsesAPI(ItemsDialect):
         return rules.own_compaction(payload, last, headers)
 
     def session_name(self, payload: Mapping[str, object]) -> str | None:
-        return naming.first_name(payload, _SESSION_NAMES)
+        return naming.first_name(payload, naming.OPENAI_NAMES)
 
     def spent_tokens(self, usage: object) -> tuple[int, int]:
         return counted(usage, "input_tokens"), counted(usage, "output_tokens")
