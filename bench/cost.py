@@ -690,7 +690,7 @@ def price_of(config: str | None) -> Price:
 
 def pace_of(args: argparse.Namespace) -> Pace | None:
     """The agent pace the arguments ask for; None: the sequential model."""
-    if getattr(args, "pace", "sequential") != "agent":
+    if args.pace != "agent":
         return None
     return Pace(
         unit_s=args.unit_s,
@@ -714,7 +714,7 @@ def describe_time(args: argparse.Namespace, pace: Pace | None) -> str:
 async def run(args: argparse.Namespace) -> list[tuple[str, Outcome]]:
     wire = WIRES[args.dialect]
     price = price_of(args.config)
-    sources = QUICK_SOURCES if args.quick else tuple(getattr(args, "sources", None) or SOURCES)
+    sources = QUICK_SOURCES if args.quick else tuple(args.sources or SOURCES)
     per_source = 1 if args.quick else args.per_source
     picked = {name: conversations_of(name, per_source) for name in sources}
     windows = args.windows[:1] if args.quick else args.windows

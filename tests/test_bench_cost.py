@@ -73,6 +73,7 @@ async def test_the_quick_run_replays_the_corpus_and_its_figures_add_up(corpus_di
         turn_s=20.0,
         time_scale=0.001,  # quick; the figures asserted here do not depend on the pace
         pace="sequential",
+        sources=None,
         dialect="chat",
         config=None,
         set=[],
@@ -118,6 +119,7 @@ async def test_the_paced_run_replays_conversations_at_once_and_bills_the_proxy_s
         windows=[8000],
         per_source=1,
         pace="agent",
+        sources=None,
         unit_s=0.005,  # quick; what is asserted does not depend on the pace
         turn_units=3.0,
         tool_units=1.0,
