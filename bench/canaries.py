@@ -44,6 +44,7 @@ from compaction_kit.session import SeededSession
 from bench.facts import visible_text
 from bench.forwarding import Forwarder
 from compaction import ChatLLM, Compactor, Strategy
+from compaction.settings import TARGET_RATIO
 from compaction.types import Message, Purpose
 
 GENERIC_SUMMARY = "The user and the assistant worked through several items of the project."
@@ -157,10 +158,18 @@ async def replay(
     window: int,
     tally: Tally,
     strategy: Strategy = "hybrid",
+    target_ratio: float = TARGET_RATIO,
 ) -> None:
     """The agent's requests, each the history up to a user or tool message, forwarded as the
     proxy would; the canaries probed in what the model receives at each growth mark."""
-    forwarder = Forwarder(messages, seed=b"canaries", window=window, llm=llm, strategy=strategy)
+    forwarder = Forwarder(
+        messages,
+        seed=b"canaries",
+        window=window,
+        llm=llm,
+        strategy=strategy,
+        target_ratio=target_ratio,
+    )
     probe = BehaviorProbe()
     ends = [i + 1 for i, m in enumerate(messages) if m["role"] in ("user", "tool")]
     marks = {end: mark for mark, end in reached.items()}
@@ -184,7 +193,14 @@ async def measure(args: argparse.Namespace) -> dict[str, Tally]:
             for name in args.models:
                 llm = SUMMARIZERS[name]()
                 await replay(
-                    messages, canaries, reached, llm, args.window, tallies[name], args.strategy
+                    messages,
+                    canaries,
+                    reached,
+                    llm,
+                    args.window,
+                    tallies[name],
+                    args.strategy,
+                    args.target_ratio,
                 )
     return tallies
 
@@ -205,7 +221,12 @@ async def measure_http(args: argparse.Namespace, dialect: str) -> dict[str, Tall
                 label = f"{dialect}-{name}-{kind}-{seed}"
                 conversations.append((label, messages, canaries, reached))
         tallies[name].compactions = await replay_over_http(
-            conversations, WIRES[dialect], SUMMARIZERS[name](), args.window, tallies[name].count
+            conversations,
+            WIRES[dialect],
+            SUMMARIZERS[name](),
+            args.window,
+            tallies[name].count,
+            args.target_ratio,
         )
     return tallies
 
@@ -236,15 +257,18 @@ def main() -> None:
         "--dialects", nargs="*", default=["chat", "responses", "anthropic"], help="with --http"
     )
     parser.add_argument("--strategy", choices=["summary", "selective", "hybrid"], default="hybrid")
+    parser.add_argument(
+        "--target-ratio", type=float, default=TARGET_RATIO, help="compaction.target_ratio"
+    )
     args = parser.parse_args()
     args.growth = sorted(args.growth)
     if not args.http:
         tallies = asyncio.run(measure(args))
-        print(f"strategy {args.strategy}")
+        print(f"strategy {args.strategy}, target_ratio {args.target_ratio}")
         print(report(tallies, args.growth, args.window))
         return
     for dialect in args.dialects:
-        print(f"through the proxy over HTTP, {dialect}")
+        print(f"through the proxy over HTTP, {dialect}, target_ratio {args.target_ratio}")
         tallies = asyncio.run(measure_http(args, dialect))
         print(report(tallies, args.growth, args.window).replace("compactions", "summary calls"))
 

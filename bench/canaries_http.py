@@ -88,6 +88,7 @@ async def replay_over_http(
     summarizer: ChatLLM | None,
     window: int,
     count: Callable[[Canary, int, bool], None],
+    target_ratio: float,
 ) -> int:
     """Each conversation's requests sent through a proxy in front of FakeApis; `count(canary,
     mark, survived)` for every canary at every growth mark. Returns the summarizer calls."""
@@ -98,7 +99,7 @@ async def replay_over_http(
     try:
         with tempfile.TemporaryDirectory() as memory:
             proxy_runner, proxy_url = await serve_on_loopback(
-                create_app(proxy_settings(upstream_url, window, memory))
+                create_app(proxy_settings(upstream_url, window, memory, target_ratio))
             )
             try:
                 async with aiohttp.ClientSession() as client:
@@ -113,7 +114,7 @@ async def replay_over_http(
     return apis.summary_calls
 
 
-def proxy_settings(upstream_url: str, window: int, memory: str) -> Settings:
+def proxy_settings(upstream_url: str, window: int, memory: str, target_ratio: float) -> Settings:
     return Settings.model_validate(
         {
             "upstream": {
@@ -121,7 +122,7 @@ def proxy_settings(upstream_url: str, window: int, memory: str) -> Settings:
                 "anthropic_base_url": f"{upstream_url}/v1",
             },
             "models": {"default_context_window": window},
-            "compaction": {"precompute_ratio": 0},
+            "compaction": {"precompute_ratio": 0, "target_ratio": target_ratio},
             "memory": {"dir": memory},
             "state": {"backend": "memory"},
             "logging": {"level": "ERROR"},  # a failing summarizer ("none") is a warning each time

@@ -19,6 +19,7 @@ from compaction.checkpoints import (
     find_longest,
     prefix_digests,
 )
+from compaction.settings import TARGET_RATIO
 from compaction.types import Message
 
 
@@ -42,12 +43,17 @@ class Forwarder:
         llm: ChatLLM | None,
         tools: Tools = None,
         strategy: Strategy = "hybrid",
+        target_ratio: float = TARGET_RATIO,
     ) -> None:
         self._messages = messages
         self._window = window
         self._llm = llm
         self._tools = tools
-        self._compactor = Compactor(settings=CompactionSettings(llm_timeout_s=5, strategy=strategy))
+        self._compactor = Compactor(
+            settings=CompactionSettings(
+                llm_timeout_s=5, strategy=strategy, target_ratio=target_ratio
+            )
+        )
         self._store = CheckpointCache()
         self._digests = prefix_digests(messages, seed)
 

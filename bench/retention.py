@@ -51,6 +51,7 @@ from bench.facts import (
 from bench.facts import flat as flatten
 from bench.forwarding import Forwarder
 from compaction import Strategy
+from compaction.settings import TARGET_RATIO
 from compaction.types import Message, Purpose
 
 FILES = {
@@ -131,14 +132,24 @@ def _measure(
 
 
 async def replay(
-    conversation: dict[str, Any], window: int, lossy: bool, strategy: Strategy = "hybrid"
+    conversation: dict[str, Any],
+    window: int,
+    lossy: bool,
+    strategy: Strategy = "hybrid",
+    target_ratio: float = TARGET_RATIO,
 ) -> Tally:
     messages: list[Any] = conversation["messages"]
     tools = conversation.get("tools") or None
     tally = Tally(conversations=1)
     llm = LossyLLM() if lossy else None
     forwarder = Forwarder(
-        messages, seed=b"retention", window=window, llm=llm, tools=tools, strategy=strategy
+        messages,
+        seed=b"retention",
+        window=window,
+        llm=llm,
+        tools=tools,
+        strategy=strategy,
+        target_ratio=target_ratio,
     )
     facts = [facts_of(m) for m in messages]
     task_index = next((i for i, m in enumerate(messages) if is_request(m)), None)
@@ -185,7 +196,7 @@ async def replay(
     return tally
 
 
-def _job(args: tuple[dict[str, Any], int, bool, Strategy]) -> Tally:
+def _job(args: tuple[dict[str, Any], int, bool, Strategy, float]) -> Tally:
     return asyncio.run(replay(*args))
 
 
@@ -220,11 +231,15 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--examples", action="store_true", help="print one final summary each")
     parser.add_argument("--strategy", choices=["summary", "selective", "hybrid"], default="hybrid")
+    parser.add_argument(
+        "--target-ratio", type=float, default=TARGET_RATIO, help="compaction.target_ratio"
+    )
     args = parser.parse_args()
     if not has_corpus():
         print(f"corpus not found at {corpus_dir()} (set {CORPUS_ENV})", file=sys.stderr)
         return 2
     started = time.perf_counter()
+    print(f"strategy {args.strategy}, target_ratio {args.target_ratio}")
     print(
         f"{'source window model':<22} conv   reqs comp/c  most   task  inv  post"
         f"  {'  '.join(k[:5].rjust(5) for k in KINDS)}  calls  prev"
@@ -235,7 +250,10 @@ def main() -> int:
             conversations = sample(corpus_dir() / FILES[source], args.per_source)
             for window in args.windows:
                 for model in args.models:
-                    jobs = [(c, window, model == "lossy", args.strategy) for c in conversations]
+                    jobs = [
+                        (c, window, model == "lossy", args.strategy, args.target_ratio)
+                        for c in conversations
+                    ]
                     tally = Tally()
                     for part in pool.map(_job, jobs, chunksize=4):
                         tally.add(part)
