@@ -132,8 +132,8 @@ async def test_hybrid_summarizes_when_previews_are_not_enough() -> None:
 async def test_hybrid_takes_previews_that_reach_halfway_from_the_target_to_the_trigger(
     blocks: int, enough: bool
 ) -> None:
-    # At the default ratios (target 0.45, trigger 0.85) previews alone are enough when they
-    # bring the request to 0.65 of the window: eight blocks leave three long outputs to
+    # At the default ratios (target 0.35, trigger 0.85) previews alone are enough when they
+    # bring the request to 0.60 of the window: eight blocks leave three long outputs to
     # reduce, six only one.
     messages = listing_conversation(blocks=blocks)
     estimator = HeuristicEstimator()
@@ -149,13 +149,14 @@ async def test_hybrid_takes_previews_that_reach_halfway_from_the_target_to_the_t
         assert result.tokens_after <= compaction.plan.target_tokens
 
 
-@pytest.mark.parametrize("options", [{"max_output_tokens": 0.3}, {"target_ratio": 0.37}])
+@pytest.mark.parametrize("options", [{"max_output_tokens": 0.3}, {"target_ratio": 0.3}])
 async def test_the_bar_moves_with_the_trigger_and_with_a_target_prepared_ahead(
     options: dict[str, float],
 ) -> None:
     # Eight blocks leave the request at 0.59 of the window after every preview: enough against
-    # the defaults' 0.65, not when max_tokens brings the trigger to 0.7 (halfway from 0.45:
-    # 0.575), nor for a compaction prepared ahead at a target of 0.37 (0.37 + 0.2).
+    # the defaults' 0.60, not when max_tokens brings the trigger to 0.7 (halfway from 0.35:
+    # 0.525), nor for a compaction prepared ahead at a target of 0.30 (halfway to the trigger:
+    # 0.575).
     messages = listing_conversation(blocks=8)
     estimator = HeuristicEstimator()
     window = int(sum(map(estimator.count_message, messages)) / 0.9)
