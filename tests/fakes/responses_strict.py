@@ -114,9 +114,14 @@ REASONING: dict[str, Any] = {"type": "reasoning", "summary": []}
 """A reasoning item for a `turn` to put before the item it leads to."""
 
 
+def reason_then_answer(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The default `turn`: a reasoning item, then "Done."."""
+    return [REASONING, say("Done.")]
+
+
 @dataclass
 class StrictResponses:
-    turn: Turn = lambda payload: [REASONING, say("Done.")]
+    turn: Turn = reason_then_answer
     window: int = 200_000
     received: list[Received] = field(default_factory=list)
     refused: list[Refusal] = field(default_factory=list)
