@@ -4,9 +4,9 @@ strict fake of Anthropic's rules (tests/fakes/anthropic_strict.py: the prefix ch
 docs `build-with-claude/preserved-thinking` and `.../preserved-thinking/prefix-checks`, the
 window check on prompt + `max_tokens`).
 
-One `claude -p` conversation: a tool loop whose shell outputs grow it past the trigger several
-times; after the first compaction the model asks `recall` once for a folded output, and the
-proxy answers it in a hidden round. Every request the client sent is answered 200, the strict
+One `claude -p` conversation, then resumed (`--continue`): a tool loop whose shell outputs grow
+it past the trigger several times; after the first compaction the model asks `recall` once for
+a folded output, and the proxy answers it in a hidden round. Every request the client sent is answered 200, the strict
 upstream refuses none (neither the agent's nor the proxy's summary calls), the conversation was
 compacted (records and `x-compaction-status`), and the recall round happened and answered with
 the folded output.
@@ -31,7 +31,7 @@ from proxy.http.serving import serve_on_loopback
 from proxy.settings import Settings
 from tests.e2e.apis import DONE, shell_command
 from tests.e2e.conftest import ADMIN_TOKEN, client_binary
-from tests.e2e.test_clients import run
+from tests.e2e.test_clients import FOLLOW_UP, run
 from tests.fakes.anthropic_strict import StrictAnthropic
 
 MODEL = "claude-opus-5-5"
@@ -160,10 +160,16 @@ async def test_claude_code_on_a_preserved_thinking_model_is_compacted_and_recall
         "DISABLE_TELEMETRY": "1",
         "IS_SANDBOX": "1",  # lets root skip the permission prompts
     }
-    argv = (claude, "-p", "--model", MODEL, "--dangerously-skip-permissions", TASK)
-    out = await run(argv, env, work)
+    flags = ("--model", MODEL, "--dangerously-skip-permissions")
+    out = await run((claude, "-p", *flags, TASK), env, work)
     assert DONE in out, out[-2000:]
     api = strict_stack.api
+    # Resumed: the compacted conversation and its thinking, sent back by a new client process.
+    sent = len(api.requests)
+    out = await run((claude, "-p", *flags, "--continue", FOLLOW_UP), env, work)
+    assert DONE in out, out[-2000:]
+    assert FOLLOW_UP in orjson.dumps(api.requests[-1]["messages"]).decode()
+    assert len(api.requests) > sent
 
     # No request refused by the strict upstream: the agent's, or the proxy's summary calls.
     assert api.refused == []
