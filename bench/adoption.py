@@ -1,15 +1,18 @@
 """Real agents' traffic shapes through the proxy: does any request wait on a summarizer?
 
     .venv/bin/python -m bench.adoption [--steps 120] [--summarizer-s 3] [--think-s 0.5]
+        [--strategy summary]
 
-The proxy runs through its CLI (default config but the windows) in its own process, against a
+The proxy runs through its CLI (default config but the windows, and `compaction.strategy` when
+`--strategy` names one: `summary` asks the summarizer at every compaction) in its own process, against a
 scripted upstream on loopback in this one (tests.fakes: it answers the agent's turns after
 `--think-s`, as a model takes its time, and summaries after `--summarizer-s`). Each shape is one
 conversation growing by a tool round per request, sent one request at a time as an agent does:
 
 - Claude Code: Anthropic Messages, a fixed head (system prompt and tools) of ~22k tokens,
-  `max_tokens` 32k or 64k, windows 100k and 200k. The `max_tokens` rule fires before the ratio:
-  at 68k of 100k for 32k (the trigger moves, and preparing ahead must move with it).
+  `max_tokens` 32k or 64k with thinking enabled at a budget one below it (as Claude Code sends
+  it), windows 100k and 200k. The `max_tokens` rule fires before the ratio: at 68k of 100k for
+  32k (the trigger moves, and preparing ahead must move with it).
 - Codex: Responses, a ~10k head (instructions and tools), no `max_output_tokens`, a 128k window.
 
 Printed per shape: requests, how many compacted (`applied`), how many waited on a summarizer
@@ -17,7 +20,9 @@ in steady state (compacted or reused with the proxy's own time at least half the
 target 0), how many others took a second or more (`slow`: waiting on the worker pool),
 the proxy's own time (`x-compaction-proxy-overhead-ms`) for the first request (a long body is
 indexed in a worker, and the pool starts on its first job) and p50 / p99 / max for the others;
-and the forwarded bodies the fake APIs found invalid (target 0).
+and the forwarded bodies the fake APIs found invalid (target 0). Then the proxy's own calls
+(summaries, memory items) whose prompt plus `max_tokens` exceeds the model's window (target 0:
+a real upstream refuses them, and the proxy falls back to a summary built by code).
 """
 
 from __future__ import annotations
@@ -38,8 +43,8 @@ from aiohttp import web
 from bench.dialects import to_anthropic, to_responses
 from bench.passthrough import free_port, spawn, stop, wait_ready
 from tests import factories as f
-from tests.fakes.script import Script
-from tests.fakes.upstream import FakeUpstream
+from tests.fakes.script import PURPOSE, Script, body_tokens
+from tests.fakes.upstream import FakeUpstream, Recorded
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERHEAD = "x-compaction-proxy-overhead-ms"
@@ -124,6 +129,8 @@ def body_of(shape: Shape, messages: list[dict[str, Any]], tools: list[dict[str, 
     if shape.api == "anthropic":
         body = to_anthropic(messages, tools)
         body["max_tokens"] = shape.max_tokens
+        if shape.max_tokens is not None:
+            body["thinking"] = {"type": "enabled", "budget_tokens": shape.max_tokens - 1}
     else:
         body = to_responses(messages, tools)
     body["model"] = shape.model
@@ -159,14 +166,15 @@ async def converse(session: aiohttp.ClientSession, proxy: str, shape: Shape, ste
     return figures
 
 
-def config(shapes: list[Shape], memory: str) -> str:
+def config(shapes: list[Shape], memory: str, strategy: str | None = None) -> str:
     windows = {s.model: s.window for s in shapes}
-    return orjson.dumps(
-        {"models": {"context_windows": windows}, "memory": {"dir": memory}}
-    ).decode()
+    settings: dict[str, Any] = {"models": {"context_windows": windows}, "memory": {"dir": memory}}
+    if strategy is not None:
+        settings["compaction"] = {"strategy": strategy}
+    return orjson.dumps(settings).decode()
 
 
-async def run(steps: int, summarizer_s: float, think_s: float) -> None:
+async def run(steps: int, summarizer_s: float, think_s: float, strategy: str | None) -> None:
     async with FakeUpstream() as upstream:
         script = Script(upstream)
         answer_summary, answer_turn = script.summary, script.chat
@@ -184,7 +192,7 @@ async def run(steps: int, summarizer_s: float, think_s: float) -> None:
         port = free_port()
         with tempfile.TemporaryDirectory() as scratch:
             settings = Path(scratch) / "config.yaml"  # JSON is YAML
-            settings.write_text(config(SHAPES, str(Path(scratch) / "memory")))
+            settings.write_text(config(SHAPES, str(Path(scratch) / "memory"), strategy))
             proxy = spawn(
                 [
                     *("-m", "proxy", "--port", str(port), "--config", str(settings)),
@@ -204,6 +212,9 @@ async def run(steps: int, summarizer_s: float, think_s: float) -> None:
             finally:
                 stop([proxy])
         report(results, summarizer_s, think_s, elapsed, len(script.problems))
+        own = [r for r in upstream.requests if r.headers.get(PURPOSE) is not None]
+        over = over_window(own, {s.model: s.window for s in SHAPES})
+        print(f"summary requests over window: {over} (of {len(own)} calls of the proxy's own)")
 
 
 def report(
@@ -229,13 +240,26 @@ def report(
     print(f"forwarded bodies the fake APIs found invalid: {invalid}")
 
 
+def over_window(calls: list[Recorded], windows: dict[str, int]) -> int:
+    """The calls whose prompt (as the proxy estimates it) plus the `max_tokens` they ask exceed
+    their model's window."""
+    over = 0
+    for call in calls:
+        payload = call.json()
+        window = windows.get(str(payload.get("model")))
+        asked = payload.get("max_tokens") or payload.get("max_output_tokens") or 0
+        over += window is not None and body_tokens(call.path, payload) + asked > window
+    return over
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--summarizer-s", type=float, default=3.0)
     parser.add_argument("--think-s", type=float, default=0.5)
+    parser.add_argument("--strategy", choices=("summary", "selective", "hybrid"), default=None)
     args = parser.parse_args()
-    asyncio.run(run(args.steps, args.summarizer_s, args.think_s))
+    asyncio.run(run(args.steps, args.summarizer_s, args.think_s, args.strategy))
 
 
 if __name__ == "__main__":

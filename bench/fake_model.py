@@ -251,6 +251,8 @@ class FakeModel:
     busy_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     """Recall calls made, per `X-Bench-Question`."""
+    recalled: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    """The recall results read, per `X-Bench-Question`."""
     summary_calls: int = 0
     _ids: int = 0
 
@@ -281,7 +283,10 @@ class FakeModel:
         elif QUESTION not in request.headers:  # the agent's work, not a question: not measured
             response = await _reply(request, dialect, "Done.", None, stream)
         else:
-            answer, query = decide(read_turns(dialect, body))
+            turns = read_turns(dialect, body)
+            if turns.recalled is not None:
+                self.recalled[request.headers[QUESTION]].append(turns.recalled)
+            answer, query = decide(turns)
             call = None
             if query is not None:
                 self.calls[request.headers[QUESTION]] += 1

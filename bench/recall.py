@@ -102,6 +102,20 @@ class Answered:
     recall_ms: float | None
     question: Question | None = None
     answer: str = ""
+    results: tuple[str, ...] = ()
+    """The recall results the model read for it (one per round)."""
+
+    @property
+    def header_only(self) -> int:
+        """Results that carried only their header line: nothing for the model to answer from."""
+        return sum(not has_content(result) for result in self.results)
+
+
+def has_content(result: str) -> bool:
+    """Whether a recall result gives the model something: a result under its header, or a
+    sentence saying why none is shown (never a header line alone)."""
+    text = result.strip()
+    return "\n" in text or not text.endswith(":")
 
 
 def is_right(answer: str, question: Question) -> bool:
@@ -310,8 +324,9 @@ async def ask(
         rounds = int(response.headers.get(ROUNDS, "0"))
         recall_ms = response.headers.get(PROXY_MS)
     waited = time.perf_counter() - started
+    results = tuple(model.recalled.get(tag, ()))
     if status != 200:
-        return Answered(False, rounds, False, waited, None)
+        return Answered(False, rounds, False, waited, None, question, "", results)
     text, leaked = answer_text(dialect, raw, stream)
     rounds = max(rounds, model.calls.get(tag, 0))
     return Answered(
@@ -322,6 +337,7 @@ async def ask(
         float(recall_ms) if recall_ms is not None else None,
         question,
         text,
+        results,
     )
 
 
@@ -416,7 +432,7 @@ def report(
         f"{len(cases)} conversations ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))});"
         f" {results.excluded} of {results.asked} left out: the model misses them in full context",
         f"{'dialect':<10} {'stream':<6} {'recall on':>10} {'recall off':>11} {'rounds':>7}"
-        f" {'leaked':>7}",
+        f" {'leaked':>7} {'answered':>9} {'header only':>12}",
     ]
     every: dict[str, list[Answered]] = defaultdict(list)
     for dialect in dialects:
@@ -425,11 +441,19 @@ def report(
             off = results.answered[dialect, stream, "off"]
             every["on"] += on
             every["off"] += off
+            replied = f"{sum(bool(a.answer.strip()) for a in on)}/{len(on)}"
             lines.append(
                 f"{dialect:<10} {'yes' if stream else 'no':<6} {share(on):9.1f}% {share(off):10.1f}%"
-                f" {sum(a.rounds for a in on):7} {sum(a.leaked for a in on):7}"
+                f" {sum(a.rounds for a in on):7} {sum(a.leaked for a in on):7} {replied:>9}"
+                f" {sum(a.header_only for a in on):12}"
             )
     lines.append(f"{'all':<17} {share(every['on']):9.1f}% {share(every['off']):10.1f}%")
+    read = [result for a in every["on"] for result in a.results]
+    with_content = sum(map(has_content, read))
+    lines.append(
+        f"recall results with content: {with_content} of {len(read)} (header only: "
+        f"{len(read) - with_content}); answered: a 200 with a non-empty answer, recall on"
+    )
     header_ms = [a.recall_ms / a.rounds for a in every["on"] if a.recall_ms and a.rounds]
     if header_ms:
         lines.append(

@@ -1,6 +1,7 @@
 """bench.recall in a small configuration, so its figure cannot rot silently: the kit's canaries of
 one session grown 4 windows at 8k through the proxy, asked whole and streamed in each dialect; at
-least 99% answered right with recall, and no recall call ever reaches the client. The same
+least 99% answered right with recall, every recall result the model read carries content (never
+a header line alone), and no recall call ever reaches the client. The same
 questions without recall (the figure beside it) stay below."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.fake_model import Turns, decide, key_terms
-from bench.recall import Results, measure, parse, share
+from bench.recall import Results, has_content, measure, parse, share
 from bench.recall import build_cases as build
 
 OFFERED = [(dialect, stream) for dialect in ("chat", "responses", "anthropic")
@@ -33,6 +34,8 @@ async def test_a_small_recall_bench_answers_at_least_99_percent_with_recall(
         on = results.answered[dialect, stream, "on"]
         assert share(on) >= 99.0, (dialect, stream, [a.answer for a in on if not a.right])
         assert sum(a.rounds for a in on) > 0
+        read = [result for a in on for result in a.results]
+        assert read and all(map(has_content, read)), (dialect, stream, read)
     every = [a for answers in results.answered.values() for a in answers]
     assert not any(a.leaked for a in every)
     off = [a for (_, _, recall), answers in results.answered.items() if recall == "off"
@@ -62,3 +65,11 @@ def test_the_model_reads_a_recalled_line_holding_the_terms_in_order_and_skips_th
     recalled += "    90\t    # check some arabic"
     answered = Turns(question, ["We talked about the weather."], recalled, True)
     assert decide(answered) == ("    81\t    # check some classical latin symbols", None)
+
+
+def test_a_recall_result_of_its_header_alone_has_no_content() -> None:
+    header = "5 earlier result(s) for 'budget cap', best match first:"
+    assert not has_content(header)
+    assert not has_content(header + "\n\n")
+    assert has_content(header + "\n\n[1] turn 3, tool output:\nthe cap is 40")
+    assert has_content("Nothing earlier matches 'budget cap'. Try other key words.")

@@ -314,7 +314,7 @@ def build_hook(
         tasks=shared.tasks,
         archiving=shared.archiving,
         recall=shared.recall,
-        thinking=BoundThinking(settings.models, options.checkpoint_max_entries),
+        thinking=BoundThinking(settings.models, options.checkpoint_max_entries, bound=state),
     )
     discovery = None
     if settings.models.discover:

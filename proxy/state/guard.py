@@ -117,6 +117,16 @@ class Guarded:
             return True
         return marked
 
+    async def bound_models(self) -> Sequence[str]:
+        # Down: the ones this process learned (the backend learns them back from the next
+        # refusal, at most one per model and process).
+        local = await self._local.bound_models()
+        return await self._call("read", self.backend.bound_models, lambda: local)
+
+    async def add_bound_model(self, model: str) -> None:
+        await self._local.add_bound_model(model)
+        await self._call("write", lambda: self.backend.add_bound_model(model), lambda: None)
+
     async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
         # Down: every key is new here; the writer's own de-duplication still holds.
         return await self._call(

@@ -1,5 +1,5 @@
 """State in the process: checkpoints (bounded, least recently used first, each for `ttl_s`),
-cooldowns, and leases that are always granted. Lost at restart and not shared between replicas;
+cooldowns, bound models, and leases that are always granted. Lost at restart and not shared between replicas;
 also the in-process cache that a guarded backend falls back to. (`state.backend: memory` in the
 configuration.)"""
 
@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from compaction import Checkpoint, CheckpointCache
 from proxy.state.cooldown import Cooldown
-from proxy.state.roles import Lease, LocalLease
+from proxy.state.roles import MAX_BOUND_MODELS, Lease, LocalLease
 
 
 class LocalStore:
@@ -30,6 +30,7 @@ class LocalStore:
         self._table = CheckpointCache(max_entries, ttl_s, timer)
         self._cooldown = Cooldown(failure_threshold, failure_cooldown_s, timer)
         self._lease = LocalLease()
+        self._bound: dict[str, None] = {}  # oldest learned first
 
     async def open(self) -> None:
         return None
@@ -53,6 +54,15 @@ class LocalStore:
 
     async def record_outcome(self, key: str, *, ok: bool) -> None:
         self._cooldown.record(key, ok=ok)
+
+    async def bound_models(self) -> Sequence[str]:
+        return list(self._bound)
+
+    async def add_bound_model(self, model: str) -> None:
+        self._bound.pop(model, None)
+        self._bound[model] = None
+        while len(self._bound) > MAX_BOUND_MODELS:
+            del self._bound[next(iter(self._bound))]
 
     async def acquire(self, key: bytes) -> Lease | None:
         return self._lease

@@ -9,7 +9,8 @@
   renewed, released or renewed only by the holder of that id; a replica that dies lets it
   expire. Releases and writes are published on one channel that wakes waiting replicas (one
   subscription per process; a re-check at most once a second in case a notice is lost).
-- Cooldowns per model and tenant, compactions already forwarded, memory items per session (a set).
+- Cooldowns per model and tenant, compactions already forwarded, memory items per session (a set),
+  the bound models (one sorted set by when each was learned, the newest MAX_BOUND_MODELS kept).
 Scripts touch keys derived from their arguments: a single Redis, not Cluster.
 """
 
@@ -31,7 +32,7 @@ from proxy.state import redis_scripts as scripts
 from proxy.state.cooldown import FORGET_FAILURES_AFTER_S
 from proxy.state.redis_client import RedisClient
 from proxy.state.redis_notices import RECHECK_S, Notices
-from proxy.state.roles import CACHED_CHECKPOINTS, Lease
+from proxy.state.roles import CACHED_CHECKPOINTS, MAX_BOUND_MODELS, Lease
 from proxy.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,19 @@ class RedisStore:
         key = self._forwarded_key(compaction_id)
         return bool(await self._require().set(key, 1, px=self._ttl_ms, nx=True))
 
+    # -- bound models --------------------------------------------------------------------------
+
+    async def bound_models(self) -> Sequence[str]:
+        found = await self._require().zrange(self._bound_key(), 0, -1)
+        return [model.decode() if isinstance(model, bytes) else str(model) for model in found]
+
+    async def add_bound_model(self, model: str) -> None:
+        key = self._bound_key()
+        async with self._require().pipeline(transaction=True) as pipe:
+            pipe.zadd(key, {model: time.time()})
+            pipe.zremrangebyrank(key, 0, -MAX_BOUND_MODELS - 1)
+            await pipe.execute()
+
     # -- memory items --------------------------------------------------------------------------
 
     async def claim(self, session_id: str, keys: Sequence[str]) -> set[str]:
@@ -259,6 +273,9 @@ class RedisStore:
 
     def _forwarded_key(self, compaction_id: str) -> str:
         return f"{self._prefix.decode()}forwarded:{compaction_id}"
+
+    def _bound_key(self) -> str:
+        return f"{self._prefix.decode()}bound-models"
 
     def _memory_key(self, session_id: str) -> str:
         return f"{self._prefix.decode()}memory:{session_id}"

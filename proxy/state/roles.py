@@ -6,7 +6,9 @@ that plays them all.
 - Cooldowns: the summarizer's, per model and tenant (Conversations);
 - ForwardedMarks: compactions some request already went out with
   (proxy.compacting.decision.applied);
-- claims: compaction.ItemClaims, memory-file items de-duplicated across processes.
+- claims: compaction.ItemClaims, memory-file items de-duplicated across processes;
+- BoundModels: the models learned to bind their thinking to its prefix
+  (proxy.compacting.decision.thinking).
 
 A StateBackend plays every role and has a lifecycle; it is built once, in proxy.app.create_app
 (through proxy.state.factory), which hands each consumer its role.
@@ -68,7 +70,23 @@ class ForwardedMarks(Protocol):
         ...
 
 
-class StateBackend(CheckpointStore, Leases, Cooldowns, ForwardedMarks, ItemClaims, Protocol):
+MAX_BOUND_MODELS = 1024
+"""Bound models a backend keeps, the most recently learned."""
+
+
+class BoundModels(Protocol):
+    async def bound_models(self) -> Sequence[str]:
+        """The models learned to refuse a thinking block whose prefix changed (the "bound to a
+        different conversation" 400), by this process or another, before a restart or not: at
+        most MAX_BOUND_MODELS, the most recently learned."""
+        ...
+
+    async def add_bound_model(self, model: str) -> None: ...
+
+
+class StateBackend(
+    CheckpointStore, Leases, Cooldowns, ForwardedMarks, ItemClaims, BoundModels, Protocol
+):
     """Every role, in one place: the process (local), a file (sqlite) or Redis (redis)."""
 
     name: str

@@ -1,7 +1,8 @@
-"""Checkpoints, cooldowns and forwarded marks in the SQLite state file (the default backend).
+"""Checkpoints, cooldowns, forwarded marks and bound models in the SQLite state file (the
+default backend).
 
 The hot path never touches the file: the keys of every live checkpoint (with their cut and
-expiry) and the cooldowns are loaded into memory when the store opens, and checkpoints are read
+expiry), the cooldowns and the bound models are loaded into memory when the store opens, and checkpoints are read
 through a bounded cache, so a reused request is a few dictionary lookups. The file itself, with
 its one connection, its single writer thread, batched commits and pruning, is
 proxy.state.sqlite_file; this module's tables (`CheckpointTables`) are attached to it.
@@ -19,7 +20,7 @@ from cachetools import LRUCache
 
 from compaction import Checkpoint
 from proxy.state.cooldown import FORGET_FAILURES_AFTER_S, MAX_KEYS, Cooldown, CooldownState
-from proxy.state.roles import CACHED_CHECKPOINTS, Lease, LocalLease
+from proxy.state.roles import CACHED_CHECKPOINTS, MAX_BOUND_MODELS, Lease, LocalLease
 from proxy.state.sqlite_file import StateFile, is_corrupt
 
 _PRUNE_EVERY_S = 60.0
@@ -31,6 +32,7 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS cooldowns"
     " (key TEXT PRIMARY KEY, failures INTEGER NOT NULL, until REAL, failed_at REAL)",
     "CREATE TABLE IF NOT EXISTS forwarded (id TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS bound_models (model TEXT PRIMARY KEY, learned_at REAL NOT NULL)",
 )
 Index = dict[bytes, tuple[int, float]]
 """Checkpoint key -> (cut, expiry), oldest expiry first."""
@@ -38,14 +40,16 @@ Cooldowns = list[tuple[str, int, float, float | None]]
 """Key, consecutive failures, time of the last one, end of the cooldown (if open)."""
 Forwarded = dict[str, float]
 """Compaction id -> expiry, of the compactions some request went out with."""
-Loaded = tuple[Index, Cooldowns, Forwarded]
+Bound = list[str]
+"""The bound models, oldest learned first."""
+Loaded = tuple[Index, Cooldowns, Forwarded, Bound]
 
 
 class CheckpointTables:
     """The store's tables in the state file (proxy.state.sqlite_file.Tables): made, pruned
     and loaded on the file's thread; what was loaded waits in `loaded` for the store."""
 
-    carried: tuple[str, ...] = ("checkpoints", "cooldowns", "forwarded")
+    carried: tuple[str, ...] = ("checkpoints", "cooldowns", "forwarded", "bound_models")
 
     def __init__(self, max_entries: int) -> None:
         self._max_entries = max_entries
@@ -74,7 +78,11 @@ class CheckpointTables:
         forwarded = dict(
             connection.execute("SELECT id, expires_at FROM forwarded ORDER BY expires_at")
         )
-        self.loaded.append((index, cooldowns, forwarded))
+        bound = [
+            model
+            for (model,) in connection.execute("SELECT model FROM bound_models ORDER BY learned_at")
+        ]
+        self.loaded.append((index, cooldowns, forwarded, bound))
 
     def prune(self, connection: sqlite3.Connection, now: float) -> None:
         connection.execute("DELETE FROM checkpoints WHERE expires_at <= ?", (now,))
@@ -100,6 +108,11 @@ class CheckpointTables:
             "DELETE FROM forwarded WHERE id IN (SELECT id FROM forwarded"
             " ORDER BY expires_at DESC LIMIT -1 OFFSET ?)",
             (self._max_entries,),
+        )
+        connection.execute(
+            "DELETE FROM bound_models WHERE model IN (SELECT model FROM bound_models"
+            " ORDER BY learned_at DESC LIMIT -1 OFFSET ?)",
+            (MAX_BOUND_MODELS,),
         )
 
 
@@ -128,6 +141,7 @@ class SqliteStore:
         self._cooldown = Cooldown(failure_threshold, failure_cooldown_s, clock)
         self._index: dict[bytes, tuple[int, float]] = {}
         self._forwarded: dict[str, float] = {}  # compaction id -> expiry, oldest first
+        self._bound: dict[str, None] = {}  # bound models, oldest learned first
         # Checkpoints read back from the file or written, kept decoded: `cached` of them (a
         # reserve's carries its memory items, ~10 KB and more), never more than the file keeps
         # (a larger cache would keep checkpoints whose keys are already forgotten). The keys of
@@ -153,7 +167,11 @@ class SqliteStore:
         while loaded:
             self._restore(*loaded.pop(0))
 
-    def _restore(self, index: Index, cooldowns: Cooldowns, forwarded: Forwarded) -> None:
+    def _restore(
+        self, index: Index, cooldowns: Cooldowns, forwarded: Forwarded, bound: Bound
+    ) -> None:
+        for model in bound:
+            self._bound.setdefault(model, None)
         for compaction_id, expires_at in forwarded.items():
             self._forwarded.setdefault(compaction_id, expires_at)
         for key, entry in index.items():
@@ -272,6 +290,21 @@ class SqliteStore:
         while len(self._forwarded) > self._max_entries:
             del self._forwarded[next(iter(self._forwarded))]
         return True
+
+    async def bound_models(self) -> Sequence[str]:
+        await self._ensure_open()
+        return list(self._bound)
+
+    async def add_bound_model(self, model: str) -> None:
+        await self._ensure_open()
+        await self.file.write(
+            "INSERT OR REPLACE INTO bound_models (model, learned_at) VALUES (?, ?)",
+            (model, self._clock()),
+        )
+        self._bound.pop(model, None)
+        self._bound[model] = None
+        while len(self._bound) > MAX_BOUND_MODELS:
+            del self._bound[next(iter(self._bound))]
 
     # Leases and claims are the process's own (one process per file); each still opens the file
     # first, so that a call that succeeds tells the guard the file works.

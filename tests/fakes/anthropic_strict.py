@@ -290,7 +290,9 @@ def _digest(
 
 def _normal(value: Any) -> Any:
     if isinstance(value, dict):
-        if value.get("role") in ("user", "assistant") and isinstance(value.get("content"), str):
+        # A message's string content is read as one text block, whatever its role: Claude Code
+        # sends its `system`-role message as blocks first and as a string on later turns.
+        if "role" in value and isinstance(value.get("content"), str):
             value = {**value, "content": [{"type": "text", "text": value["content"]}]}
         return {k: _normal(v) for k, v in value.items() if k != "cache_control"}
     if isinstance(value, list):

@@ -189,6 +189,8 @@ class Conversations:
         the view to forward is chosen (`view`): a checkpoint's view under the trigger, else the
         view as it is while it still fits (its compaction starts in the background:
         proxy.compacting.decision.precompute), else a compaction is called for."""
+        if req.dialect.has_thinking:
+            await self.thinking.refresh()  # the bound models other processes learned
         before = self.estimate(req, history)
         stepped_aside = self.steps_aside(req, history)
         if stepped_aside is not None:

@@ -116,7 +116,9 @@ class CompactedExchange:
         kept = [dialect.without_thinking(m) or m for m in messages]
         kept = [m for m in kept if m.get("content")]  # a turn of thinking alone goes
         compaction_id = self._outcome.compaction_id
-        self._conversations.thinking.learn(request.model, compaction_id, len(request.messages))
+        await self._conversations.thinking.learn(
+            request.model, compaction_id, len(request.messages)
+        )
         self._body, self._tokens = dialect.serialize(body, payload, kept), tokens
         self._followup, self._plain, self._retried = None, None, True
         self._equip()

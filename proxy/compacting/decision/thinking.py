@@ -12,6 +12,11 @@ thinking is allowed: the docs' own advice for a history that is summarized,
 was written on that same compacted prefix, byte-stable request after request (the summary, the
 pinned turns, the tools with `recall`, the same turns stripped): it stays, and stays valid.
 
+The models learned from that 400 are kept in the state (`BoundModels`: the state file, or
+Redis shared by the replicas) and read back at most every REFRESH_S, so a restarted process or
+another replica strips their thinking before it is refused: at most one refused request per
+model and process, whichever process learned it.
+
 Where "before" ends is the number of messages of the first request this process forwarded with
 the compaction (`fresh_from`): the turns from there on were answered on the compacted prefix.
 It is kept in the process (a bounded table). A restarted process, or another replica, starts
@@ -22,7 +27,8 @@ refused), and a model that still refuses is retried once without any thinking in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from cachetools import LRUCache
@@ -31,13 +37,43 @@ from compaction import Message
 from proxy.compacting.decision.request import Decision, ParsedRequest
 from proxy.dialects import Dialect
 from proxy.settings import ModelsSettings
+from proxy.state.roles import BoundModels
+
+REFRESH_S = 10.0
+"""How often the bound models learned elsewhere are read back from the state, at most."""
 
 
 class BoundThinking:
-    def __init__(self, models: ModelsSettings, max_entries: int) -> None:
+    def __init__(
+        self,
+        models: ModelsSettings,
+        max_entries: int,
+        *,
+        bound: BoundModels | None = None,
+        refresh_s: float = REFRESH_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`bound`: where the models learned from a refusal are kept beyond the process (None:
+        in the process only)."""
         self._models = models
         self._fresh_from: LRUCache[str, int] = LRUCache(max_entries)
         self._learned: LRUCache[str, None] = LRUCache(models.max_models)
+        self._bound = bound
+        self._refresh_s = refresh_s
+        self._clock = clock
+        self._read_at: float | None = None
+
+    async def refresh(self) -> None:
+        """Take the models learned by another process, or by this one before a restart, from
+        the state: the first time, then at most every `refresh_s`."""
+        if self._bound is None:
+            return
+        now = self._clock()
+        if self._read_at is not None and now - self._read_at < self._refresh_s:
+            return
+        self._read_at = now
+        for model in await self._bound.bound_models():
+            self._learned[model] = None
 
     def applies(self, dialect: Dialect, model: str) -> bool:
         """True when `model`'s thinking blocks are bound to their prefix (configured, or
@@ -46,13 +82,16 @@ class BoundThinking:
             return False
         return model in self._learned or self._models.has_preserved_thinking(model)
 
-    def learn(self, model: str, compaction_id: str | None, count: int) -> None:
+    async def learn(self, model: str, compaction_id: str | None, count: int) -> None:
         """`model` refused a compacted request of `count` messages going out with
         `compaction_id` for a thinking block's prefix: from now on its compacted requests carry
-        none whose prefix changed, and that compaction's fresh turns start after these."""
+        none whose prefix changed, in this process and (through the state) in others, and
+        that compaction's fresh turns start after these."""
         self._learned[model] = None
         if compaction_id is not None:
             self._fresh_from[compaction_id] = count
+        if self._bound is not None:
+            await self._bound.add_bound_model(model)
 
     def forwarded(self, req: ParsedRequest, decision: Decision) -> Decision:
         """`decision` on `req` as it may go upstream (see `view`); its estimate less what was

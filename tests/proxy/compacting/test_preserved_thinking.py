@@ -53,10 +53,16 @@ def start(start_proxy: StartProxy, tmp_path: Path) -> Callable[..., Awaitable[Ru
 
 
 async def proxy_for(
-    start: Callable[..., Awaitable[RunningProxy]], api: StrictAnthropic, **models: Any
+    start: Callable[..., Awaitable[RunningProxy]],
+    api: StrictAnthropic,
+    *,
+    state: dict[str, Any] | None = None,
+    **models: Any,
 ) -> RunningProxy:
+    """A proxy in front of `api` (`state`: its state section; default in the process)."""
     return await start(
         upstream={"anthropic_base_url": api.base_url},
+        state=state or {"backend": "memory"},
         models={"default_context_window": WINDOW, **models},
         # Compacted where prompt + the client's 32,000 reach the window (the estimate, the
         # recall tool included, must not fall short of the upstream's count there).
