@@ -69,7 +69,7 @@ from compaction.messages import (
     strip_injected,
 )
 from compaction.offload import Inline, JsonArray, Offload, OffloadLost
-from compaction.plan import Trigger
+from compaction.plan import Trigger, room_for_prompt
 from compaction.settings import CompactionSettings, Strategy
 from compaction.stages import worker_mentions
 from compaction.summarize import is_substantive, recall_note, summary_message, summary_text
@@ -160,6 +160,7 @@ __all__ = [
     "read_items",
     "recall_note",
     "render_transcript",
+    "room_for_prompt",
     "strip_injected",
     "summary_message",
     "summary_text",

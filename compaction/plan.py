@@ -1,8 +1,8 @@
 """Decide when to compact and where to cut: pure arithmetic over Segments.
 
 The compacted request is head + summary + pinned + kept tail (see types.Plan). Its target is
-`target_ratio` of the window, well below the trigger so the next turns do not compact again, and
-never more than the window minus the requested output. Cuts fall only on block boundaries: as
+`target_ratio` of the window, well below the trigger so the next turns do not compact again; when
+the requested output brings the trigger closer, the target comes down with it in proportion. Cuts fall only on block boundaries: as
 many recent blocks are kept as fit the target (at least the last `keep_recent_rounds` rounds when
 they fit), and a round cut inside keeps its user message pinned, as does the conversation's task.
 """
@@ -17,6 +17,17 @@ from itertools import chain, takewhile
 from compaction.settings import KEEP_RECENT_ROUNDS, SUMMARY_MAX_TOKENS, TARGET_RATIO, TRIGGER_RATIO
 from compaction.tokens import REPLY_PRIMING_TOKENS
 from compaction.types import Block, Plan, Round, Segments
+
+FIT_MARGIN_RATIO = 0.01
+"""The share of the window kept free below where a request stops fitting (prompt plus its
+`max_tokens`), for the estimate's error: Claude Code at a 200k window asking 128k, a request the
+estimate put at 71.6k the upstream counted at 72.1k and refused."""
+
+
+def room_for_prompt(window: int, max_output_tokens: int) -> int:
+    """The largest prompt estimate that still fits `window` with `max_output_tokens` of output,
+    the margin kept."""
+    return window - max_output_tokens - math.ceil(FIT_MARGIN_RATIO * window)
 
 
 @dataclass(frozen=True)
@@ -43,7 +54,7 @@ class Trigger:
         if self.tokens is not None:
             at = min(at, self.tokens)
         if max_output_tokens is not None:
-            at = min(at, window - max_output_tokens + 1)
+            at = min(at, room_for_prompt(window, max_output_tokens) + 1)
         return at
 
     def is_reached(self, tokens: int, window: int, max_output_tokens: int | None = None) -> bool:
@@ -66,13 +77,17 @@ def target_tokens(
     """The prompt size to aim for: `target_ratio` of the window (of the trigger's effective
     window: Trigger), and room for the output.
 
-    A caller asking for a large `max_tokens` needs the prompt to leave that much of the window
-    free, whatever the ratio says; the smaller of the two limits wins.
+    A caller asking for a large `max_tokens` brings the trigger down to where the prompt stops
+    fitting with it; the target comes down in proportion (`target_ratio / trigger ratio` of that
+    limit), so as many requests go by before the next compaction as at the ratio's trigger.
+    Only the room left free for the output (Claude Code asks 128k of a 200k window: trigger at
+    70k, target 29k) would leave a compaction on nearly every request.
     """
     shares = window if trigger is None else trigger.effective_window(window)
     target = int(target_ratio * shares)
     if max_output_tokens is not None:
-        target = min(target, window - max_output_tokens)
+        ratio = TRIGGER_RATIO if trigger is None else trigger.ratio
+        target = min(target, int(target_ratio / ratio * room_for_prompt(window, max_output_tokens)))
     return max(target, 0)
 
 

@@ -21,6 +21,7 @@ from compaction.plan import (
     _tokens,
     plan_compaction,
     preview_slack,
+    room_for_prompt,
     target_tokens,
 )
 from compaction.segment import split
@@ -71,8 +72,10 @@ def test_should_compact_at_the_trigger_ratio() -> None:
 
 
 def test_should_compact_when_the_requested_output_no_longer_fits() -> None:
-    assert Trigger().is_reached(70_000, 100_000, max_output_tokens=30_001)
-    assert not Trigger().is_reached(70_000, 100_000, max_output_tokens=30_000)
+    # With the estimate's margin (1% of the window) kept free: 69k + 30k + 1k.
+    assert Trigger().is_reached(69_001, 100_000, max_output_tokens=30_000)
+    assert not Trigger().is_reached(69_000, 100_000, max_output_tokens=30_000)
+    assert room_for_prompt(100_000, 30_000) == 69_000
 
 
 def test_an_absolute_trigger_fires_first_when_it_comes_before_the_ratio() -> None:
@@ -83,7 +86,7 @@ def test_an_absolute_trigger_fires_first_when_it_comes_before_the_ratio() -> Non
     # The ratio's trigger comes first on a small window, and so does a max_tokens that no
     # longer fits.
     assert trigger.at(128_000) == 108_800
-    assert trigger.at(1_000_000, max_output_tokens=900_000) == 100_001
+    assert trigger.at(1_000_000, max_output_tokens=900_000) == 90_001
     assert Trigger(0.85, None).at(1_000_000) == 850_000
 
 
@@ -99,21 +102,25 @@ def test_an_absolute_trigger_moves_the_target_and_the_previews_bar_with_it() -> 
     assert preview_slack(235_294, 0.45, Trigger(0.85), None) == 47_059
 
 
-def test_target_leaves_room_for_the_requested_output() -> None:
+def test_target_comes_down_with_a_trigger_the_requested_output_brings_closer() -> None:
     assert target_tokens(100_000, 0.6, None) == 60_000
-    assert target_tokens(100_000, 0.6, 10_000) == 60_000
-    assert target_tokens(100_000, 0.6, 50_000) == 50_000
+    assert target_tokens(100_000, 0.6, 10_000) == 60_000  # the trigger stays at 85k
+    # Trigger at 49k (50k of output, 1k of margin): the target 0.6/0.85 of it, not just below.
+    assert target_tokens(100_000, 0.6, 50_000) == 34_588
     assert target_tokens(100, 0.6, 500) == 0
+    # Claude Code on a 200k window asks 128k: trigger at 70k, target 29k (not 70k, which left
+    # a compaction on nearly every request).
+    assert Trigger().at(200_000, 128_000) == 70_001
+    assert target_tokens(200_000, 0.35, 128_000, Trigger()) == 28_823
 
 
 def test_previews_alone_must_reach_halfway_from_the_target_to_the_trigger() -> None:
     # 45k + 20k: 0.65 of the window.
     assert preview_slack(100_000, 0.45, Trigger(0.85), None) == 20_000
-    # A large max_tokens brings the trigger closer (68k), and with it the halfway point (56.5k).
-    assert preview_slack(100_000, 0.45, Trigger(0.85), 32_000) == 11_500
-    assert preview_slack(100_000, 0.45, Trigger(0.85), 50_000) == 2_500  # trigger 50k, target 45k
-    # Or sets the target itself: no room between the two, previews must reach the target.
-    assert preview_slack(100_000, 0.45, Trigger(0.85), 60_000) == 0
+    # A large max_tokens brings the trigger closer (67k) and the target with it (35.5k): the
+    # halfway point keeps its share of the room between them.
+    assert preview_slack(100_000, 0.45, Trigger(0.85), 32_000) == 15_766
+    assert preview_slack(100_000, 0.45, Trigger(0.85), 60_000) == 9_177  # trigger 39k
     assert preview_slack(100_000, 0.9, Trigger(0.85), None) == 0
     assert preview_slack(8_000, 0.45, Trigger(0.85), None) == 1_600
 
@@ -166,7 +173,8 @@ def test_max_output_tokens_tightens_the_target() -> None:
     messages = f.simple_conversation(20, words=100)
     _, loose = plan_for(messages, 10_000)
     _, tight = plan_for(messages, 10_000, max_output_tokens=8_000)
-    assert tight.target_tokens == 2_000 < loose.target_tokens
+    # The trigger at 1,900 (10k - 8k of output - 100 of margin), the target 0.35/0.85 of it.
+    assert tight.target_tokens == 782 < loose.target_tokens
     assert tight.keep_from >= loose.keep_from
 
 

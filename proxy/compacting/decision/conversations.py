@@ -30,6 +30,7 @@ from compaction import (
     View,
     checkpoint_after,
     plan_key,
+    room_for_prompt,
 )
 from proxy.admin.records import SessionRecords
 from proxy.compacting.background.archiving import Archiving
@@ -527,7 +528,7 @@ def fit_limit(options: CompactionSection, req: ParsedRequest) -> int:
         return -1
     limit = int(options.fit_ratio * req.window)
     if req.max_output_tokens is not None:
-        limit = min(limit, req.window - req.max_output_tokens)
+        limit = min(limit, room_for_prompt(req.window, req.max_output_tokens))
     return limit
 
 

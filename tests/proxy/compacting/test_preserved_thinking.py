@@ -218,8 +218,8 @@ async def test_a_claude_code_loop_on_a_bound_model_is_never_refused(
     stream: bool,
 ) -> None:
     proxy = await proxy_for(start, api)
-    seen = await tool_loop(client, proxy, BOUND_MODEL, 90, stream=stream)
-    assert [status for status, _ in seen] == [200] * 90
+    seen = await tool_loop(client, proxy, BOUND_MODEL, 140, stream=stream)
+    assert [status for status, _ in seen] == [200] * 140
     assert api.refused == []  # neither the agent's requests nor the summary calls
     assert len(api.own_calls) >= 3
     ids = {h.get("x-compaction-id") for _, h in seen if h.get("x-compaction-id")}
