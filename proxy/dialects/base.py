@@ -116,7 +116,9 @@ class NativeCompaction(Protocol):
         """The checkpoint's summary message standing for `block` on the wire."""
         ...
 
-    def has_native(self, messages: Sequence[Message]) -> bool: ...
+    def has_native(self, messages: Sequence[Message]) -> bool:
+        """True when `messages` lead with a summary standing for a block (it is always first)."""
+        ...
 
 
 class Dialect(Protocol):

@@ -503,15 +503,17 @@ class Conversations:
         messages, keep_from = view.messages, plan.keep_from
         if plan.head_end != 0 or not 0 < keep_from < len(messages):
             return None  # a client's own compaction leads: it stays, the text summary follows it
-        if view.base is not None and not native.has_native(messages[:1]):
+        if view.base is not None and not native.has_native(messages):
             return None  # after a text summary the kept thinking is already bound to it
-        if _role(messages[keep_from - 1]) == _role(messages[keep_from]):
+        shape = req.dialect.shape
+        if shape.read(messages[keep_from - 1]).label == shape.read(messages[keep_from]).label:
             return None  # the API would join the first kept turn to the summarized ones
         folded = req.dialect.wire(messages[:keep_from])
-        summary_model = self._options.summary_model or req.model
         try:
+            # The conversation's own model, whatever `summary_model` says: the kept thinking
+            # stays valid only while every compaction ran on a model that preserves it.
             return await self._native.block(
-                req.summarizer(summary_model), req.payload, folded, self._options.summary_max_tokens
+                req.summarizer(req.model), req.payload, folded, self._options.summary_max_tokens
             )
         except Exception as exc:
             self._metrics.summarizer_failures.inc()
@@ -573,10 +575,6 @@ def fit_limit(options: CompactionSection, req: ParsedRequest) -> int:
     if req.max_output_tokens is not None:
         limit = min(limit, req.window - req.max_output_tokens)
     return limit
-
-
-def _role(message: object) -> object:
-    return message.get("role") if isinstance(message, dict) else None
 
 
 def _carrying(

@@ -75,7 +75,7 @@ class BoundThinking:
         if compaction_id is None or not self.applies(req.dialect, req.model):
             return view
         native = req.dialect.native
-        if native is not None and native.has_native(view[:1]):
+        if native is not None and native.has_native(view):
             # The provider's own compaction block leads: the kept turns' thinking stays valid
             # (proxy.dialects.anthropic.native).
             return view

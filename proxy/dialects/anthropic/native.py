@@ -85,26 +85,24 @@ def is_native(message: object) -> bool:
 
 
 def has_native(messages: Sequence[Message]) -> bool:
-    return any(map(is_native, messages))
+    """True when `messages` lead with a native summary (it is always first)."""
+    return bool(messages) and is_native(messages[0])
 
 
 def wire(messages: list[Message]) -> list[Message] | None:
-    """`messages` with the native summary replaced by its block, first: an `assistant` message
-    of its own, or the first block of the next message when that one is the assistant's (two
-    assistant turns in a row would be joined); None when no summary is native."""
-    for index, message in enumerate(messages):
-        if not is_native(message):
-            continue
-        block = message[_BLOCK]
-        after = messages[index + 1] if index + 1 < len(messages) else None
-        if isinstance(after, dict) and after.get("role") == "assistant":
-            content = after.get("content")
-            rest = content if isinstance(content, list) else [{"type": "text", "text": content}]
-            joined = {**after, "content": [block, *rest]}
-            return [*messages[:index], joined, *messages[index + 2 :]]
-        turn = {"role": "assistant", "content": [block]}
-        return [*messages[:index], turn, *messages[index + 1 :]]
-    return None
+    """`messages` with their native summary (always first: nothing comes before a block)
+    replaced by its block: an `assistant` message of its own, or the first block of the next
+    message when that one is the assistant's (two assistant turns in a row would be joined);
+    None when the first message is no native summary."""
+    if not messages or not is_native(messages[0]):
+        return None
+    block = messages[0][_BLOCK]
+    after = messages[1] if len(messages) > 1 else None
+    if isinstance(after, dict) and after.get("role") == "assistant":
+        content = after.get("content")
+        rest = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        return [{**after, "content": [block, *rest]}, *messages[2:]]
+    return [{"role": "assistant", "content": [block]}, *messages[1:]]
 
 
 class OnDemand:

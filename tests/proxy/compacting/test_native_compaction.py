@@ -19,6 +19,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from compaction import SUMMARY_MARKER
+from proxy.dialects.anthropic import ANTHROPIC_MESSAGES
+from proxy.dialects.anthropic.native import ON_DEMAND
 from tests.fakes.anthropic_strict import COMPACTION_BETA, StrictAnthropic
 from tests.fakes.script import body_tokens
 from tests.proxy.compacting.conftest import small_window_proxies
@@ -175,3 +178,60 @@ async def test_a_request_carrying_the_block_goes_with_the_beta_and_the_clients_o
     assert status == 200 and headers["x-compaction-status"] in ("applied", "reused")
     assert api.refused == []
     assert api.betas[-1] == {"interleaved-thinking-2025-05-14", COMPACTION_BETA}
+
+
+def test_the_block_goes_first_as_its_own_turn_or_leads_the_first_kept_assistant_turn() -> None:
+    block = {"type": "compaction", "content": "The user fixes tests.", "signature": "cmp-1"}
+    summary = ON_DEMAND.carrying({"role": "user", "content": "[summary]"}, block)
+    user = {"role": "user", "content": [{"type": "text", "text": "Go on."}]}
+    said = {"role": "assistant", "content": [{"type": "text", "text": "Done."}]}
+    assert ANTHROPIC_MESSAGES.wire([summary, user, said]) == [
+        {"role": "assistant", "content": [block]},
+        user,
+        said,
+    ]
+    wired = ANTHROPIC_MESSAGES.wire([summary, said, user])
+    assert wired == [{"role": "assistant", "content": [block, *said["content"]]}, user]
+    assert wired[1] is user  # kept turns are the client's own objects
+    # Without a native summary: the text summary joins the user turn after it, as before.
+    text = {"role": "user", "content": f"{SUMMARY_MARKER}\nEarlier."}
+    assert ANTHROPIC_MESSAGES.wire([text, user])[0]["role"] == "user"
+    assert ON_DEMAND.has_native([summary, user]) and not ON_DEMAND.has_native([user, summary])
+
+
+async def test_an_older_model_is_compacted_natively_too(
+    start: Callable[..., Awaitable[RunningProxy]],
+    api: StrictAnthropic,
+    client: aiohttp.ClientSession,
+) -> None:
+    # No prefix check: the remembered request's bytes are spliced (the fast path) and still
+    # carry the block first, with its beta.
+    proxy = await proxy_with(start, api, "native")
+    seen = await tool_loop(client, proxy, OLDER_MODEL, 60)
+    assert [status for status, _ in seen] == [200] * 60
+    assert api.refused == [] and api.compactions >= 1
+    statuses = [h.get("x-compaction-status") for _, h in seen]
+    assert "reused" in statuses
+    assert api.requests[-1]["messages"][0]["content"][0]["type"] == "compaction"
+    assert all(COMPACTION_BETA in betas for betas in api.betas[statuses.index("applied") :])
+
+
+async def test_a_clients_own_compaction_request_goes_as_sent_with_native_on(
+    start: Callable[..., Awaitable[RunningProxy]],
+    api: StrictAnthropic,
+    client: aiohttp.ClientSession,
+) -> None:
+    proxy = await proxy_with(start, api, "native")
+    messages: list[Any] = []
+    await tool_loop(client, proxy, BOUND_MODEL, 46, messages=messages)
+    own = len(api.own_calls)
+    messages[-1]["content"].append({"type": "text", "text": "Compact now."})
+    thinking = {"type": "enabled", "budget_tokens": 2000}
+    body = claude_code_body(
+        BOUND_MODEL, messages, compaction={"type": "summarize"}, max_tokens=4000, thinking=thinking
+    )
+    beta = {"anthropic-beta": COMPACTION_BETA, "X-Session-Id": "cc-1"}
+    status, headers, _ = await send(client, proxy.url, body, **beta)
+    assert status == 200 and headers["x-compaction-status"] == "skipped"
+    assert api.requests[-1] == body  # byte-identical: nothing folded, no tool added
+    assert len(api.own_calls) == own
