@@ -74,7 +74,9 @@ class CompactedExchange:
     @property
     def upstream_headers(self) -> Mapping[str, str]:
         native = self._request.dialect.native
-        return native.beta_for(self._body, self._request.headers) if native is not None else {}
+        if native is None or self._outcome.compaction_id is None:
+            return {}  # only a compacted body can carry a block of the proxy's
+        return native.beta_for(self._body, self._request.headers)
 
     def offer_recall(self, recall: Recall) -> None:
         """Send the request with the recall tool (proxy.recall), and answer its calls; a retry
