@@ -48,7 +48,10 @@ def start(start_proxy: StartProxy, tmp_path: Path) -> Callable[..., Awaitable[Ru
 
 
 async def proxy_with(
-    start: Callable[..., Awaitable[RunningProxy]], api: StrictAnthropic, summarizer: str
+    start: Callable[..., Awaitable[RunningProxy]],
+    api: StrictAnthropic,
+    summarizer: str,
+    **compaction: Any,
 ) -> RunningProxy:
     return await start(
         upstream={"anthropic_base_url": api.base_url},
@@ -58,6 +61,7 @@ async def proxy_with(
             "keep_recent_rounds": 2,
             "strategy": "summary",
             "summarizer": summarizer,
+            **compaction,
         },
     )
 
@@ -123,6 +127,21 @@ async def test_a_native_compaction_leads_with_the_block_and_keeps_the_kept_think
         assert request["messages"][0]["content"][0]["type"] == "compaction"
         assert [t["name"] for t in request["tools"]] == ["Bash", "Read"]  # no recall tool
     # Every thinking block of the kept turns was sent back and read.
+    assert api.readable == api.received > 0
+
+
+async def test_a_streamed_loop_with_compactions_prepared_ahead_is_compacted_natively(
+    start: Callable[..., Awaitable[RunningProxy]],
+    api: StrictAnthropic,
+    client: aiohttp.ClientSession,
+) -> None:
+    # A reserve prepared in the background goes out later, on another request: still the
+    # block first, with its beta, and the kept thinking read.
+    proxy = await proxy_with(start, api, "native", precompute_ratio=0.6)
+    seen = await tool_loop(client, proxy, BOUND_MODEL, 60, stream=True)
+    assert [status for status, _ in seen] == [200] * 60
+    assert api.refused == [] and api.compactions >= 2
+    assert api.requests[-1]["messages"][0]["content"][0]["type"] == "compaction"
     assert api.readable == api.received > 0
 
 
