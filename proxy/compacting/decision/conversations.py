@@ -605,6 +605,7 @@ def _carrying(
         summary_text=framed["content"],
         tokens_after=tokens_after,
         path="llm",
+        verification=None,  # what code checked was its own summary, not the block
     )
 
 

@@ -167,15 +167,20 @@ async def test_the_readable_share_of_kept_thinking(
         assert readable < kept  # the stale ones are removed: only what follows is read
 
 
+@pytest.mark.parametrize("model", [OLDER_MODEL, BOUND_MODEL])
 async def test_a_failed_native_compaction_falls_back_to_the_text_summary(
     start: Callable[..., Awaitable[RunningProxy]],
     api: StrictAnthropic,
     client: aiohttp.ClientSession,
+    model: str,
 ) -> None:
     proxy = await proxy_with(start, api, "native")
     api.compacts = False  # the compaction request is refused: the text summary goes
-    seen = await tool_loop(client, proxy, OLDER_MODEL, 50)
+    seen = await tool_loop(client, proxy, model, 50)
     assert [status for status, _ in seen] == [200] * 50
+    assert [r.purpose for r in api.refused] == ["summary"]  # asked once, then the text
+    async with client.get(f"{proxy.url}/metrics") as response:
+        assert "compaction_proxy_summarizer_failures_total 1.0" in await response.text()
     assert seen[-1][1]["x-compaction-status"] in ("applied", "reused")
     last = api.requests[-1]
     assert last["messages"][0]["content"][0]["type"] == "text"  # the text summary
