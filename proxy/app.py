@@ -104,6 +104,7 @@ def create_app(
                 settings.memory.dir,
                 settings.compaction.recall_max_rounds,
                 app[keys.METRICS].recall,
+                native=settings.compaction.summarizer == "native",
             )
             if settings.compaction.recall == "on" and settings.compaction.recall_max_rounds
             else None,

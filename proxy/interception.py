@@ -18,6 +18,8 @@ one object that carries what this request needs from then on.
    sees it: it may call the upstream again (proxy.recall answers the model's calls to the tool
    the hook added) and gives what the client receives (`Followed`).
 4. `exchange.observe(status, usage)` after the response was relayed to the client.
+`exchange.upstream_headers` are set on the request sent upstream (and on a retry and the
+follow-up's calls): what the body the hook made needs besides the client's headers.
 
 The handler fails open around every call: an exception other than a `ProxyError` is logged and
 treated as "pass through" (the original body, no retry). The default hook is
@@ -26,13 +28,16 @@ proxy.compacting.hook.CompactingHook; tests pass in their own.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
 from multidict import CIMultiDictProxy
 
 from proxy.outcome import Outcome, RecallFigures
+
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 Usage = dict[str, object]
 """A response's `usage` object as the upstream sent it (its fields differ by API)."""
@@ -72,6 +77,12 @@ class Exchange(Protocol):
 
     @property
     def wants_usage(self) -> bool: ...
+
+    @property
+    def upstream_headers(self) -> Mapping[str, str]:
+        """Headers the body sent upstream needs besides the client's (a beta the proxy's own
+        compaction block needs); read again after a retry."""
+        ...
 
     @property
     def followup(self) -> Followup | None:
@@ -156,6 +167,10 @@ class Passthrough:
     outcome: Outcome | None = None
     wants_usage: bool = False
     followup: Followup | None = None
+
+    @property
+    def upstream_headers(self) -> Mapping[str, str]:
+        return _NO_HEADERS
 
     async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
         return None

@@ -168,6 +168,12 @@ class CompactionSection(_Section):
     own request, which the provider's prompt cache already holds; standalone: the folded
     transcript sent in a request of its own (always, with another summary_model)."""
     summary_max_tokens: int = Field(default=_LIBRARY.summary_max_tokens, gt=0)
+    summarizer: Literal["text", "native"] = "text"
+    """text: the proxy's own summary message (the model's text, the pinned instructions, code's
+    sections); native: on Anthropic's Messages API, Anthropic's on-demand compaction block over
+    the folded turns (proxy.dialects.anthropic.native), which keeps the kept turns' thinking
+    readable, with no pinned section and no `recall` tool; the text summary where the API has
+    none or the call fails (docs/dialects.md)."""
     summary_timeout_s: float = Field(default=60, gt=0)
     failure_threshold: int = Field(default=3, gt=0)
     failure_cooldown_s: float = Field(default=300, ge=0)

@@ -40,7 +40,7 @@ from proxy.compacting.decision.thinking import BoundThinking
 from proxy.compacting.fast import BodyIndex, BodyIndexes, FastPath, parse_in_pieces
 from proxy.compacting.models.calibration import Calibration
 from proxy.compacting.models.discovery import WindowDiscovery
-from proxy.compacting.models.llm_client import LLMFactory, UpstreamLLMFactory
+from proxy.compacting.models.llm_client import LLMFactory, NativeCompactor, UpstreamLLMFactory
 from proxy.compacting.models.overflow import LearnedWindows, parse_overflow
 from proxy.dialects import Dialect, NotCompactable, for_route
 from proxy.http.upstream import Upstream
@@ -315,6 +315,9 @@ def build_hook(
         archiving=shared.archiving,
         recall=shared.recall,
         thinking=BoundThinking(settings.models, options.checkpoint_max_entries, bound=state),
+        native=NativeCompactor(shared.upstream, timeout_s=llm_timeout_s)
+        if options.summarizer == "native"
+        else None,
     )
     discovery = None
     if settings.models.discover:

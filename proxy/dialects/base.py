@@ -5,9 +5,9 @@ answers itself (`Call`, `Calls`), and the readers of a whole (`Turns`) or a stre
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from compaction import Message, Shape
 
@@ -93,6 +93,34 @@ class StreamedTurn(Protocol):
     def ending(self) -> bytes: ...
 
 
+class NativeCompaction(Protocol):
+    """A provider's own compaction the proxy asks for as its summarizer (`compaction.summarizer:
+    native`; proxy.dialects.anthropic.native): its request, its answer's block, and where the
+    block goes in a compacted list."""
+
+    def request_body(
+        self, payload: Mapping[str, object], folded: list[Message], max_tokens: int
+    ) -> bytes: ...
+
+    def request_headers(self, incoming: Mapping[str, str]) -> dict[str, str]:
+        """Headers the compaction request adds to the client's (its beta)."""
+        ...
+
+    def beta_for(self, body: bytes, incoming: Mapping[str, str]) -> dict[str, str]:
+        """Headers a forwarded `body` adds to the client's: the beta while it carries a block."""
+        ...
+
+    def block_of(self, answer: object) -> dict[str, Any] | None: ...
+
+    def carrying(self, summary: Message, block: dict[str, Any]) -> Message:
+        """The checkpoint's summary message standing for `block` on the wire."""
+        ...
+
+    def has_native(self, messages: Sequence[Message]) -> bool:
+        """True when `messages` lead with a summary standing for a block (it is always first)."""
+        ...
+
+
 class Dialect(Protocol):
     @property
     def name(self) -> str:
@@ -120,6 +148,11 @@ class Dialect(Protocol):
     @property
     def joins_summary(self) -> bool:
         """True when `wire` joins the summary with the user turns right after it (Anthropic)."""
+        ...
+
+    @property
+    def native(self) -> NativeCompaction | None:
+        """The provider's own compaction as a summarizer (None: the API has none)."""
         ...
 
     @property

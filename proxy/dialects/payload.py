@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from compaction import Message, strip_injected
-from proxy.dialects.base import JsonObject, NotCompactable
+from proxy.dialects.base import JsonObject, NativeCompaction, NotCompactable
 from proxy.dialects.splice import load_json, locate_field
 from proxy.errors import openai_error_body
 
@@ -53,6 +53,7 @@ class ItemsDialect:
         return messages
 
     has_thinking = False
+    native: NativeCompaction | None = None
 
     def reasoning_room(self, payload: Mapping[str, object]) -> int:
         return 0

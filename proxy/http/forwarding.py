@@ -91,6 +91,7 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
         app[keys.RECORDS].touch(session)
     overhead_ms = info.overhead_ms()  # what deciding cost before anything went upstream
 
+    headers.update(exchange.upstream_headers)
     response = await _send(request, "POST", url, headers, await sent.for_upstream(exchange.body))
     already_read = b""
     if response.status in RETRYABLE_STATUSES:
@@ -116,6 +117,7 @@ async def forward_hooked(request: web.Request, path_session: str | None) -> web.
         if retry is not None:
             response.close()
             log.info("retrying upstream once with the hook's body", extra={"path": request.path})
+            headers.update(exchange.upstream_headers)
             response = await _send(request, "POST", url, headers, await sent.for_upstream(retry))
             already_read = b""
 

@@ -43,6 +43,9 @@ class Recall:
     memory_dir: Path
     max_rounds: int
     metrics: RecallMetrics
+    native: bool = False
+    """Compactions are the provider's own where the dialect has one (`compaction.summarizer:
+    native`): those requests keep `tools` as sent, so the tool is not offered there."""
 
     def offered(self, request: ParsedRequest) -> bool:
         """True when a compacted `request` goes out with the recall tool (when its body lets
@@ -55,6 +58,8 @@ class Recall:
         tools = payload.get("tools")
         choices = payload.get("n")
         several = isinstance(choices, int) and choices > 1
+        if self.native and request.dialect.native is not None:
+            return False
         return (
             isinstance(tools, list) and bool(tools) and not several and not has_own_recall(payload)
         )

@@ -27,6 +27,18 @@ Also refused, as the API does: `prompt + max_tokens` over the model's window (`w
 with the proxy's own estimator so tests and proxy agree on sizes), a thinking `budget_tokens`
 below 1,024 or not below `max_tokens`. Models not matching `BOUND_MODELS` accept any thinking.
 
+On-demand compaction (platform docs `build-with-claude/compaction-on-demand`,
+`.../compaction-keep-recent-turns`, `.../compaction-thinking-blocks`): a request with
+`"compaction": {"type": "summarize"}` needs the beta `compact-2026-09-04` and must not end in an
+assistant turn whose tool call has no result; it is answered with one signed `compaction` block
+(`compactions` counts them). A request carrying a block must carry exactly one, first in
+`messages` (an assistant message of its own, or the first block of the first message), exactly
+as returned, with the beta. For the prefix check the block stands for the messages it
+summarized (the API "accepts the swap" when it wrote the summary): kept turns that follow it
+unchanged keep their thinking valid while `system` and `tools` stay the same; a first kept turn
+of the same role as the last summarized one is joined to it, as the API does (so its thinking
+fails). `summary` is the block's text.
+
 Answers stream (SSE events, thinking with its `signature_delta`) or not, as asked. What the
 model says is `turn(payload)` (content blocks; thinking blocks without signatures: the fake
 signs them); the proxy's own calls (`X-Compaction-Purpose`) are answered with a summary text.
@@ -55,6 +67,7 @@ BOUND_MODELS = (
     "claude-haiku-5-5*",
 )
 BINDING_BETA = "thinking-binding-controls-2026-08-01"
+COMPACTION_BETA = "compact-2026-09-04"
 MIN_BUDGET = 1024
 _THINKING = ("thinking", "redacted_thinking")
 _MISMATCH = (
@@ -106,7 +119,17 @@ class StrictAnthropic:
     dropped: int = 0
     reads: list[tuple[int, int]] = field(default_factory=list)
     """Per agent request to a bound model: thinking blocks received, and readable."""
+    compacts: bool = True
+    """False: an API without on-demand compaction (a `compaction` request is a 400)."""
+    betas: list[set[str]] = field(default_factory=list)
+    """The `anthropic-beta` values of each agent request, as received."""
+    compactions: int = 0
+    """Compaction blocks issued."""
+    summary: str = SUMMARY_TEXT
+    """The text of the compaction blocks it issues."""
     _signed: dict[str, bytes] = field(default_factory=dict)
+    _blocks: dict[str, tuple[dict[str, Any], list[Any]]] = field(default_factory=dict)
+    """Each compaction block issued, by signature: the block, and the messages it stands for."""
     _serial: Any = field(default_factory=lambda: itertools.count(1))
     _runner: web.AppRunner | None = None
     base_url: str = ""
@@ -138,9 +161,16 @@ class StrictAnthropic:
         )
         model = str(payload.get("model", ""))
         betas = {b.strip() for b in request.headers.get("anthropic-beta", "").split(",")}
+        if purpose is None:
+            self.betas.append(betas)
         problem = _budget_problem(payload) or self._window_problem(payload)
+        problem = problem or self._compaction_problem(payload, betas)
+        read, stood_for = payload, 0
+        if problem is None:
+            expanded, stood_for = self._expanded(payload.get("messages") or [])
+            read = {**payload, "messages": expanded}
         if problem is None and self.is_bound(model):
-            problem = self._check_thinking(payload, betas, counted=purpose is None)
+            problem = self._check_thinking(read, betas, counted=purpose is None, after=stood_for)
         if problem is not None:
             self.refused.append(Refusal(model, purpose, problem))
             error = {
@@ -148,16 +178,77 @@ class StrictAnthropic:
                 "error": {"type": "invalid_request_error", "message": problem},
             }
             return web.json_response(error, status=400)
+        if payload.get("compaction") is not None:
+            return web.json_response(self._compacted(payload, read["messages"]))
         if purpose is not None:
             blocks: list[dict[str, Any]] = [{"type": "text", "text": SUMMARY_TEXT}]
             if _thinks(payload):
                 blocks.insert(0, {"type": "thinking", "thinking": "What matters here."})
         else:
-            blocks = self.turn(payload)
-        message = self._message(payload, blocks)
+            blocks = self.turn(read)
+        # Signed on what the check read; the prompt billed is what was sent (the block).
+        message = self._message(read, blocks, prompt=body_tokens("/v1/messages", payload))
         if payload.get("stream") is True:
             return await _stream(request, message)
         return web.json_response(message)
+
+    def _compaction_problem(self, payload: dict[str, Any], betas: set[str]) -> str | None:
+        messages = payload.get("messages") or []
+        found = [
+            (m, c)
+            for m, message in enumerate(messages)
+            if isinstance(message.get("content"), list)
+            for c, block in enumerate(message["content"])
+            if isinstance(block, dict) and block.get("type") == "compaction"
+        ]
+        asks = payload.get("compaction") is not None
+        if asks and not self.compacts:
+            return "compaction: Extra inputs are not permitted"
+        if (asks or found) and COMPACTION_BETA not in betas:
+            return f"compaction: this feature needs the beta header `anthropic-beta: {COMPACTION_BETA}`"
+        if found and found != [(0, 0)]:
+            return "messages: send exactly one `compaction` block, first in `messages`"
+        if found:
+            block = messages[0]["content"][0]
+            issued = self._blocks.get(str(block.get("signature")))
+            if issued is None or issued[0] != block:
+                return "messages.0.content.0: Invalid `signature` in `compaction` block"
+        if asks and messages and messages[-1].get("role") == "assistant":
+            content = messages[-1].get("content")
+            if isinstance(content, list) and any(b.get("type") == "tool_use" for b in content):
+                return "messages: a tool call without its result cannot be compacted"
+        return None
+
+    def _expanded(self, messages: list[Any]) -> tuple[list[Any], int]:
+        """`messages` as the prefix check reads them: a leading compaction block stands for the
+        messages it summarized (how many lead the list: their thinking was not sent); a first
+        kept turn of their last one's role is joined to it."""
+        if not messages or not isinstance(messages[0].get("content"), list):
+            return messages, 0
+        first = messages[0]["content"]
+        if not (first and isinstance(first[0], dict) and first[0].get("type") == "compaction"):
+            return messages, 0
+        summarized = list(self._blocks[str(first[0].get("signature"))][1])
+        rest = [{**messages[0], "content": first[1:]}] if first[1:] else []
+        after = [*rest, *messages[1:]]
+        if summarized and after and summarized[-1].get("role") == after[0].get("role"):
+            last = summarized[-1]
+            joined = _content(last.get("content")) + _content(after[0].get("content"))
+            summarized[-1] = {**last, "content": joined}
+            after = after[1:]
+        return [*summarized, *after], len(summarized)
+
+    def _compacted(self, payload: dict[str, Any], summarized: list[Any]) -> dict[str, Any]:
+        self.compactions += 1
+        signature = f"cmp-sig-{next(self._serial)}"
+        block = {"type": "compaction", "content": self.summary, "signature": signature}
+        self._blocks[signature] = (block, orjson.loads(orjson.dumps(summarized)))
+        message = self._message(payload, [], prompt=body_tokens("/v1/messages", payload))
+        return {
+            **message,
+            "content": [orjson.loads(orjson.dumps(block))],
+            "stop_reason": "end_turn",
+        }
 
     def _window_problem(self, payload: dict[str, Any]) -> str | None:
         prompt = body_tokens("/v1/messages", payload)
@@ -172,8 +263,10 @@ class StrictAnthropic:
         return None
 
     def _check_thinking(
-        self, payload: dict[str, Any], betas: set[str], *, counted: bool
+        self, payload: dict[str, Any], betas: set[str], *, counted: bool, after: int = 0
     ) -> str | None:
+        """Check the thinking blocks of `payload`, counting those at message `after` or later
+        (before it: what a compaction block stands for, not sent)."""
         binding = (payload.get("thinking") or {}).get("block_binding")
         behavior = (binding or {}).get("prefix_mismatch_behavior", self._default_behavior())
         if binding is not None and BINDING_BETA not in betas:
@@ -195,7 +288,8 @@ class StrictAnthropic:
                 if not (isinstance(block, dict) and block.get("type") in _THINKING):
                     kept.append(block)
                     continue
-                if counted:
+                sent = counted and m >= after
+                if sent:
                     self.received += 1
                 signature = str(block.get("signature") or block.get("data") or "")
                 digest = _digest(payload, payload["messages"][:m], content[:c], chain)
@@ -203,21 +297,23 @@ class StrictAnthropic:
                 if not failed:
                     chain.append(signature)
                     kept.append(block)
-                    self.readable += counted
+                    self.readable += sent
                     continue
                 if behavior != "drop_block":
                     return _MISMATCH.format(m=m, c=c)
                 self.dropped += 1
             kept_messages.append({**message, "content": kept})
         payload["messages"] = kept_messages  # what the model reads
-        if counted:
+        if counted:  # per agent request
             self.reads.append((self.received - received, self.readable - readable))
         return None
 
     def _default_behavior(self) -> str:
         return "drop_block" if self.on_mismatch == "drop" else "error"
 
-    def _message(self, payload: dict[str, Any], blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    def _message(
+        self, payload: dict[str, Any], blocks: list[dict[str, Any]], prompt: int | None = None
+    ) -> dict[str, Any]:
         messages = payload.get("messages") or []
         chain = [
             str(b.get("signature") or b.get("data"))
@@ -244,12 +340,16 @@ class StrictAnthropic:
             "stop_reason": "tool_use" if calls else "end_turn",
             "stop_sequence": None,
             "usage": {
-                "input_tokens": body_tokens("/v1/messages", payload),
+                "input_tokens": prompt or body_tokens("/v1/messages", payload),
                 "cache_creation_input_tokens": 0,
                 "cache_read_input_tokens": 0,
                 "output_tokens": 20,
             },
         }
+
+
+def _content(content: Any) -> list[Any]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
 
 
 def _thinks(payload: dict[str, Any]) -> bool:

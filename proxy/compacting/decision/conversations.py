@@ -14,9 +14,11 @@ proxy.compacting.decision.exchange.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from compaction import (
     REPLY_PRIMING_TOKENS,
@@ -31,6 +33,7 @@ from compaction import (
     checkpoint_after,
     plan_key,
     room_for_prompt,
+    summary_message,
 )
 from proxy.admin.records import SessionRecords
 from proxy.compacting.background.archiving import Archiving
@@ -49,12 +52,14 @@ from proxy.compacting.decision.history import History, ListHistory, raw_tokens
 from proxy.compacting.decision.records import folded_range, record_compaction
 from proxy.compacting.decision.request import Decision, ParsedRequest
 from proxy.compacting.decision.thinking import BoundThinking
-from proxy.compacting.models.llm_client import LLMFactory, Prefix
+from proxy.compacting.models.llm_client import LLMFactory, NativeCompactor, Prefix
 from proxy.metrics import CompactionMetrics
 from proxy.recall import Recall
 from proxy.settings import CompactionSection, ModelsSettings
 from proxy.state.roles import Cooldowns, ForwardedMarks, Leases
 from proxy.tasks import BackgroundTasks
+
+log = logging.getLogger(__name__)
 
 _OWN_COMPACTION_ITEM_BYTES = 64 * 1024
 """A compaction the client runs itself ends with its prompt (Codex's handoff, Claude Code's
@@ -132,11 +137,15 @@ class Conversations:
         archiving: Archiving | None = None,
         recall: Recall | None = None,
         thinking: BoundThinking | None = None,
+        native: NativeCompactor | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`recall`: what offers compacted requests the recall tool (None: not offered); a
-        cached summary request repeats the tool where the view went upstream with it."""
+        cached summary request repeats the tool where the view went upstream with it.
+        `native`: the provider's own compaction as the summarizer where the dialect has one
+        (`compaction.summarizer: native`; None: the text summary everywhere)."""
         self._options = options
+        self._native = native
         self._recall = recall
         # Which thinking a compacted view may send back (also read by the hook and exchanges).
         self.thinking = thinking or BoundThinking(ModelsSettings(), options.checkpoint_max_entries)
@@ -447,7 +456,13 @@ class Conversations:
             prefix = self._prefix(req, view, compaction, reason)
             llm = self._llm_for(req.summarizer(summary_model, prefix))
         # A precomputed compaction may never be applied: its memory items wait in its checkpoint.
-        result = await self._run(req, compaction, llm=llm, flush=reason != "precompute")
+        flush = reason != "precompute"
+        block = await self._native_block(req, view, compaction) if llm is not None else None
+        if block is not None:
+            result = await self._run(req, compaction, llm=None, flush=flush)
+            result = _carrying(req, result, block)
+        else:
+            result = await self._run(req, compaction, llm=llm, flush=flush)
         if llm is not None and result.path not in ("unchanged", "selective"):
             # "unchanged" says nothing about the summarizer (nothing to fold, or no gain), nor
             # do previews (no call made).
@@ -477,6 +492,39 @@ class Conversations:
             mode=self._options.mode,
         )
         return result
+
+    async def _native_block(
+        self, req: ParsedRequest, view: View, compaction: Compaction
+    ) -> dict[str, Any] | None:
+        """The provider's own compaction block over what `compaction` folds of `view`, when the
+        summarizer is native and the docs' conditions for the kept turns' thinking hold
+        (proxy.dialects.anthropic.native); None: the text summary (no call, or a failed one:
+        logged and counted, the text summary follows)."""
+        native, plan = req.dialect.native, compaction.plan
+        if self._native is None or native is None or not plan.summarize or plan.previews:
+            return None
+        messages, keep_from = view.messages, plan.keep_from
+        if plan.head_end != 0 or not 0 < keep_from < len(messages):
+            return None  # a client's own compaction leads: it stays, the text summary follows it
+        if view.base is not None and not native.has_native(messages):
+            return None  # after a text summary the kept thinking is already bound to it
+        shape = req.dialect.shape
+        if shape.read(messages[keep_from - 1]).label == shape.read(messages[keep_from]).label:
+            return None  # the API would join the first kept turn to the summarized ones
+        folded = req.dialect.wire(messages[:keep_from])
+        try:
+            # The conversation's own model, whatever `summary_model` says: the kept thinking
+            # stays valid only while every compaction ran on a model that preserves it.
+            return await self._native.block(
+                req.summarizer(req.model), req.payload, folded, self._options.summary_max_tokens
+            )
+        except Exception as exc:
+            self._metrics.summarizer_failures.inc()
+            log.warning(
+                "native compaction failed; summarizing as text",
+                extra={"session": req.session_id, "reason": str(exc)[:200]},
+            )
+            return None
 
     def _prefix(
         self, req: ParsedRequest, view: View, compaction: Compaction, reason: str
@@ -530,6 +578,38 @@ def fit_limit(options: CompactionSection, req: ParsedRequest) -> int:
     if req.max_output_tokens is not None:
         limit = min(limit, room_for_prompt(req.window, req.max_output_tokens))
     return limit
+
+
+def _carrying(
+    req: ParsedRequest, result: CompactionResult, block: dict[str, Any]
+) -> CompactionResult:
+    """`result` with the block in its summary's place and nothing between it and the kept
+    turns (no pinned turn): what the checkpoint keeps, and the wire sends as the block
+    (proxy.dialects.anthropic.native). The message that carries it is the block's own text as
+    a summary, so the estimate counts what goes upstream, and a text fallback or the next
+    compaction reads it."""
+    native = req.dialect.native
+    summary = result.summary_message
+    if native is None or summary is None or result.path == "unchanged":
+        return result
+    text = block.get("content")
+    framed = summary_message(text if isinstance(text, str) else "", req.dialect.shape)
+    carried = native.carrying(framed, block)
+    prefix = result.messages[: result.prefix_len]
+    at = next(i for i, m in enumerate(prefix) if m is summary)
+    kept = result.messages[result.prefix_len :]
+    replaced = sum(req.estimator.count_messages(prefix[at:]))
+    tokens_after = result.tokens_after - replaced + sum(req.estimator.count_messages([carried]))
+    return replace(
+        result,
+        messages=[*prefix[:at], carried, *kept],
+        prefix_len=at + 1,
+        summary_message=carried,
+        summary_text=framed["content"],
+        tokens_after=tokens_after,
+        path="llm",
+        verification=None,  # what code checked was its own summary, not the block
+    )
 
 
 async def stored_under(

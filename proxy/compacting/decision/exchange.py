@@ -8,7 +8,7 @@ purpose (like a flow): the retry replaces what was sent, and calibration reads w
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -70,6 +70,13 @@ class CompactedExchange:
     @property
     def followup(self) -> Followup | None:
         return self._followup
+
+    @property
+    def upstream_headers(self) -> Mapping[str, str]:
+        native = self._request.dialect.native
+        if native is None or self._outcome.compaction_id is None:
+            return {}  # only a compacted body can carry a block of the proxy's
+        return native.beta_for(self._body, self._request.headers)
 
     def offer_recall(self, recall: Recall) -> None:
         """Send the request with the recall tool (proxy.recall), and answer its calls; a retry
@@ -254,6 +261,7 @@ class ShadowExchange:
 
     wants_usage = True
     followup = None
+    upstream_headers: Mapping[str, str] = {}
 
     def __init__(self, computed: CompactedExchange, original: bytes) -> None:
         self._computed = computed
@@ -323,6 +331,10 @@ class UnparsedExchange:
     @property
     def followup(self) -> Followup | None:
         return self._current.followup
+
+    @property
+    def upstream_headers(self) -> Mapping[str, str]:
+        return self._current.upstream_headers
 
     async def retry_after_error(self, status: int, body: bytes) -> bytes | None:
         if not isinstance(self._current, Passthrough):

@@ -113,6 +113,11 @@ class BoundThinking:
         itself)."""
         if compaction_id is None or not self.applies(req.dialect, req.model):
             return view
+        native = req.dialect.native
+        if native is not None and native.has_native(view):
+            # The provider's own compaction block leads: the kept turns' thinking stays valid
+            # (proxy.dialects.anthropic.native).
+            return view
         fresh_from = self.fresh_from(compaction_id, len(req.messages))
         return self.strip(req.dialect, req.messages, view, fresh_from)
 

@@ -183,6 +183,45 @@ class UpstreamLLM:
             raise SummarizerError(f"the {self._dialect.name} summarizer answer holds no text")
         return text
 
+    async def compact_natively(
+        self, payload: Mapping[str, object], folded: list[Message], max_tokens: int
+    ) -> dict[str, Any]:
+        """The provider's own compaction block over `folded` (wire form), asked with the
+        conversation's `payload` fields (proxy.dialects.base.NativeCompaction)."""
+        native = self._dialect.native
+        if native is None:
+            raise SummarizerError(f"the {self._dialect.name} API has no compaction of its own")
+        headers = {**self._headers, PURPOSE: "summary", **native.request_headers(self._headers)}
+        body = native.request_body(payload, folded, max_tokens)
+        status, answer = await self._upstream.post_json(self._url, body, headers, self._timeout_s)
+        if status != 200:
+            raise SummarizerError(f"native compaction answered HTTP {status}")
+        block = native.block_of(answer)
+        if block is None:
+            raise SummarizerError("the native compaction answer holds no compaction block")
+        return block
+
+
+class NativeCompactor:
+    """`compaction.summarizer: native`: compaction blocks asked of the app's upstream."""
+
+    def __init__(self, upstream: Upstream, *, timeout_s: float) -> None:
+        self._upstream = upstream
+        self._timeout_s = timeout_s
+        self._parameters = ModelParameters(1)
+
+    async def block(
+        self,
+        request: LLMRequest,
+        payload: Mapping[str, object],
+        folded: list[Message],
+        max_tokens: int,
+    ) -> dict[str, Any]:
+        llm = UpstreamLLM(
+            self._upstream, request, timeout_s=self._timeout_s, parameters=self._parameters
+        )
+        return await llm.compact_natively(payload, folded, max_tokens)
+
 
 class CachedUpstreamLLM(UpstreamLLM):
     """An UpstreamLLM that can also ask after the conversation's own request (a PrefixLLM)."""

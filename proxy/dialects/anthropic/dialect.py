@@ -17,11 +17,12 @@ import orjson
 
 from compaction import ANTHROPIC, Message, Shape, blocks_text, join_summary
 from proxy.dialects import naming
-from proxy.dialects.anthropic import rules
+from proxy.dialects.anthropic import native, rules
+from proxy.dialects.anthropic.native import ON_DEMAND
 from proxy.dialects.anthropic.recall import AnthropicTurns, declared_tool, is_thinking
 from proxy.dialects.anthropic.rules import anthropic_error_body
 from proxy.dialects.anthropic.streams import AnthropicStream
-from proxy.dialects.base import JsonObject, Turns
+from proxy.dialects.base import JsonObject, NativeCompaction, Turns
 from proxy.dialects.payload import (
     ItemsDialect,
     first_user_words,
@@ -55,9 +56,12 @@ class AnthropicMessages(ItemsDialect):
     usage_holder = "message"
 
     has_thinking = True
+    native: NativeCompaction | None = ON_DEMAND
 
     def wire(self, messages: list[Message]) -> list[Message]:
-        return join_summary(messages)
+        # A native summary is its block, and nothing joins it (proxy.dialects.anthropic.native).
+        blocked = native.wire(messages)
+        return blocked if blocked is not None else join_summary(messages)
 
     def refuses_bound_thinking(self, status: int, body: bytes) -> bool:
         # A thinking block whose prefix changed (docs `build-with-claude/preserved-thinking/

@@ -44,7 +44,10 @@ class RecordingHook:
     """Rewrites the body, names the session, and asks for one retry on an upstream 400; records
     what its exchanges were shown."""
 
-    def __init__(self, retry_with: bytes | None = None) -> None:
+    def __init__(
+        self, retry_with: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> None:
+        self.headers = headers or {}
         self.contexts: list[RequestContext] = []
         self.errors: list[tuple[int, bytes]] = []
         self.responses: list[tuple[int, dict[str, Any] | None]] = []
@@ -55,7 +58,7 @@ class RecordingHook:
         payload = orjson.loads(body)
         session = ctx.explicit_session or fingerprint(payload)
         payload["messages"] = payload["messages"][-1:]
-        return RecordingExchange(self, orjson.dumps(payload), session)
+        return RecordingExchange(self, orjson.dumps(payload), session, self.headers)
 
 
 @dataclass
@@ -63,6 +66,7 @@ class RecordingExchange:
     hook: RecordingHook
     body: bytes
     session_id: str
+    upstream_headers: dict[str, str]
     outcome: Outcome = field(default_factory=lambda: Outcome("applied"))
     wants_usage: bool = True
     followup: None = None
@@ -111,6 +115,23 @@ async def test_the_hook_body_is_sent_and_its_headers_reach_the_client(
     assert hook.responses == [
         (200, {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12})
     ]
+
+
+async def test_the_exchanges_upstream_headers_join_the_clients_on_the_request_and_its_retry(
+    start_proxy: StartProxy, upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    # What the hook's body needs besides the client's headers (a beta for a compaction block
+    # of the proxy's): set on what goes upstream, the retry included; the client's others stay.
+    hook = RecordingHook(retry_with=b'{"model":"m","messages":[]}', headers={"x-beta": "b2"})
+    proxy = await start_proxy(hook=hook)
+    upstream.reply_once(json_reply(OVERFLOW, status=400))
+    async with client.post(
+        f"{proxy.url}/v1/chat/completions", data=LONG, headers={"X-Trace": "t", "x-beta": "b1"}
+    ) as response:
+        assert response.status == 200
+    for sent in upstream.requests:
+        assert sent.headers["x-beta"] == "b2" and sent.headers["X-Trace"] == "t"
+    assert len(upstream.requests) == 2
 
 
 async def test_header_session_wins_over_the_path(
