@@ -8,6 +8,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import orjson
 
 from proxy.metrics import Metrics
 from proxy.state.redis_client import RedisClient
@@ -16,7 +17,7 @@ from proxy.state.roles import SessionChange
 from proxy.tasks import BackgroundTasks
 from tests import factories as f
 from tests.proxy.compacting.conftest import WINDOW, conversation_of, post
-from tests.proxy.state.conftest import ProxyProcess, RedisServer, SpawnProxy
+from tests.proxy.state.conftest import ProxyProcess, RedisServer, SpawnProxy, free_port
 
 TOKEN = "admin-secret"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -127,15 +128,47 @@ async def test_the_shared_records_keep_their_bounds_per_session_and_in_total(
         await records.open()
         assert [sid for sid, _ in await records.every()] == ["e"]
         redis = client.get()
-        assert int(await redis.get("compaction-proxy:records:bytes")) == int(
-            await redis.hget("compaction-proxy:records:session:e", "bytes")
-        )
+        held = orjson.loads(await redis.hget("compaction-proxy:records:totals", "e"))
+        assert int(await redis.get("compaction-proxy:records:bytes")) == held["bytes"]
         assert sorted(await redis.keys("compaction-proxy:records:*")) == [
             b"compaction-proxy:records:bytes",
             b"compaction-proxy:records:records:e",
             b"compaction-proxy:records:seen",
-            b"compaction-proxy:records:session:e",
+            b"compaction-proxy:records:totals",
         ]
+        assert list(await redis.hkeys("compaction-proxy:records:totals")) == [b"e"]
     finally:
         await records.close()
         await tasks.close()
+
+
+async def test_without_redis_requests_go_through_and_admin_shows_the_replicas_own_records(
+    spawn: SpawnProxy, client: aiohttp.ClientSession
+) -> None:
+    nowhere = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    proxy = await spawn(
+        "alone", state={"backend": "redis", "redis_url": nowhere}, admin={"token": TOKEN}
+    )
+    messages = conversation_of(int(WINDOW * 0.5))
+    for _ in range(2):
+        response = await post(client, proxy, messages)
+        assert response.status == 200
+    found = await _session_when(client, proxy, 2)
+    assert found["requests"] == 2 and len(found["timeline"]) == 2
+    listed = await _admin(client, proxy, "/admin/sessions")
+    assert [s["session_id"] for s in listed["sessions"]] == ["agent-1"]
+    for _ in range(250):  # what could not be written is counted
+        if await _records_not_written(client, proxy) >= 4:  # 2 requests, 2 timeline lines
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"not counted: {await _records_not_written(client, proxy)}")
+
+
+async def _records_not_written(client: aiohttp.ClientSession, proxy: ProxyProcess) -> float:
+    async with client.get(f"{proxy.url}/metrics") as response:
+        text = await response.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("compaction_proxy_state_errors_total{") and 'operation="records"' in line
+    )
