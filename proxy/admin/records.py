@@ -18,6 +18,7 @@ process's own.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import OrderedDict, deque
@@ -208,17 +209,23 @@ class SessionRecords:
         # of a heap that holds every session's timeline.
         sessions = self._sessions
         needle = search.casefold()
-        ids = [
-            sid
-            for sid, s in sessions.items()
-            if not needle or needle in f"{sid} {s.dialect or ''} {s.model or ''}".casefold()
-        ]
-        key = _SORT_KEYS[sort]
-        ids.sort(key=lambda sid: key(sid, sessions[sid]), reverse=descending)
-        shown = ids[offset : offset + limit]
+        if sort == "last_seen" and descending and not needle:
+            # The dashboard's first page: the sessions are kept in that order already, so only
+            # the page is read, however many sessions there are.
+            shown = list(itertools.islice(reversed(sessions), offset, offset + limit))
+            total = len(sessions)
+        else:
+            ids = [
+                sid
+                for sid, s in sessions.items()
+                if not needle or needle in f"{sid} {s.dialect or ''} {s.model or ''}".casefold()
+            ]
+            key = _SORT_KEYS[sort]
+            ids.sort(key=lambda sid: key(sid, sessions[sid]), reverse=descending)
+            shown, total = ids[offset : offset + limit], len(ids)
         return {
             "sessions": [_summary(sid, sessions[sid]) for sid in shown],
-            "total": len(ids),
+            "total": total,
             "offset": offset,
             "limit": limit,
         }
