@@ -138,6 +138,7 @@ class SessionRecords:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._overheads: deque[float] = deque(maxlen=_RECENT_OVERHEADS)
         self._shared = shared
+        self._unreadable = False  # said once per outage of the shared records
 
     def touch(self, session_id: str) -> None:
         """Count one request of `session_id` and mark it as just seen."""
@@ -243,9 +244,11 @@ class SessionRecords:
         while they cannot answer) over the process's own."""
         if self._shared is not None:
             try:
-                return await self._shared_page(sort, descending, search, offset, limit)
+                page = await self._shared_page(sort, descending, search, offset, limit)
+                self._unreadable = False
+                return page
             except Exception as exc:
-                log.warning("shared session records unreadable", extra={"error": repr(exc)})
+                self._say_unreadable(exc)
         return self.page(
             sort=sort, descending=descending, search=search, offset=offset, limit=limit
         )
@@ -256,8 +259,9 @@ class SessionRecords:
             try:
                 shown = await self._shared.every()
             except Exception as exc:
-                log.warning("shared session records unreadable", extra={"error": repr(exc)})
+                self._say_unreadable(exc)
             else:
+                self._unreadable = False
                 sessions = [_summary(sid, totals) for sid, totals in shown]
                 return {"sessions": sessions, "count": len(sessions)}
         return self.list()
@@ -269,8 +273,9 @@ class SessionRecords:
             try:
                 found = await self._shared.session(session_id)
             except Exception as exc:
-                log.warning("shared session records unreadable", extra={"error": repr(exc)})
+                self._say_unreadable(exc)
             else:
+                self._unreadable = False
                 if found is None:
                     return None
                 return {
@@ -282,6 +287,16 @@ class SessionRecords:
         if summary is None or timeline is None:
             return None
         return {**summary, "timeline": timeline}
+
+    def _say_unreadable(self, error: Exception) -> None:
+        """Once until the shared records answer again: every /admin call meanwhile shows the
+        process's own."""
+        if not self._unreadable:
+            self._unreadable = True
+            log.warning(
+                "shared session records unreadable, showing this process's",
+                extra={"error": repr(error)},
+            )
 
     async def _shared_page(
         self, sort: str, descending: bool, search: str, offset: int, limit: int
