@@ -117,16 +117,12 @@ return 1
 _EVERY = """
 return '[' .. table.concat(redis.call('HVALS', ARGV[1] .. 'totals'), ',') .. ']'
 """
-_COUNTS = (
-    "requests", "records", "summarizer_calls", "summarizer_failures", "pinned_overflow",
-    "tokens_sent", "tokens_forwarded",
-)  # fmt: skip
 
 
 @dataclass(slots=True)
 class _Queued:
-    """A session's changes not sent yet, merged: counts summed, the last fields set, the
-    documents in order (no more than Redis keeps of them)."""
+    """A session's changes not sent yet, merged: counts summed (in the order of the script's
+    `counts`), the last fields set, the documents in order (no more than Redis keeps of them)."""
 
     now: float
     counts: list[int]
@@ -192,8 +188,14 @@ class RedisRecords:
                 self._errors.inc(1 + len(dropped.records) + len(dropped.timeline))
             queued = self._queued[session_id] = _Queued(now, [0] * 7, [None] * 3)
         queued.now = max(queued.now, now)
-        for i, name in enumerate(_COUNTS):
-            queued.counts[i] += getattr(change, name)
+        counts = queued.counts
+        counts[0] += change.requests
+        counts[1] += change.records
+        counts[2] += change.summarizer_calls
+        counts[3] += change.summarizer_failures
+        counts[4] += change.pinned_overflow
+        counts[5] += change.tokens_sent
+        counts[6] += change.tokens_forwarded
         for i, value in enumerate((change.dialect, change.model, change.window)):
             if value is not None:
                 queued.fields[i] = value

@@ -97,11 +97,11 @@ Document = dict[str, Any]
 """A JSON-able document of the session records: a compaction's record, a timeline line."""
 
 
-@dataclass(frozen=True, slots=True)
-class SessionChange:
+class SessionChange(NamedTuple):
     """What one request or one compaction adds to its session's records (proxy.admin.records
     decides it, once, for the process's records and the shared ones alike): counts added,
-    fields set (None: left as they were), a compaction's record or a timeline line appended."""
+    fields set (None: left as they were), a compaction's record or a timeline line appended.
+    A named tuple: every request makes one or two (a frozen dataclass cost 2 µs more each)."""
 
     requests: int = 0
     records: int = 0
