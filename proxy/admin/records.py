@@ -278,10 +278,13 @@ class SessionRecords:
                 self._unreadable = False
                 if found is None:
                     return None
+                # Each replica sends its lines a moment after its answers: a conversation's next
+                # request, answered by another replica meanwhile, may land first. Their times
+                # (ISO 8601, UTC, one format each) put them back in order.
                 return {
                     **_summary(session_id, found.totals),
-                    "records": found.records,
-                    "timeline": found.timeline,
+                    "records": sorted(found.records, key=_time_of),
+                    "timeline": sorted(found.timeline, key=_time_of),
                 }
         summary, timeline = self.get(session_id), self.timeline(session_id)
         if summary is None or timeline is None:
@@ -410,6 +413,10 @@ def _matching(
 
 
 _ONE_REQUEST = SessionChange(requests=1)
+
+
+def _time_of(document: Record) -> str:
+    return str(document.get("time", ""))
 
 
 def _record_change(record: Record) -> SessionChange:
