@@ -172,11 +172,13 @@ class SessionRecords:
         session = self._session(session_id)
         _, dialect, outcome, _, _, _, _, overhead_ms = line
         session.dialect = dialect
-        before = after = 0
-        if outcome is not None and None not in (outcome.tokens_before, outcome.tokens_after):
-            before, after = outcome.tokens_before or 0, outcome.tokens_after or 0
-            session.tokens_sent += before
-            session.tokens_forwarded += after
+        before, after = (
+            (None, None) if outcome is None else (outcome.tokens_before, outcome.tokens_after)
+        )
+        if before is None or after is None:  # forwarded without an estimate: not counted
+            before = after = 0
+        session.tokens_sent += before
+        session.tokens_forwarded += after
         if self._shared is not None:
             change = SessionChange(
                 tokens_sent=before,

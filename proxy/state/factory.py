@@ -94,7 +94,8 @@ def build_state(
     """The state `state.backend` names, its checkpoint roles guarded unless it lives in the
     process (their background work, writing back after an outage, runs in `tasks`), the archive
     bounded as `archive` says (or `given_archive`, which then is the only archive built), and
-    with Redis the shared session records bounded as `admin` says (none without `admin`)."""
+    with Redis the shared session records bounded as `admin` says (none without `admin`, or
+    while its token is null and /admin is off)."""
     if state.backend == "memory":
         local_archive = given_archive or LocalArchive(
             max_bytes=archive.max_bytes_per_session,
@@ -136,7 +137,7 @@ def build_state(
         kept = given_archive or RedisArchive(
             client, max_bytes=archive.max_bytes_per_session, max_age_s=archive.max_age_s
         )
-        if admin is not None:
+        if admin is not None and admin.token is not None:  # admin off: nobody reads them
             shared = RedisRecords(
                 client,
                 per_session=admin.records_per_session,

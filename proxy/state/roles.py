@@ -10,8 +10,8 @@ that plays them all.
 - SharedRecords: the session records /admin shows, kept where every replica reads them
   (proxy.admin.records; only `redis` plays it: the other backends' records stay in the process).
 
-A StateBackend plays every role but the shared records and has a lifecycle; it is built once, in proxy.app.create_app
-(through proxy.state.factory), which hands each consumer its role.
+A StateBackend plays every role but the shared records and has a lifecycle; it is built once,
+in proxy.app.create_app (through proxy.state.factory), which hands each consumer its role.
 """
 
 from __future__ import annotations
