@@ -268,9 +268,10 @@ class SessionRecords:
                 return {"sessions": sessions, "count": len(sessions)}
         return self.list()
 
-    async def read_session(self, session_id: str) -> Record | None:
-        """A session's summary, compaction records and timeline (documents, oldest first):
-        from the shared records when there are, else from the process's own."""
+    async def read_session(self, session_id: str, *, timeline: bool = True) -> Record | None:
+        """A session's summary, compaction records and (unless `timeline` is False) timeline,
+        documents oldest first: from the shared records when there are, else from the
+        process's own."""
         if self._shared is not None:
             try:
                 found = await self._shared.session(session_id)
@@ -283,15 +284,17 @@ class SessionRecords:
                 # Each replica sends its lines a moment after its answers: a conversation's next
                 # request, answered by another replica meanwhile, may land first. Their times
                 # (ISO 8601, UTC, one format each) put them back in order.
-                return {
+                shown = {
                     **_summary(session_id, found.totals),
                     "records": sorted(found.records, key=_time_of),
-                    "timeline": sorted(found.timeline, key=_time_of),
                 }
-        summary, timeline = self.get(session_id), self.timeline(session_id)
-        if summary is None or timeline is None:
-            return None
-        return {**summary, "timeline": timeline}
+                if timeline:
+                    shown["timeline"] = sorted(found.timeline, key=_time_of)
+                return shown
+        summary = self.get(session_id)
+        if summary is None or not timeline:
+            return summary
+        return {**summary, "timeline": self.timeline(session_id) or []}
 
     def _say_unreadable(self, error: Exception) -> None:
         """Once until the shared records answer again: every /admin call meanwhile shows the

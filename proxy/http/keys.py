@@ -79,7 +79,9 @@ class AdminRecords(Protocol):
 
     async def read_list(self) -> dict[str, Any]: ...
 
-    async def read_session(self, session_id: str) -> dict[str, Any] | None:
+    async def read_session(
+        self, session_id: str, *, timeline: bool = True
+    ) -> dict[str, Any] | None:
         """Its summary, compaction records and timeline, read as `read_page` reads."""
         ...
 
