@@ -61,14 +61,6 @@ def create_app(
     )
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics if metrics is not None else Metrics()
-    # Built here, written by the compacting hook and forwarding, read by proxy.admin.
-    records = SessionRecords(
-        max_sessions=settings.admin.max_sessions,
-        records_per_session=settings.admin.records_per_session,
-        max_bytes=int(settings.admin.max_records_mb * 1024 * 1024),
-        preview_chars=settings.admin.preview_chars,
-    )
-    app[keys.RECORDS] = records
     app[keys.TASKS] = BackgroundTasks()
     app[keys.UPSTREAM] = Upstream(settings.upstream, app[keys.METRICS])
     app[WORKERS] = Workers(
@@ -85,8 +77,19 @@ def create_app(
         app[keys.METRICS].state,
         app[keys.TASKS],
         given_archive=archive,
+        admin=settings.admin,
     )
     app[keys.ARCHIVE] = state.archive
+    # Built here, written by the compacting hook and forwarding, read by proxy.admin; with
+    # Redis also kept there, where every replica reads them (state.records).
+    records = SessionRecords(
+        max_sessions=settings.admin.max_sessions,
+        records_per_session=settings.admin.records_per_session,
+        max_bytes=int(settings.admin.max_records_mb * 1024 * 1024),
+        preview_chars=settings.admin.preview_chars,
+        shared=state.records,
+    )
+    app[keys.RECORDS] = records
     if hook is None:
         shared = Shared(
             upstream=app[keys.UPSTREAM],

@@ -73,7 +73,7 @@ async def api_sessions(request: web.Request) -> web.Response:
     sort = query.get("sort", "last_seen")
     if sort not in SORTABLE:
         raise BadRequest(f"sort must be one of {', '.join(sorted(SORTABLE))}")
-    page = request.app[keys.RECORDS].page(
+    page = await request.app[keys.RECORDS].read_page(
         sort=sort,
         descending=query.get("order", "desc") != "asc",
         search=query.get("q", ""),
@@ -89,15 +89,12 @@ async def api_sessions(request: web.Request) -> web.Response:
 async def api_session(request: web.Request) -> web.Response:
     require_admin(request)
     session_id = check_session_id(request.match_info["session"], "the path")
-    records = request.app[keys.RECORDS]
-    found = records.get(session_id)
-    timeline = records.timeline(session_id)
-    if found is None or timeline is None:
+    found = await request.app[keys.RECORDS].read_session(session_id)
+    if found is None:
         raise NotFound(f"no session {session_id!r} seen (or it was evicted)")
     settings = request.app[keys.SETTINGS]
     window = found["window"] or settings.models.default_context_window
     found.update(estimate_savings(settings.models, found["model"], found["tokens_saved"]))
-    found["timeline"] = timeline
     found["window"] = window
     found["trigger"] = settings.compaction.trigger.at(window)
     return _json(found)

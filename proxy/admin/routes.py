@@ -1,5 +1,6 @@
-"""The admin endpoints: sessions, their compaction records and totals (proxy.admin.records), the
-search of a session's archived turns (`admin.token` required).
+"""The admin endpoints: sessions, their compaction records and totals (proxy.admin.records:
+every replica's with `state.backend: redis`), the search of a session's archived turns
+(`admin.token` required).
 
 They do not exist (404) while `admin.token` is null.
 """
@@ -20,13 +21,14 @@ from proxy.state.archive import search_session
 
 async def admin_sessions(request: web.Request) -> web.Response:
     require_admin(request)
-    return json_response(request.app[keys.RECORDS].list())
+    return json_response(await request.app[keys.RECORDS].read_list())
 
 
 async def admin_session(request: web.Request) -> web.Response:
     require_admin(request)
     session_id = check_session_id(request.match_info["session"], "the path")
-    found = request.app[keys.RECORDS].get(session_id)
+    # The timeline is the dashboard's (/admin/api/sessions/{session}).
+    found = await request.app[keys.RECORDS].read_session(session_id, timeline=False)
     if found is None:
         raise NotFound(f"no session {session_id!r} seen (or it was evicted)")
     return json_response(found)

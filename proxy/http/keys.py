@@ -35,7 +35,8 @@ request)."""
 class AdminRecords(Protocol):
     """The records the app keeps per session (proxy.admin.records), as proxy.http and the admin
     routes use them: a forwarded request is counted and put in its session's timeline, /admin
-    lists the sessions and shows one, the dashboard pages through them."""
+    lists the sessions and shows one, the dashboard pages through them (the `read_*` methods:
+    the sync ones read the process's own records)."""
 
     def touch(self, session_id: str) -> None: ...
 
@@ -62,6 +63,27 @@ class AdminRecords(Protocol):
     def timeline(self, session_id: str) -> Sequence[dict[str, Any]] | None: ...
 
     def overhead_quantiles(self) -> dict[str, float | None]: ...
+
+    async def read_page(
+        self,
+        *,
+        sort: str = "last_seen",
+        descending: bool = True,
+        search: str = "",
+        offset: int = 0,
+        limit: int = 50,
+    ) -> dict[str, Any]:
+        """`page` as the admin routes read it: every replica's sessions when the records are
+        shared (state.backend redis), the process's own otherwise."""
+        ...
+
+    async def read_list(self) -> dict[str, Any]: ...
+
+    async def read_session(
+        self, session_id: str, *, timeline: bool = True
+    ) -> dict[str, Any] | None:
+        """Its summary, compaction records and timeline, read as `read_page` reads."""
+        ...
 
 
 SETTINGS = web.AppKey("settings", Settings)

@@ -4,7 +4,8 @@ client per process, and each role played over it (`State`).
 - `memory`: the process only (LocalStore, LocalArchive);
 - `sqlite`: one StateFile (one connection, one thread) holding the checkpoint store's tables and
   the archive's;
-- `redis`: one RedisClient shared by the checkpoint store (and its notices) and the archive.
+- `redis`: one RedisClient shared by the checkpoint store (and its notices), the archive and
+  the session records /admin shows (so every replica shows the fleet's).
 The checkpoint roles of a persistent or shared backend are guarded (proxy.state.guard).
 """
 
@@ -14,7 +15,7 @@ import logging
 from dataclasses import dataclass
 
 from proxy.metrics import StateMetrics
-from proxy.settings import ArchiveSettings, CompactionSection, StateSettings
+from proxy.settings import AdminSettings, ArchiveSettings, CompactionSection, StateSettings
 from proxy.state.archive.entries import Archive
 from proxy.state.archive.local import LocalArchive
 from proxy.state.archive.redis import RedisArchive
@@ -23,7 +24,8 @@ from proxy.state.guard import Guarded
 from proxy.state.local import LocalStore
 from proxy.state.redis import RedisStore
 from proxy.state.redis_client import RedisClient
-from proxy.state.roles import StateBackend
+from proxy.state.redis_records import RedisRecords
+from proxy.state.roles import SharedRecords, StateBackend
 from proxy.state.sqlite import SqliteStore
 from proxy.state.sqlite_file import StateFile
 from proxy.tasks import BackgroundTasks
@@ -38,15 +40,18 @@ LEASE_TTL_S = 10.0
 @dataclass(frozen=True, slots=True)
 class State:
     """Every role of the state, over one file or one client: `backend` plays checkpoints,
-    leases, cooldowns, forwarded marks and item claims; `archive` keeps folded turns."""
+    leases, cooldowns, forwarded marks and item claims; `archive` keeps folded turns; `records`,
+    when the backend is shared (redis), keeps the session records /admin shows (None: they stay
+    in the process)."""
 
     backend: StateBackend
     archive: Archive
+    records: SharedRecords | None = None
 
     async def open(self) -> None:
         """Open every role. A backend that cannot open is the guard's warning; an archive that
         cannot is said once: its writes fail and are counted, its searches answer 503. Never
-        fatal."""
+        fatal (the shared records connect nothing when they open)."""
         await self.backend.open()
         try:
             await self.archive.open()
@@ -54,9 +59,13 @@ class State:
             log.warning(
                 "archive unavailable", extra={"backend": self.archive.name, "error": repr(exc)}
             )
+        if self.records is not None:
+            await self.records.open()
 
     async def close(self) -> None:
-        """Close every role (the archive first, as it was opened last), pending writes landed."""
+        """Close every role (in the reverse order of opening), pending writes landed."""
+        if self.records is not None:
+            await self.records.close()
         await self.archive.close()
         await self.backend.close()
 
@@ -80,10 +89,13 @@ def build_state(
     tasks: BackgroundTasks,
     *,
     given_archive: Archive | None = None,
+    admin: AdminSettings | None = None,
 ) -> State:
     """The state `state.backend` names, its checkpoint roles guarded unless it lives in the
     process (their background work, writing back after an outage, runs in `tasks`), the archive
-    bounded as `archive` says (or `given_archive`, which then is the only archive built)."""
+    bounded as `archive` says (or `given_archive`, which then is the only archive built), and
+    with Redis the shared session records bounded as `admin` says (none without `admin`, or
+    while its token is null and /admin is off)."""
     if state.backend == "memory":
         local_archive = given_archive or LocalArchive(
             max_bytes=archive.max_bytes_per_session,
@@ -97,6 +109,7 @@ def build_state(
     local = build_local(options, state.cached_checkpoints)
     remote: StateBackend
     kept: Archive
+    shared: SharedRecords | None = None
     if state.backend == "sqlite":
         file = StateFile(state.path, metrics=metrics)
         remote = SqliteStore(
@@ -124,10 +137,19 @@ def build_state(
         kept = given_archive or RedisArchive(
             client, max_bytes=archive.max_bytes_per_session, max_age_s=archive.max_age_s
         )
+        if admin is not None and admin.token is not None:  # admin off: nobody reads them
+            shared = RedisRecords(
+                client,
+                per_session=admin.records_per_session,
+                max_sessions=admin.max_sessions,
+                max_bytes=int(admin.max_records_mb * 1024 * 1024),
+                metrics=metrics,
+                tasks=tasks,
+            )
     guarded = Guarded(
         remote, local, metrics, tasks, timeout_s=state.timeout_s, retry_s=state.retry_s
     )
-    return State(guarded, kept)
+    return State(guarded, kept, shared)
 
 
 def build_reader(state: StateSettings, archive: ArchiveSettings) -> Archive:

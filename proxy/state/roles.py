@@ -8,16 +8,19 @@ that plays them all.
   (proxy.compacting.decision.applied);
 - claims: compaction.ItemClaims, memory-file items de-duplicated across processes;
 - BoundModels: the models learned to bind their thinking to its prefix
-  (proxy.compacting.decision.thinking).
+  (proxy.compacting.decision.thinking);
+- SharedRecords: the session records /admin shows, kept where every replica reads them
+  (proxy.admin.records; only `redis` plays it: the other backends' records stay in the process).
 
-A StateBackend plays every role and has a lifecycle; it is built once, in proxy.app.create_app
-(through proxy.state.factory), which hands each consumer its role.
+A StateBackend plays every role but the shared records and has a lifecycle; it is built once,
+in proxy.app.create_app (through proxy.state.factory), which hands each consumer its role.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
 
 from compaction import CheckpointStore, ItemClaims
 
@@ -106,3 +109,82 @@ class LocalLease:
 
     async def release(self) -> None:
         return None
+
+
+Document = dict[str, Any]
+"""A JSON-able document of the session records: a compaction's record, a timeline line."""
+
+
+class SessionChange(NamedTuple):
+    """What one request or one compaction adds to its session's records (proxy.admin.records
+    decides it, once, for the process's records and the shared ones alike): counts added,
+    fields set (None: left as they were), a compaction's record or a timeline line appended.
+    A named tuple: every request makes one or two (a frozen dataclass cost 2 µs more each)."""
+
+    requests: int = 0
+    records: int = 0
+    summarizer_calls: int = 0
+    summarizer_failures: int = 0
+    pinned_overflow: int = 0
+    tokens_sent: int = 0
+    tokens_forwarded: int = 0
+    dialect: str | None = None
+    model: str | None = None
+    window: int | None = None
+    record: Document | None = None
+    timeline: Document | None = None
+
+
+class SessionTotals(NamedTuple):
+    """A session's figures as the shared records hold them (times: `time.time()` seconds). A
+    named tuple, not a dataclass: a page sorted by another field than the last activity makes
+    one per session, 10,000 of them, and a frozen dataclass took three times as long."""
+
+    first_seen: float
+    last_seen: float
+    requests: int
+    records_total: int
+    records_kept: int
+    dialect: str | None
+    model: str | None
+    window: int | None
+    tokens_sent: int
+    tokens_forwarded: int
+    summarizer_calls: int
+    summarizer_failures: int
+    pinned_overflow: int
+
+
+@dataclass(frozen=True, slots=True)
+class SharedSession:
+    """One session as the shared records hold it: its totals, its compaction records and its
+    timeline (oldest first)."""
+
+    totals: SessionTotals
+    records: list[Document]
+    timeline: list[Document]
+
+
+class SharedRecords(Protocol):
+    """The session records of every replica in one place, bounded per session and in total
+    (least recently seen sessions first). Writes never wait: `add` queues, a background task
+    sends; reads raise when the store cannot answer (the caller shows its own process's)."""
+
+    def add(self, session_id: str, change: SessionChange, now: float) -> None: ...
+
+    async def newest(self, offset: int, limit: int) -> tuple[list[tuple[str, SessionTotals]], int]:
+        """The sessions seen most recently first, `limit` of them from `offset`, and how many
+        there are."""
+        ...
+
+    async def every(self) -> list[tuple[str, SessionTotals]]:
+        """Every session, most recently seen first."""
+        ...
+
+    async def session(self, session_id: str) -> SharedSession | None: ...
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None:
+        """Send what is queued (briefly), then let go of the store."""
+        ...

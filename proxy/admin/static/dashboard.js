@@ -6,7 +6,12 @@
 const TOKEN_KEY = "compaction-proxy.admin-token";
 const LIVE_EVERY_MS = 2000;
 const PAGE_SIZE = 50;
-const state = { sort: "last_seen", order: "desc", q: "", offset: 0, lastLive: null, timer: null };
+// A call that has not answered by then is given up and the view tries again: a request stuck on
+// a dead connection (or a replica behind a balancer that stopped answering) never leaves the
+// page empty.
+const CALL_TIMEOUT_MS = 4000;
+const RETRY_MS = [500, 1000, 2000, 4000];
+const state = { sort: "last_seen", order: "desc", q: "", offset: 0, lastLive: null, timer: null, shown: 0 };
 
 const $ = (selector) => document.querySelector(selector);
 
@@ -35,16 +40,24 @@ async function api(path) {
   const response = await fetch("api/" + path, {
     headers: { Authorization: "Bearer " + token },
     cache: "no-store",
+    signal: AbortSignal.timeout(CALL_TIMEOUT_MS),
   });
   if (response.status === 401) {
     sessionStorage.removeItem(TOKEN_KEY);
     showLogin("The token was refused (401).");
     throw new Refused();
   }
-  const payload = await response.json();
-  if (!response.ok) throw new Error(payload.error ? payload.error.message : response.statusText);
+  let payload = null;
+  try {
+    payload = await response.json();
+  } catch (error) {
+    // Not ours (a balancer's error page): its status says enough.
+  }
+  if (!response.ok) throw new Error(payload && payload.error ? payload.error.message : `${response.status} ${response.statusText}`);
   return payload;
 }
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 function show(view) {
   for (const id of ["login-view", "sessions-view", "session-view"]) $("#" + id).hidden = id !== view;
@@ -62,16 +75,13 @@ function showLogin(message) {
   error.hidden = !message;
 }
 
-async function login(event) {
+// The view's own first call says whether the token is right (a 401 shows the form again): the
+// sessions come in one round trip, not behind a check of their own.
+function login(event) {
   event.preventDefault();
   const input = $("#token");
   sessionStorage.setItem(TOKEN_KEY, input.value);
   input.value = "";
-  try {
-    await api("live");
-  } catch (error) {
-    return;
-  }
   $("#login-error").hidden = true;
   route();
 }
@@ -111,12 +121,32 @@ function startLive() {
 
 // -- sessions -------------------------------------------------------------------------------
 
+// The page of sessions the controls ask for. A call that fails or hangs is said and tried again
+// (less and less often) while that page is still the one asked for; an answer to a page asked for
+// before another is dropped.
 async function renderSessions() {
   show("sessions-view");
   const params = new URLSearchParams({
     sort: state.sort, order: state.order, q: state.q, offset: state.offset, limit: PAGE_SIZE,
   });
-  const page = await api("sessions?" + params);
+  const asked = ++state.shown;
+  const info = $("#page-info");
+  if (!$("#sessions-table tbody").children.length) info.textContent = "Loading sessions…";
+  let page = null;
+  for (let attempt = 0; page === null; attempt++) {
+    try {
+      page = await api("sessions?" + params);
+    } catch (error) {
+      if (error instanceof Refused) throw error;
+      if (asked !== state.shown) return;
+      info.textContent = `Sessions not loaded (${error.message || error.name}), trying again…`;
+      info.className = "error";
+      await sleep(RETRY_MS[Math.min(attempt, RETRY_MS.length - 1)]);
+      if (asked !== state.shown || $("#sessions-view").hidden) return;
+    }
+  }
+  if (asked !== state.shown) return;
+  info.className = "";
   const rows = page.sessions.map((s) =>
     el("tr", { dataset: { session: s.session_id } },
       el("td", {}, el("a", { href: "#/session/" + encodeURIComponent(s.session_id) }, s.session_id)),
@@ -248,7 +278,6 @@ async function route() {
     showLogin("");
     return;
   }
-  startLive();
   const match = location.hash.match(/^#\/session\/(.+)$/);
   try {
     if (match) await renderSession(decodeURIComponent(match[1]));
@@ -258,6 +287,8 @@ async function route() {
     console.error(error);
     if (match) clearSession(`No session to show: ${error.message}`, "error");
   }
+  // After the view: its call is the first the proxy answers.
+  if (sessionStorage.getItem(TOKEN_KEY)) startLive();
 }
 
 function wire() {

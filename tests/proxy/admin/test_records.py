@@ -133,3 +133,18 @@ def test_every_sortable_field_orders_a_page(field: str) -> None:
             records.add_record(sid, {**record, "errors": ["e"] * (i % 2)})
     shown = [s[field] for s in records.page(sort=field, descending=False)["sessions"]]
     assert shown == sorted(shown) and len(set(shown)) > 1
+
+
+def test_the_first_page_is_the_most_recently_seen_sessions_read_without_sorting_them_all() -> None:
+    now = [1000.0]
+    records = SessionRecords(max_sessions=100, records_per_session=5, clock=lambda: now[0])
+    for sid in ("a", "b", "c", "d", "b", "e", "a"):
+        now[0] += 1
+        records.touch(sid)
+    first = records.page(limit=2)
+    assert [s["session_id"] for s in first["sessions"]] == ["a", "e"] and first["total"] == 5
+    rest = records.page(offset=2, limit=10)["sessions"]
+    oldest_first = records.page(descending=False)["sessions"]  # sorted by last_seen
+    assert [s["session_id"] for s in first["sessions"] + rest] == [
+        s["session_id"] for s in reversed(oldest_first)
+    ]
