@@ -108,7 +108,10 @@ def build_state(
             failure_cooldown_s=options.failure_cooldown_s,
         )
         kept = given_archive or SqliteArchive(
-            file, max_bytes=archive.max_bytes_per_session, max_age_s=archive.max_age_s
+            file,
+            max_bytes=archive.max_bytes_per_session,
+            max_age_s=archive.max_age_s,
+            max_total_bytes=archive.max_total_bytes,
         )
     else:
         client = _redis_client(state)
@@ -122,7 +125,10 @@ def build_state(
             tasks=tasks,
         )
         kept = given_archive or RedisArchive(
-            client, max_bytes=archive.max_bytes_per_session, max_age_s=archive.max_age_s
+            client,
+            max_bytes=archive.max_bytes_per_session,
+            max_age_s=archive.max_age_s,
+            max_total_bytes=archive.max_total_bytes,
         )
     guarded = Guarded(
         remote, local, metrics, tasks, timeout_s=state.timeout_s, retry_s=state.retry_s

@@ -23,8 +23,8 @@ class LocalArchive:
         clock: Callable[[], float] = time.time,
     ) -> None:
         """At most `max_bytes` per session and credential, `max_total_bytes` over all of them
-        (None: no bound but the age): beyond it the least recently archived session's oldest
-        turns go first."""
+        (None: no bound but the age): beyond it the least recently archived scope goes whole
+        (the one just archived, when it is the only one: its oldest turns)."""
         self._max_bytes = max_bytes
         self._max_total_bytes = max_total_bytes
         self._max_age_s = max_age_s
@@ -33,6 +33,9 @@ class LocalArchive:
         self._scopes: dict[Scope, dict[int, Entry]] = {}
         self._sizes: dict[Scope, int] = {}
         self._total = 0
+
+    def weight(self, entry: Entry) -> int:
+        return entry.size
 
     async def open(self) -> None:
         return None
@@ -52,14 +55,14 @@ class LocalArchive:
         self._sizes[scope] = size
         if not kept:  # nothing archived: no scope kept empty
             del self._scopes[scope], self._sizes[scope]
-            return {"age": 0, "size": 0}
+            return {"age": 0, "size": 0, "total": 0}
         dropped = self._bound(scope)
         # A session archived no more ages out too: the least recently archived is looked at
         # each time, so idle ones go one by one.
         oldest = next(iter(self._scopes), scope)
         if oldest != scope:
             dropped["age"] += self._bound(oldest)["age"]
-        dropped["size"] += self._bound_total()
+        dropped["total"] = self._bound_total(scope)
         return dropped
 
     def _bound(self, scope: Scope) -> dict[str, int]:
@@ -76,12 +79,18 @@ class LocalArchive:
             dropped["size"] += 1
         return dropped
 
-    def _bound_total(self) -> int:
-        """Drop the least recently archived sessions' oldest turns beyond the total size."""
+    def _bound_total(self, current: Scope) -> int:
+        """Beyond the total size: the least recently archived scopes whole, then the oldest
+        turns of `current` (the most recent)."""
         dropped = 0
         while self._max_total_bytes is not None and self._total > self._max_total_bytes:
-            scope = next(iter(self._scopes))
-            self._drop(scope, next(iter(self._scopes[scope])))
+            oldest = next(iter(self._scopes))
+            if oldest != current:
+                dropped += len(self._scopes[oldest])
+                self._total -= self._sizes.pop(oldest)
+                del self._scopes[oldest]
+                continue
+            self._drop(oldest, next(iter(self._scopes[oldest])))
             dropped += 1
         return dropped
 

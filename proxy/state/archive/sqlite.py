@@ -18,6 +18,14 @@ is also what a model asking about "the" error or "the" path most often means.
 A search walks the index's matches newest first and keeps those of its session (and credential)
 until it has enough: it never returns another scope's turns. (A scope token in the index,
 intersected with the words, cost ten times more: its list holds every turn of the session.)
+
+Bounds, applied as turns are added, in one transaction with them: a scope's turns older than
+`max_age_s` and its oldest beyond `max_bytes`; then, while all scopes together weigh more than
+`max_total_bytes`, the least recently archived scope goes whole (its turns, their index rows,
+its compactions), so no partial archive is left that recall would search in vain. A turn weighs
+what it is stored in (its text and compressed JSON, `Entry.size`) plus what its rows in the
+owners table and the full-text index take (`weight`): the bound holds for the file, whose pages
+freed are given back (incremental vacuum, proxy.state.sqlite_file).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 
-from proxy.state.archive.entries import Entry, Found, Kind, Scope
+from proxy.state.archive.entries import Entry, Found, Kind, Scope, text_bytes, unpack
 from proxy.state.archive.terms import query_terms, score_text
 from proxy.state.sqlite_file import StateFile
 
@@ -44,8 +52,16 @@ _TABLE = (
     # Whose each turn is, in rows small enough that a search checks hundreds per page read.
     "CREATE TABLE IF NOT EXISTS archive_owners (id INTEGER PRIMARY KEY, owner INTEGER NOT NULL)",
     "CREATE TABLE IF NOT EXISTS archive_sizes (session TEXT NOT NULL, tenant TEXT NOT NULL,"
-    " bytes INTEGER NOT NULL, PRIMARY KEY (session, tenant))",
+    " bytes INTEGER NOT NULL, at REAL NOT NULL DEFAULT 0, PRIMARY KEY (session, tenant))",
 )
+# When each scope last archived (the total bound drops the least recent first). A file from
+# before it gets the column, filled from its turns.
+_SCOPE_TIMES = (
+    "ALTER TABLE archive_sizes ADD COLUMN at REAL NOT NULL DEFAULT 0",
+    "UPDATE archive_sizes SET at = coalesce((SELECT max(a.at) FROM archive a"
+    " WHERE a.session = archive_sizes.session AND a.tenant = archive_sizes.tenant), 0)",
+)
+_SCOPE_ORDER = "CREATE INDEX IF NOT EXISTS archive_sizes_at ON archive_sizes (at)"
 # The compactions whose turns each scope archived (read at every recall: listing them from the
 # turns read every turn of the session). A file from before it gets it filled once.
 _COMPACTIONS = (
@@ -103,6 +119,10 @@ def owner_of(session: str, tenant: str) -> int:
 
 # Dropping the oldest beyond the size bound reads them this many at a time.
 _DROP_BATCH = 256
+# What a turn's rows besides its own take, measured (bench.archive --sessions): its owner row,
+# its index entries and the full-text index's postings of its words (about half its text).
+_ROW_BYTES = 64
+_INDEX_SHARE = 0.5
 
 
 class ArchiveTables:
@@ -124,6 +144,11 @@ class ArchiveTables:
             return
         for statement in _TABLE:
             connection.execute(statement)
+        columns = {row[1] for row in connection.execute("PRAGMA table_info(archive_sizes)")}
+        if "at" not in columns:
+            for statement in _SCOPE_TIMES:
+                connection.execute(statement)
+        connection.execute(_SCOPE_ORDER)
         if not connection.execute(
             "SELECT 1 FROM sqlite_master WHERE name = 'archive_compactions'"
         ).fetchone():
@@ -156,14 +181,17 @@ class SqliteArchive:
         *,
         max_bytes: int,
         max_age_s: float,
+        max_total_bytes: int | None = None,
         full_text: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """Over `file`, the process's one connection to the state file (read-only: a reader
-        beside a running proxy). `full_text=False` searches by LIKE even where FTS5 exists (how
-        the fallback is tested)."""
+        beside a running proxy). At most `max_bytes` per scope, `max_total_bytes` over all of
+        them (None: no bound but the age). `full_text=False` searches by LIKE even where FTS5
+        exists (how the fallback is tested)."""
         self.path = file.path
         self._max_bytes = max_bytes
+        self._max_total_bytes = max_total_bytes
         self._max_age_s = max_age_s
         self._clock = clock
         self._tables = ArchiveTables(full_text=full_text)
@@ -173,6 +201,10 @@ class SqliteArchive:
     @property
     def full_text(self) -> bool:
         return self._tables.full_text
+
+    def weight(self, entry: Entry) -> int:
+        """What a turn takes in the file: its row (`Entry.size`) and its index rows."""
+        return entry.size + _ROW_BYTES + int(text_bytes(entry.text) * _INDEX_SHARE)
 
     async def open(self) -> None:
         await self._file.open()
@@ -192,16 +224,17 @@ class SqliteArchive:
             db.execute("BEGIN IMMEDIATE")
             added = 0
             for entry in entries:
+                size = self.weight(entry)
                 cursor = db.execute(
                     "INSERT OR IGNORE INTO archive (session, tenant, idx, dialect, kind,"
                     " compaction_id, at, size, body, text)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (scope.session, scope.tenant, entry.index, entry.dialect, entry.kind,
-                     entry.compaction_id, entry.at, entry.size, entry.body, entry.text),
+                     entry.compaction_id, entry.at, size, entry.packed, entry.text),
                 )  # fmt: skip
                 if cursor.rowcount != 1:
                     continue
-                added += entry.size
+                added += size
                 db.execute(
                     "INSERT INTO archive_owners (id, owner) VALUES (?, ?)",
                     (cursor.lastrowid, owner_of(scope.session, scope.tenant)),
@@ -217,11 +250,16 @@ class SqliteArchive:
                 {(scope.session, scope.tenant, entry.compaction_id) for entry in entries},
             )
             db.execute(
-                "INSERT INTO archive_sizes (session, tenant, bytes) VALUES (?, ?, ?)"
-                " ON CONFLICT (session, tenant) DO UPDATE SET bytes = bytes + excluded.bytes",
-                (scope.session, scope.tenant, added),
+                "INSERT INTO archive_sizes (session, tenant, bytes, at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (session, tenant) DO UPDATE SET bytes = bytes + excluded.bytes,"
+                " at = excluded.at",
+                (scope.session, scope.tenant, added, self._clock()),
             )
-            return {"age": self._drop_old(db), "size": self._drop_beyond(db, scope)}
+            return {
+                "age": self._drop_old(db),
+                "size": self._drop_beyond(db, scope.session, scope.tenant, self._max_bytes),
+                "total": self._drop_over_total(db, scope),
+            }
 
     def _drop_old(self, db: sqlite3.Connection) -> int:
         """Every scope's turns older than the age bound (indexed by time: cheap when none)."""
@@ -235,16 +273,21 @@ class SqliteArchive:
                 "UPDATE archive_sizes SET bytes = bytes - ? WHERE session = ? AND tenant = ?",
                 (size, session, tenant),
             )
+        if rows:  # scopes left empty go whole, their compactions with them
+            for session, tenant in db.execute(
+                "SELECT session, tenant FROM archive_sizes WHERE bytes <= 0"
+            ).fetchall():
+                self._forget(db, session, tenant)
         return len(rows)
 
-    def _drop_beyond(self, db: sqlite3.Connection, scope: Scope) -> int:
-        """The scope's oldest turns until it is within the size bound."""
-        key = (scope.session, scope.tenant)
+    def _drop_beyond(self, db: sqlite3.Connection, session: str, tenant: str, bound: int) -> int:
+        """The scope's oldest turns until it weighs at most `bound`."""
+        key = (session, tenant)
         (total,) = db.execute(
             "SELECT bytes FROM archive_sizes WHERE session = ? AND tenant = ?", key
         ).fetchone()
         dropped = 0
-        while total > self._max_bytes:
+        while total > bound:
             rows = db.execute(
                 "SELECT id, size, text FROM archive WHERE session = ? AND tenant = ?"
                 " ORDER BY id LIMIT ?",
@@ -253,7 +296,7 @@ class SqliteArchive:
             if not rows:
                 break
             for row_id, size, text in rows:
-                if total <= self._max_bytes:
+                if total <= bound:
                     break
                 self._delete(db, row_id, text)
                 total -= size
@@ -262,6 +305,45 @@ class SqliteArchive:
             "UPDATE archive_sizes SET bytes = ? WHERE session = ? AND tenant = ?", (total, *key)
         )
         return dropped
+
+    def _drop_over_total(self, db: sqlite3.Connection, scope: Scope) -> int:
+        """While every scope together weighs more than the total bound: the least recently
+        archived scope whole (the one just written last of all: its oldest turns)."""
+        if self._max_total_bytes is None:
+            return 0
+        (total,) = db.execute("SELECT total(bytes) FROM archive_sizes").fetchone()
+        dropped = 0
+        while total > self._max_total_bytes:
+            oldest = db.execute(
+                "SELECT session, tenant, bytes FROM archive_sizes"
+                " WHERE NOT (session = ? AND tenant = ?) ORDER BY at LIMIT 1",
+                (scope.session, scope.tenant),
+            ).fetchone()
+            if oldest is None:
+                own = int(total) - self._max_total_bytes
+                (bytes_now,) = db.execute(
+                    "SELECT bytes FROM archive_sizes WHERE session = ? AND tenant = ?",
+                    (scope.session, scope.tenant),
+                ).fetchone()
+                return dropped + self._drop_beyond(
+                    db, scope.session, scope.tenant, max(0, bytes_now - own)
+                )
+            session, tenant, size = oldest
+            for row_id, text in db.execute(
+                "SELECT id, text FROM archive WHERE session = ? AND tenant = ?", (session, tenant)
+            ).fetchall():
+                self._delete(db, row_id, text)
+                dropped += 1
+            self._forget(db, session, tenant)
+            total -= size
+        return dropped
+
+    def _forget(self, db: sqlite3.Connection, session: str, tenant: str) -> None:
+        """A scope without turns: its size and its compactions go."""
+        db.execute("DELETE FROM archive_sizes WHERE session = ? AND tenant = ?", (session, tenant))
+        db.execute(
+            "DELETE FROM archive_compactions WHERE session = ? AND tenant = ?", (session, tenant)
+        )
 
     def _delete(self, db: sqlite3.Connection, row_id: int, text: str) -> None:
         if self.full_text:
@@ -306,7 +388,7 @@ class SqliteArchive:
         if every or len(terms) == 1:
             held = float(len(terms))
             return [
-                Found(_kind(kind), index, held, text, body, compaction_id, at)
+                Found(_kind(kind), index, held, text, unpack(body), compaction_id, at)
                 for index, kind, text, body, compaction_id, at in every
             ]
         parameters: list[object] = []
@@ -314,7 +396,7 @@ class SqliteArchive:
             parameters += [phrase, *owners, RANKED]
         most = db.execute(_most_words(len(owners), len(terms)), (*parameters, limit)).fetchall()
         return [
-            Found(_kind(kind), index, float(count), text, body, compaction_id, at)
+            Found(_kind(kind), index, float(count), text, unpack(body), compaction_id, at)
             for index, kind, text, body, compaction_id, at, count in most
         ]
 
@@ -339,9 +421,12 @@ class SqliteArchive:
             f"SELECT {_COLUMNS} FROM archive a WHERE {where} AND ({likes})", params
         ).fetchall()
         scored = [
-            Found(_kind(kind), index, score_text(text, terms), text, body, compaction_id, at)
+            Found(
+                _kind(kind), index, score_text(text, terms), text, unpack(body), compaction_id,
+                at,
+            )
             for index, kind, text, body, compaction_id, at in rows
-        ]
+        ]  # fmt: skip
         scored = [found for found in scored if found.score > 0]
         scored.sort(key=lambda found: (-found.score, -(found.index or 0)))
         return scored[:limit]
