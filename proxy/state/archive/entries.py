@@ -5,10 +5,10 @@ conversation, its dialect, its kind and when it was archived, under a `Scope`: t
 a digest of the caller's credentials and of the conversation, so that nothing of one credential,
 session or conversation is found from another.
 
-A turn is stored once: its text (what a search reads) as it is, and its JSON compressed (zlib:
-the JSON repeats the text with its quoting, and compressed it weighs a fraction of the text).
-What one turn weighs against the bounds is `Entry.size`, in one place; each backend adds what
-its index takes per turn.
+A turn is stored once: its JSON and its text compressed together (`pack`; the text repeats
+what the JSON says, so it costs next to nothing beside it: both together weigh about a fifth of
+the two as they were). What one turn weighs against the bounds is its backend's `weight`:
+`Entry.size` and what its index takes.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Entry:
     text: str
     """What a search reads: its prose, its calls' names and arguments."""
     packed: bytes
-    """The message as the client sent it (JSON), compressed (`pack`)."""
+    """The message as the client sent it (JSON) and its text, compressed together (`pack`)."""
 
     @classmethod
     def of(
@@ -52,17 +52,17 @@ class Entry:
         text: str,
     ) -> Entry:  # fmt: skip
         """The entry of `body`, the message's JSON (compressed here: off the event loop)."""
-        return cls(index, dialect, kind, compaction_id, at, text, pack(body))
+        return cls(index, dialect, kind, compaction_id, at, text, pack(body, text))
 
     @property
     def body(self) -> str:
         """The message as the client sent it (JSON)."""
-        return unpack(self.packed)
+        return unpack(self.packed)[0]
 
     @property
     def size(self) -> int:
-        """The bytes it is stored in: its text (UTF-8) and its compressed JSON."""
-        return text_bytes(self.text) + len(self.packed)
+        """The bytes it is stored in."""
+        return len(self.packed)
 
     def found(self, score: float) -> Found:
         return Found(
@@ -146,14 +146,16 @@ async def find_in_two_trips(
     return found, await archive.compactions(session, tenant=tenant)
 
 
-def pack(body: str) -> bytes:
-    """A message's JSON as stored (zlib, level 6: about a third of the JSON for prose)."""
-    return zlib.compress(body.encode())
+def pack(body: str, text: str) -> bytes:
+    """A message's JSON and text as stored: compressed together (zlib), the JSON first (it holds
+    no NUL: JSON escapes control characters), then a NUL, then the text."""
+    return zlib.compress(body.encode() + b"\x00" + text.encode())
 
 
-def unpack(stored: bytes | str) -> str:
-    """A message's JSON as `pack` stored it (a string: stored before turns were compressed)."""
-    return stored if isinstance(stored, str) else zlib.decompress(stored).decode()
+def unpack(packed: bytes) -> tuple[str, str]:
+    """The JSON and the text `pack` stored."""
+    body, _, text = zlib.decompress(packed).partition(b"\x00")
+    return body.decode(), text.decode()
 
 
 def text_bytes(text: str) -> int:

@@ -1,8 +1,8 @@
 """The archive in Redis (`state.backend: redis`): replicas share it.
 
 The keys of a scope (session and credential), `{prefix}{digest}`:
-- `:e` hash, turn index -> the turn stored once: its fields, text and JSON in one zlib blob (the
-  JSON repeats the text: compressed together, the text costs next to nothing);
+- `:e` hash, turn index -> the turn stored once: its fields, then its JSON and text compressed
+  together (proxy.state.archive.entries.pack);
 - `:g` hash, turn index -> its signature, the word index (proxy.state.archive.terms: a Bloom
   filter of its distinct words, 8 bits a word, at most 512 bytes);
 - `:o` sorted set, the turn indexes by when they were archived;
@@ -16,7 +16,8 @@ CANDIDATES whose filters hold the most query words, newest first at equal count,
 and scores their text with the simple term score: a word index of a byte a word per turn, where
 one sorted set per distinct word took ~10,500 keys and 2.65 MB per session of 4 compactions for
 0.19 MB of text, and building its per-word pipelines held the event loop (blobs and signatures
-are built in a thread).
+are built in a thread). Archives written by an earlier version (a sorted set per word, no
+signatures) are not searched: they expire after `max_age_s` like every archive key.
 
 Bounds, as turns are added: a scope's turns older than `max_age_s` and its oldest beyond
 `max_bytes`; scopes not archived for `max_age_s`; then, while all together weigh more than
@@ -33,14 +34,13 @@ import asyncio
 import hashlib
 import logging
 import time
-import zlib
 from collections.abc import Callable, Sequence
 
 import orjson
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from proxy.state.archive.entries import Entry, Found, Kind, Scope, find_in_two_trips
+from proxy.state.archive.entries import Entry, Found, Kind, Scope, find_in_two_trips, unpack
 from proxy.state.archive.terms import holds, query_terms, score_text, signature
 from proxy.state.redis_client import RedisClient
 
@@ -317,20 +317,10 @@ def _weight(blob: int, mark: int) -> int:
 
 
 def _stored(entry: Entry) -> tuple[bytes, bytes]:
-    """A turn as stored: its blob and its signature."""
-    blob = zlib.compress(
-        orjson.dumps(
-            {
-                "dialect": entry.dialect,
-                "kind": entry.kind,
-                "compaction_id": entry.compaction_id,
-                "at": entry.at,
-                "text": entry.text,
-                "body": entry.body,
-            }
-        )
-    )
-    return blob, signature(entry.text)
+    """A turn as stored: its blob (its fields as JSON, a NUL, its packed JSON and text) and its
+    signature."""
+    fields = orjson.dumps([entry.dialect, entry.kind, entry.compaction_id, entry.at])
+    return fields + b"\x00" + entry.packed, signature(entry.text)
 
 
 def _candidates(
@@ -356,14 +346,13 @@ def _scored(indexes: list[bytes], stored: list[bytes | None], terms: list[str]) 
     for index, raw in zip(indexes, stored, strict=True):
         if raw is None:
             continue
-        turn = orjson.loads(zlib.decompress(raw))
-        score = score_text(turn["text"], terms)
+        fields, _, packed = raw.partition(b"\x00")
+        body, text = unpack(packed)
+        score = score_text(text, terms)
         if score > 0:
-            kind: Kind = "tool_output" if turn["kind"] == "tool_output" else "message"
-            found.append(
-                Found(kind, int(index), score, turn["text"], turn["body"], turn["compaction_id"],
-                      turn["at"])
-            )  # fmt: skip
+            _, stored_kind, compaction_id, at = orjson.loads(fields)
+            kind: Kind = "tool_output" if stored_kind == "tool_output" else "message"
+            found.append(Found(kind, int(index), score, text, body, compaction_id, at))
     found.sort(key=lambda item: (-item.score, -(item.index or 0)))
     return found
 

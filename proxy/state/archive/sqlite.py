@@ -1,5 +1,5 @@
 """The archive in the state file (`state.backend: sqlite`), with an FTS5 full-text index in the
-same file; where this SQLite lacks FTS5, a LIKE scan of the session's turns, said once in the log.
+same file; where this SQLite lacks FTS5, a scan of the session's turns, said once in the log.
 
 Every statement runs through the state file's one connection, on its thread
 (proxy.state.sqlite_file), so the event loop never waits for the disk. The archive follows the
@@ -23,9 +23,12 @@ Bounds, applied as turns are added, in one transaction with them: a scope's turn
 `max_age_s` and its oldest beyond `max_bytes`; then, while all scopes together weigh more than
 `max_total_bytes`, the least recently archived scope goes whole (its turns, their index rows,
 its compactions), so no partial archive is left that recall would search in vain. A turn weighs
-what it is stored in (its text and compressed JSON, `Entry.size`) plus what its rows in the
-owners table and the full-text index take (`weight`): the bound holds for the file, whose pages
-freed are given back (incremental vacuum, proxy.state.sqlite_file).
+what it is stored in (its JSON and text compressed together, `Entry.size`, in the `body`
+column; `text` is left empty) plus what its rows in the owners table and the full-text index
+take (`weight`): the bound holds for the file, whose pages freed are given back (incremental
+vacuum, proxy.state.sqlite_file). A file written before turns were compressed keeps its rows
+(`body` the JSON as text, `text` the text) and its full-text index over the table (one made
+since holds no text of its own: `content=''`); both are read alike (`_turn`).
 """
 
 from __future__ import annotations
@@ -37,9 +40,9 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 
-from proxy.state.archive.entries import Entry, Found, Kind, Scope, text_bytes, unpack
-from proxy.state.archive.terms import query_terms, score_text
-from proxy.state.sqlite_file import StateFile
+from proxy.state.archive.entries import Entry, Found, Kind, Scope, unpack
+from proxy.state.archive.terms import count_words, query_terms, score_text
+from proxy.state.sqlite_file import StateFile, vacuum
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +75,7 @@ _COMPACTIONS = (
 )
 _INDEX = (
     "CREATE VIRTUAL TABLE IF NOT EXISTS archive_fts USING fts5(text,"
-    " content='archive', content_rowid='id', tokenize='unicode61 remove_diacritics 2')"
+    " content='', tokenize='unicode61 remove_diacritics 2')"
 )
 _COLUMNS = "a.idx, a.kind, a.text, a.body, a.compaction_id, a.at"
 RANKED = 200
@@ -119,10 +122,20 @@ def owner_of(session: str, tenant: str) -> int:
 
 # Dropping the oldest beyond the size bound reads them this many at a time.
 _DROP_BATCH = 256
-# What a turn's rows besides its own take, measured (bench.archive --sessions): its owner row,
-# its index entries and the full-text index's postings of its words (about half its text).
-_ROW_BYTES = 64
-_INDEX_SHARE = 0.5
+# What a turn's rows besides its packed JSON and text take, measured (bench.archive --sessions):
+# its row's other columns, its owner row, its entries in the table's indexes; and the full-text
+# index's postings, per distinct word of its text (5.2-5.5 bytes once merged whole, on the corpus
+# and on tests/proxy/state/archive/test_total_bound.py's turns; more in segments not yet merged).
+_ROW_BYTES = 160
+_WORD_BYTES = 6
+# The share of a turn's weight its rows take: the rest is its part of the full-text index's
+# room between merges (deletion marks, a merge's output before its inputs are freed:
+# up to a quarter more than the turns' weight with many distinct identifiers, measured as above).
+_HEADROOM = 0.8
+_PAGE_FILL = 0.85  # how full a leaf page of the table is
+# Pages of the full-text index merged after turns were dropped (sqlite.org/fts5.html, 6.9:
+# negative: every segment taken as one level, so deletion marks meet what they delete).
+_MERGE_PAGES = 256
 
 
 class ArchiveTables:
@@ -161,7 +174,7 @@ class ArchiveTables:
                 self.full_text = True
             except sqlite3.OperationalError as exc:
                 log.warning(
-                    "archive search without a full-text index (this SQLite has no FTS5): LIKE",
+                    "archive search without a full-text index (this SQLite has no FTS5): a scan",
                     extra={"error": str(exc)},
                 )
 
@@ -187,7 +200,7 @@ class SqliteArchive:
     ) -> None:
         """Over `file`, the process's one connection to the state file (read-only: a reader
         beside a running proxy). At most `max_bytes` per scope, `max_total_bytes` over all of
-        them (None: no bound but the age). `full_text=False` searches by LIKE even where FTS5
+        them (None: no bound but the age). `full_text=False` searches by a scan even where FTS5
         exists (how the fallback is tested)."""
         self.path = file.path
         self._max_bytes = max_bytes
@@ -203,8 +216,12 @@ class SqliteArchive:
         return self._tables.full_text
 
     def weight(self, entry: Entry) -> int:
-        """What a turn takes in the file: its row (`Entry.size`) and its index rows."""
-        return entry.size + _ROW_BYTES + int(text_bytes(entry.text) * _INDEX_SHARE)
+        """What a turn takes in the file: its row (`Entry.size`, what its last overflow page
+        leaves empty), its index rows, and its part of the room the index needs between
+        merges."""
+        row = entry.size + _ROW_BYTES
+        index = _WORD_BYTES * count_words(entry.text)
+        return int((row / _PAGE_FILL + index + _overflow_slack(row)) / _HEADROOM)
 
     async def open(self) -> None:
         await self._file.open()
@@ -220,17 +237,22 @@ class SqliteArchive:
     def _add(
         self, db: sqlite3.Connection, scope: Scope, entries: Sequence[Entry]
     ) -> dict[str, int]:
+        sizes = [self.weight(entry) for entry in entries]
         with db:  # one transaction
             db.execute("BEGIN IMMEDIATE")
+            # Room made before the new turns go in: the file never holds both.
+            dropped = {
+                "age": self._drop_old(db),
+                "total": self._drop_over_total(db, scope, room=sum(sizes)),
+            }
             added = 0
-            for entry in entries:
-                size = self.weight(entry)
+            for entry, size in zip(entries, sizes, strict=True):
                 cursor = db.execute(
                     "INSERT OR IGNORE INTO archive (session, tenant, idx, dialect, kind,"
                     " compaction_id, at, size, body, text)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (scope.session, scope.tenant, entry.index, entry.dialect, entry.kind,
-                     entry.compaction_id, entry.at, size, entry.packed, entry.text),
+                     entry.compaction_id, entry.at, size, entry.packed, ""),
                 )  # fmt: skip
                 if cursor.rowcount != 1:
                     continue
@@ -255,20 +277,26 @@ class SqliteArchive:
                 " at = excluded.at",
                 (scope.session, scope.tenant, added, self._clock()),
             )
-            return {
-                "age": self._drop_old(db),
-                "size": self._drop_beyond(db, scope.session, scope.tenant, self._max_bytes),
-                "total": self._drop_over_total(db, scope),
-            }
+            dropped["size"] = self._drop_beyond(db, scope.session, scope.tenant, self._max_bytes)
+            if any(dropped.values()) and self.full_text:
+                # What the index forgot stays in it as deletion marks until its segments are
+                # merged: merge some now, so the index shrinks as the table does.
+                db.execute(
+                    "INSERT INTO archive_fts (archive_fts, rank) VALUES ('merge', ?)",
+                    (-_MERGE_PAGES,),
+                )
+        if any(dropped.values()):
+            vacuum(db, shrink=True)  # the pages freed go back to the file system now
+        return dropped
 
     def _drop_old(self, db: sqlite3.Connection) -> int:
         """Every scope's turns older than the age bound (indexed by time: cheap when none)."""
         horizon = self._clock() - self._max_age_s
         rows = db.execute(
-            "SELECT id, session, tenant, size, text FROM archive WHERE at < ?", (horizon,)
+            "SELECT id, session, tenant, size, body, text FROM archive WHERE at < ?", (horizon,)
         ).fetchall()
-        for row_id, session, tenant, size, text in rows:
-            self._delete(db, row_id, text)
+        for row_id, session, tenant, size, body, text in rows:
+            self._delete(db, row_id, body, text)
             db.execute(
                 "UPDATE archive_sizes SET bytes = bytes - ? WHERE session = ? AND tenant = ?",
                 (size, session, tenant),
@@ -289,16 +317,16 @@ class SqliteArchive:
         dropped = 0
         while total > bound:
             rows = db.execute(
-                "SELECT id, size, text FROM archive WHERE session = ? AND tenant = ?"
+                "SELECT id, size, body, text FROM archive WHERE session = ? AND tenant = ?"
                 " ORDER BY id LIMIT ?",
                 (*key, _DROP_BATCH),
             ).fetchall()
             if not rows:
                 break
-            for row_id, size, text in rows:
+            for row_id, size, body, text in rows:
                 if total <= bound:
                     break
-                self._delete(db, row_id, text)
+                self._delete(db, row_id, body, text)
                 total -= size
                 dropped += 1
         db.execute(
@@ -306,12 +334,14 @@ class SqliteArchive:
         )
         return dropped
 
-    def _drop_over_total(self, db: sqlite3.Connection, scope: Scope) -> int:
-        """While every scope together weighs more than the total bound: the least recently
-        archived scope whole (the one just written last of all: its oldest turns)."""
+    def _drop_over_total(self, db: sqlite3.Connection, scope: Scope, *, room: int) -> int:
+        """While every scope together and `room` weigh more than the total bound: the least
+        recently archived scope whole (`scope`, the one being written, last of all: its oldest
+        turns)."""
         if self._max_total_bytes is None:
             return 0
         (total,) = db.execute("SELECT total(bytes) FROM archive_sizes").fetchone()
+        total += room
         dropped = 0
         while total > self._max_total_bytes:
             oldest = db.execute(
@@ -320,19 +350,22 @@ class SqliteArchive:
                 (scope.session, scope.tenant),
             ).fetchone()
             if oldest is None:
-                own = int(total) - self._max_total_bytes
-                (bytes_now,) = db.execute(
+                own = db.execute(
                     "SELECT bytes FROM archive_sizes WHERE session = ? AND tenant = ?",
                     (scope.session, scope.tenant),
                 ).fetchone()
+                if own is None:  # nothing archived but what comes: it is kept as it is
+                    return dropped
+                excess = int(total) - self._max_total_bytes
                 return dropped + self._drop_beyond(
-                    db, scope.session, scope.tenant, max(0, bytes_now - own)
+                    db, scope.session, scope.tenant, max(0, own[0] - excess)
                 )
             session, tenant, size = oldest
-            for row_id, text in db.execute(
-                "SELECT id, text FROM archive WHERE session = ? AND tenant = ?", (session, tenant)
+            for row_id, body, text in db.execute(
+                "SELECT id, body, text FROM archive WHERE session = ? AND tenant = ?",
+                (session, tenant),
             ).fetchall():
-                self._delete(db, row_id, text)
+                self._delete(db, row_id, body, text)
                 dropped += 1
             self._forget(db, session, tenant)
             total -= size
@@ -345,11 +378,11 @@ class SqliteArchive:
             "DELETE FROM archive_compactions WHERE session = ? AND tenant = ?", (session, tenant)
         )
 
-    def _delete(self, db: sqlite3.Connection, row_id: int, text: str) -> None:
-        if self.full_text:
+    def _delete(self, db: sqlite3.Connection, row_id: int, body: bytes | str, text: str) -> None:
+        if self.full_text:  # the index forgets a row given the text it indexed
             db.execute(
                 "INSERT INTO archive_fts (archive_fts, rowid, text) VALUES ('delete', ?, ?)",
-                (row_id, text),
+                (row_id, _turn(body, text)[1]),
             )
         db.execute("DELETE FROM archive WHERE id = ?", (row_id,))
         db.execute("DELETE FROM archive_owners WHERE id = ?", (row_id,))
@@ -388,7 +421,7 @@ class SqliteArchive:
         if every or len(terms) == 1:
             held = float(len(terms))
             return [
-                Found(_kind(kind), index, held, text, unpack(body), compaction_id, at)
+                _found(index, kind, held, body, text, compaction_id, at)
                 for index, kind, text, body, compaction_id, at in every
             ]
         parameters: list[object] = []
@@ -396,7 +429,7 @@ class SqliteArchive:
             parameters += [phrase, *owners, RANKED]
         most = db.execute(_most_words(len(owners), len(terms)), (*parameters, limit)).fetchall()
         return [
-            Found(_kind(kind), index, float(count), text, unpack(body), compaction_id, at)
+            _found(index, kind, float(count), body, text, compaction_id, at)
             for index, kind, text, body, compaction_id, at, count in most
         ]
 
@@ -412,22 +445,18 @@ class SqliteArchive:
         self, db: sqlite3.Connection, session: str, tenant: str | None, terms: list[str],
         limit: int,
     ) -> list[Found]:  # fmt: skip
-        """Without FTS5: the session's turns holding any term, scored by the simple term score."""
+        """Without FTS5: the session's turns, each scored by the simple term score (their text
+        is compressed: read here, not by a LIKE)."""
         where = "session = ?" + ("" if tenant is None else " AND tenant = ?")
-        params: list[object] = [session] if tenant is None else [session, tenant]
-        likes = " OR ".join("text LIKE ? ESCAPE '\\'" for _ in terms)
-        params += ["%" + _escape_like(term) + "%" for term in terms]
-        rows = db.execute(
-            f"SELECT {_COLUMNS} FROM archive a WHERE {where} AND ({likes})", params
-        ).fetchall()
-        scored = [
-            Found(
-                _kind(kind), index, score_text(text, terms), text, unpack(body), compaction_id,
-                at,
-            )
-            for index, kind, text, body, compaction_id, at in rows
-        ]  # fmt: skip
-        scored = [found for found in scored if found.score > 0]
+        params = (session,) if tenant is None else (session, tenant)
+        scored = []
+        for index, kind, stored_text, body, compaction_id, at in db.execute(
+            f"SELECT {_COLUMNS} FROM archive a WHERE {where}", params
+        ):
+            message, text = _turn(body, stored_text)
+            score = score_text(text, terms)
+            if score > 0:
+                scored.append(Found(_kind(kind), index, score, text, message, compaction_id, at))
         scored.sort(key=lambda found: (-found.score, -(found.index or 0)))
         return scored[:limit]
 
@@ -452,9 +481,34 @@ class SqliteArchive:
         return {compaction_id for (compaction_id,) in rows}
 
 
+def _overflow_slack(payload: int) -> int:
+    """The bytes a row of `payload` bytes leaves empty on its last overflow page, on pages of
+    4 KiB (sqlite.org/fileformat2.html, 1.6: a payload beyond U-35 keeps M + (P-M) % (U-4) on
+    its leaf when that fits, else M, and the rest on overflow pages of U-4 bytes each)."""
+    usable, most = 4096, 4096 - 35
+    if payload <= most:
+        return 0
+    least = (usable - 12) * 32 // 255 - 23
+    local = least + (payload - least) % (usable - 4)
+    if local > most:
+        local = least
+    overflow = payload - local
+    return -overflow % (usable - 4)
+
+
 def _kind(stored: str) -> Kind:
     return "tool_output" if stored == "tool_output" else "message"
 
 
-def _escape_like(term: str) -> str:
-    return term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+def _turn(body: bytes | str, text: str) -> tuple[str, str]:
+    """A row's JSON and text: packed together (bytes), or each as it is (a row written before
+    turns were compressed)."""
+    return unpack(body) if isinstance(body, bytes) else (body, text)
+
+
+def _found(
+    index: int, kind: str, score: float, body: bytes | str, text: str, compaction_id: str,
+    at: float,
+) -> Found:  # fmt: skip
+    message, words = _turn(body, text)
+    return Found(_kind(kind), index, score, words, message, compaction_id, at)

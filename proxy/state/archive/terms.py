@@ -39,6 +39,11 @@ def text_terms(text: str) -> dict[str, int]:
     return counts
 
 
+def count_words(text: str) -> int:
+    """How many distinct words `text` holds (what a full-text index keeps a posting for)."""
+    return len(set(_WORD.findall(text.lower())))
+
+
 def score_text(text: str, terms: Sequence[str]) -> float:
     """How well `text` matches: each term found counts once plus a little per further
     occurrence, so a text holding every term beats one repeating a single term."""
