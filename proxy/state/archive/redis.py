@@ -41,7 +41,7 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
 from proxy.state.archive.entries import Entry, Found, Kind, Scope, find_in_two_trips, unpack
-from proxy.state.archive.terms import holds, query_terms, score_text, signature
+from proxy.state.archive.terms import held, query_terms, score_text, signature
 from proxy.state.redis_client import RedisClient
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ CANDIDATES = 64
 # What Redis spends on a turn beside its blob and signature: two hash fields and a sorted-set
 # entry (their dict entries, skiplist node, string headers), measured with INFO used_memory
 # (tests/proxy/state/archive/test_redis_bound.py).
-_ENTRY_BYTES = 240
+_ENTRY_BYTES = 300
 _DROP_BATCH = 256
 _SUFFIXES = ("e", "g", "o", "c")
 
@@ -328,15 +328,15 @@ def _candidates(
 ) -> list[bytes]:
     """The turns whose signatures hold the most terms (newest first at equal count: `indexes`
     come newest first), at most `count`."""
-    held: list[tuple[int, int, bytes]] = []
+    ranked: list[tuple[int, int, bytes]] = []
     for order, (index, mark) in enumerate(zip(indexes, marks, strict=True)):
         if mark is None:
             continue
-        hits = sum(1 for term in terms if holds(mark, term))
+        hits = held(mark, terms)
         if hits:
-            held.append((-hits, order, index))
-    held.sort()
-    return [index for _, _, index in held[:count]]
+            ranked.append((-hits, order, index))
+    ranked.sort()
+    return [index for _, _, index in ranked[:count]]
 
 
 def _scored(indexes: list[bytes], stored: list[bytes | None], terms: list[str]) -> list[Found]:

@@ -11,7 +11,6 @@ its signatures point at, so a false hit costs a read, never a wrong answer.
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import zlib
@@ -60,7 +59,6 @@ def score_text(text: str, terms: Sequence[str]) -> float:
 
 SIGNATURE_BITS_PER_WORD = 8
 MAX_SIGNATURE_BYTES = 512
-_HASHES = 3
 
 
 def signature(text: str) -> bytes:
@@ -69,24 +67,22 @@ def signature(text: str) -> bytes:
     bits = min(
         MAX_SIGNATURE_BYTES * 8, max(64, -(-len(words) * SIGNATURE_BITS_PER_WORD // 64) * 64)
     )
-    value = 0
-    for word in words:
-        value |= _mask(word, bits)
-    return value.to_bytes(bits // 8, "little")
+    digests = list(map(zlib.crc32, map(str.encode, words)))
+    # Three bits a word, by double hashing one stable digest (its high half the step).
+    marks = {digest % bits for digest in digests}
+    marks.update([(digest + ((digest >> 16) | 1)) % bits for digest in digests])
+    marks.update([(digest + 2 * ((digest >> 16) | 1)) % bits for digest in digests])
+    return sum(1 << mark for mark in marks).to_bytes(bits // 8, "little")
 
 
-def holds(signature: bytes, term: str) -> bool:
-    """Whether the text of `signature` may hold `term` (never False when it does)."""
-    mask = _mask(term, len(signature) * 8)
-    return int.from_bytes(signature, "little") & mask == mask
-
-
-@functools.lru_cache(maxsize=4096)
-def _mask(word: str, bits: int) -> int:
-    """The bits of `word` in a filter of `bits` bits (two stable digests, double hashing)."""
-    raw = word.encode()
-    first, step = zlib.crc32(raw), zlib.adler32(raw) | 1
-    mask = 0
-    for each in range(_HASHES):
-        mask |= 1 << ((first + each * step) % bits)
-    return mask
+def held(signature: bytes, terms: Sequence[str]) -> int:
+    """How many of `terms` the text of `signature` may hold (a term it holds always counts)."""
+    bits = len(signature) * 8
+    value = int.from_bytes(signature, "little")
+    count = 0
+    for term in terms:
+        digest = zlib.crc32(term.encode())
+        step = (digest >> 16) | 1
+        if all(value >> ((digest + each * step) % bits) & 1 for each in range(3)):
+            count += 1
+    return count

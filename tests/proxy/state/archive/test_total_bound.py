@@ -15,7 +15,9 @@ from proxy.state.sqlite_file import StateFile
 MIB = 1 << 20
 
 
-def conversation(number: int, *, compactions: int = 4, turns: int = 20) -> list[list[Entry]]:
+def conversation(
+    number: int, *, compactions: int = 4, turns: int = 20, at: float = 1e6
+) -> list[list[Entry]]:
     """A session's folded turns, one list per compaction: prose of a common vocabulary with
     identifiers of its own (paths, hashes), and now and then a long tool output."""
     rng = random.Random(number)
@@ -34,7 +36,7 @@ def conversation(number: int, *, compactions: int = 4, turns: int = 20) -> list[
             text = f"session{number} turn{index} " + " ".join(words)
             body = '{"role":"user","content":' + repr(text).replace("'", '"') + "}"
             batch.append(
-                Entry.of(index, "chat", "message", f"c{number}-{compaction}", 1e6, body, text)
+                Entry.of(index, "chat", "message", f"c{number}-{compaction}", at, body, text)
             )
         batches.append(batch)
     return batches
