@@ -278,6 +278,8 @@ class SqliteArchive:
                 (scope.session, scope.tenant, added, self._clock()),
             )
             dropped["size"] = self._drop_beyond(db, scope.session, scope.tenant, self._max_bytes)
+            # Alone over the bound (every other scope gone): its own oldest turns.
+            dropped["total"] += self._drop_over_total(db, scope, room=0)
             if any(dropped.values()) and self.full_text:
                 # What the index forgot stays in it as deletion marks until its segments are
                 # merged: merge some now, so the index shrinks as the table does.
