@@ -33,6 +33,7 @@ since holds no text of its own: `content=''`); both are read alike (`_turn`).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import logging
@@ -232,12 +233,13 @@ class SqliteArchive:
     # -- writing ------------------------------------------------------------------------------
 
     async def add(self, scope: Scope, entries: Sequence[Entry]) -> dict[str, int]:
-        return await self._file.run(lambda db: self._add(db, scope, entries))
+        # Weighed in a thread of their own: the file's thread is the checkpoints' too.
+        sizes = await asyncio.to_thread(lambda: [self.weight(entry) for entry in entries])
+        return await self._file.run(lambda db: self._add(db, scope, entries, sizes))
 
     def _add(
-        self, db: sqlite3.Connection, scope: Scope, entries: Sequence[Entry]
+        self, db: sqlite3.Connection, scope: Scope, entries: Sequence[Entry], sizes: list[int]
     ) -> dict[str, int]:
-        sizes = [self.weight(entry) for entry in entries]
         with db:  # one transaction
             db.execute("BEGIN IMMEDIATE")
             # Room made before the new turns go in: the file never holds both.
