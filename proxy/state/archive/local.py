@@ -7,8 +7,11 @@ import heapq
 import time
 from collections.abc import Callable, Sequence
 
-from proxy.state.archive.entries import Entry, Found, Scope, find_in_two_trips
+from proxy.state.archive.entries import Entry, Found, Scope, find_in_two_trips, text_bytes
 from proxy.state.archive.terms import query_terms, score_text
+
+# The entry, its two strings and its place in the scope's dict, beside what they hold.
+_ENTRY_BYTES = 300
 
 
 class LocalArchive:
@@ -35,7 +38,8 @@ class LocalArchive:
         self._total = 0
 
     def weight(self, entry: Entry) -> int:
-        return entry.size
+        """Its packed JSON and its text as the process holds them, and the objects around."""
+        return entry.size + text_bytes(entry.text) + _ENTRY_BYTES
 
     async def open(self) -> None:
         return None
@@ -50,8 +54,8 @@ class LocalArchive:
         for entry in entries:
             if entry.index not in kept:
                 kept[entry.index] = entry
-                size += entry.size
-                self._total += entry.size
+                size += self.weight(entry)
+                self._total += self.weight(entry)
         self._sizes[scope] = size
         if not kept:  # nothing archived: no scope kept empty
             del self._scopes[scope], self._sizes[scope]
@@ -96,7 +100,7 @@ class LocalArchive:
 
     def _drop(self, scope: Scope, index: int) -> None:
         kept = self._scopes[scope]
-        size = kept.pop(index).size
+        size = self.weight(kept.pop(index))
         self._sizes[scope] -= size
         self._total -= size
         if not kept:

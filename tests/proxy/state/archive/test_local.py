@@ -23,9 +23,9 @@ async def indexes(archive: LocalArchive, scope: Scope) -> list[int]:
 
 
 async def test_beyond_the_total_bound_the_least_recently_archived_session_goes_first() -> None:
-    one = turns(0, 1)[0].size
+    one = LocalArchive(max_bytes=1, max_age_s=1).weight(turns(0, 1)[0])
     archive = LocalArchive(
-        max_bytes=one * 100, max_age_s=86400, max_total_bytes=one * 6, clock=Clock()
+        max_bytes=one * 100, max_age_s=86400, max_total_bytes=one * 6 + one // 2, clock=Clock()
     )
     assert (await archive.add(FIRST, turns(0, 4)))["total"] == 0
     assert (await archive.add(SECOND, turns(0, 2)))["total"] == 0
