@@ -417,8 +417,8 @@ async def _drive(
             sampler.row(tally)
         await running
     logged_errors = sum(b'"ERROR"' in line for line in proxy_log.read_bytes().splitlines())
-    failed = verdict(options, sampler.rss, tally, logged_errors)
-    return failed | state_verdict(options, sampler.state, state_file, len(tally.compacted))
+    failed = state_verdict(options, sampler.state, state_file, len(tally.compacted))
+    return verdict(options, sampler.rss, tally, logged_errors) | failed
 
 
 def archive_pages(state_file: Path) -> tuple[int, int] | None:
@@ -458,7 +458,7 @@ def state_verdict(
     within = late <= bound_mb + pages[1] / 2**20
     print(
         f"archive.max_total_mb {bound_mb:g}: the last half {'within' if within else 'OVER'} "
-        f"{bound_mb:g} + {pages[1] / 2**20:.2f} MiB"
+        f"{bound_mb:g} + {pages[1] / 2**20:.2f} MiB: {'PASS' if within else 'FAIL'}"
     )
     return 0 if within else 1
 
@@ -485,6 +485,7 @@ def verdict(
         f"(limit {options.max_slope_kb:.0f})"
     )
     failed = tally.total_errors > 0 or logged_errors > 0 or third > options.max_slope_kb
+    print("FAIL" if failed else "PASS")
     return 1 if failed else 0
 
 
@@ -515,9 +516,7 @@ def main() -> None:
         serve_upstream()
         return
     with asyncio.Runner(loop_factory=_loop) as runner:
-        failed = runner.run(soak(options))
-    print("FAIL" if failed else "PASS")
-    sys.exit(failed)
+        sys.exit(runner.run(soak(options)))
 
 
 if __name__ == "__main__":
