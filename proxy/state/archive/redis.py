@@ -194,7 +194,7 @@ class RedisArchive:
         )
         dropped = 0
         for member in idle:
-            dropped += await self._drop_scope(_text(member))
+            dropped += max(0, await self._drop_scope(_text(member)))
         return dropped
 
     async def _drop_beyond(self, key: str, member: str, bound: int) -> int:
@@ -230,6 +230,7 @@ class RedisArchive:
         return dropped
 
     async def _drop_scope(self, member: str) -> int:
+        """One scope whole: how many turns it held (-1: another process dropped it first)."""
         tenant, _, session = member.partition("\x00")
         digest = self._digest(session, tenant)
         turns = await self._script(_DROP_SCOPE, [], [self._prefix, member, digest, session, tenant])
