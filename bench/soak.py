@@ -17,11 +17,16 @@ conversation starts at about half the window and grows by one exchange a request
 1.6 windows long (compacted on the way), then a new conversation (a new session) starts.
 
 Every `--every` seconds a row: RSS of the proxy and of each process under it (its workers, from
-/proc), the proxy's open fds, the state file's size, requests, p50/p99 latency and errors since
-the last row, compactions by status. At the end: RSS slope (linear fit, KB/s) of the first and
-the last half and their ratio, and of the last third. Exits 1 on any error (a status other than
-200, a transport error, an ERROR line in the proxy's log) or when the proxy's RSS still rises
-faster than `--max-slope-kb` KB/s over the last third.
+/proc), the proxy's open fds, the state file's size, the sessions compacted so far, requests,
+p50/p99 latency and errors since the last row, compactions by status. At the end: RSS slope
+(linear fit, KB/s) of the first and the last half and their ratio, and of the last third; the
+state file's size per compacted session, and what of it is the archive and what the checkpoints
+and the rest (SQLite's `dbstat`). Exits 1 on any error (a status other than 200, a transport
+error, an ERROR line in the proxy's log), when the proxy's RSS still rises faster than
+`--max-slope-kb` KB/s over the last third, or, with `--set archive.max_total_mb=N`, when the state
+file's peak over the last half is over N MiB plus what the checkpoints and the rest take:
+
+    .venv/bin/python -m bench.soak --seconds 300 --set archive.max_total_mb=8
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import argparse
 import asyncio
 import os
 import random
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -134,6 +140,8 @@ class Tally:
     total_requests: int = 0
     total_errors: int = 0
     problems: Counter[str] = field(default_factory=Counter)
+    compacted: set[str] = field(default_factory=set)
+    """The sessions compacted so far (a request of theirs answered `applied`)."""
 
     def error(self, what: str) -> None:
         self.errors += 1
@@ -202,6 +210,8 @@ class Agent:
                     return
                 await r.read()
                 tally.statuses[r.headers.get(STATUS, "-")] += 1
+                if r.headers.get(STATUS) == "applied":
+                    tally.compacted.add(sid)
                 if r.status != 200:
                     tally.error(f"status {r.status}")
                     return
@@ -273,11 +283,12 @@ class Sampler:
     state_file: Path
     started: float
     rss: list[tuple[float, int]] = field(default_factory=list)
+    state: list[tuple[float, int]] = field(default_factory=list)
 
     def header(self) -> None:
         print(
             f"{'t s':>5} {'proxy MB':>8} {'workers MB':>16} {'fds':>4} {'state MB':>8} "
-            f"{'req':>5} {'p50 ms':>7} {'p99 ms':>7} {'err':>4}  compactions"
+            f"{'sessions':>8} {'req':>5} {'p50 ms':>7} {'p99 ms':>7} {'err':>4}  compactions"
         )
 
     def row(self, tally: Tally) -> None:
@@ -288,10 +299,12 @@ class Sampler:
             "+".join(f"{rss_kb(pid) / 1024:.0f}" for pid in descendants(self.proxy_pid)) or "-"
         )
         state = self.state_file.stat().st_size if self.state_file.exists() else 0
+        self.state.append((elapsed, state))
         statuses = " ".join(f"{k}={v}" for k, v in sorted(tally.statuses.items()))
         print(
             f"{elapsed:5.0f} {proxy / 1024:8.1f} {workers:>16} {open_fds(self.proxy_pid):4d} "
-            f"{state / 2**20:8.2f} {tally.requests:5d} {_percentile(tally.latencies, 0.5):7.1f} "
+            f"{state / 2**20:8.2f} {len(tally.compacted):8d} {tally.requests:5d} "
+            f"{_percentile(tally.latencies, 0.5):7.1f} "
             f"{_percentile(tally.latencies, 0.99):7.1f} {tally.errors:4d}  {statuses}",
             flush=True,
         )
@@ -404,7 +417,50 @@ async def _drive(
             sampler.row(tally)
         await running
     logged_errors = sum(b'"ERROR"' in line for line in proxy_log.read_bytes().splitlines())
-    return verdict(options, sampler.rss, tally, logged_errors)
+    failed = state_verdict(options, sampler.state, state_file, len(tally.compacted))
+    return verdict(options, sampler.rss, tally, logged_errors) | failed
+
+
+def archive_pages(state_file: Path) -> tuple[int, int] | None:
+    """The bytes of the state file's archive (its tables and index) and of the rest
+    (checkpoints, cooldowns, the schema), read beside the running proxy (read-only), or None
+    where SQLite has no `dbstat`."""
+    try:
+        with sqlite3.connect(f"file:{state_file}?mode=ro", uri=True) as reader:
+            rows = reader.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name").fetchall()
+    except sqlite3.Error:
+        return None
+    archive = sum(size for name, size in rows if "archive" in name)
+    return archive, sum(size for _, size in rows) - archive
+
+
+def state_verdict(
+    options: argparse.Namespace, state: list[tuple[float, int]], state_file: Path, sessions: int
+) -> int:
+    """The state file's size over the run; with `archive.max_total_mb` set, 1 when the file
+    does not level off under it plus what the rest of the file takes."""
+    bound_mb = next(
+        (float(each.partition("=")[2]) for each in options.set
+         if each.startswith("archive.max_total_mb=")),
+        None,
+    )  # fmt: skip
+    pages = archive_pages(state_file)
+    last = state[-1][1] / 2**20
+    late = max(size for at, size in state if at >= state[-1][0] / 2) / 2**20
+    print(
+        f"state file {last:.2f} MiB for {sessions} compacted sessions "
+        f"({last * 1024 / max(1, sessions):.0f} KiB a session); peak over the last half {late:.2f} MiB"
+        + ("" if pages is None else
+           f"; archive {pages[0] / 2**20:.2f} MiB, checkpoints and the rest {pages[1] / 2**20:.2f} MiB")
+    )  # fmt: skip
+    if bound_mb is None or pages is None:
+        return 0
+    within = late <= bound_mb + pages[1] / 2**20
+    print(
+        f"archive.max_total_mb {bound_mb:g}: the last half {'within' if within else 'OVER'} "
+        f"{bound_mb:g} + {pages[1] / 2**20:.2f} MiB: {'PASS' if within else 'FAIL'}"
+    )
+    return 0 if within else 1
 
 
 def verdict(

@@ -125,7 +125,9 @@ def settings_for(upstream_url: str, backend: dict[str, Any], memory_dir: str) ->
 
 
 @contextlib.asynccontextmanager
-async def redis_server() -> AsyncIterator[str | None]:
+async def redis_server(*options: str) -> AsyncIterator[str | None]:
+    """A redis-server of its own on a free port (`options` on its command line), or None where
+    there is none."""
     binary = shutil.which("redis-server")
     if binary is None:
         print("redis-server not found on PATH: the redis rows are left out")
@@ -136,7 +138,7 @@ async def redis_server() -> AsyncIterator[str | None]:
         port = probe.getsockname()[1]
     process = await asyncio.create_subprocess_exec(
         binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        *options, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     try:
         for _ in range(200):

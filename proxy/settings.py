@@ -326,6 +326,9 @@ class ArchiveSettings(_Section):
 
     enabled: bool = True
     max_mb_per_session: float = Field(default=64, gt=0)
+    max_total_mb: float = Field(default=1024, gt=0)
+    """Every session's archive together, in the state file or in Redis, its index included
+    (MiB); beyond it the least recently archived session goes whole."""
     memory_max_mb: float = Field(default=256, gt=0)
     """With `state.backend: memory` (the archive in the process): every session's folded turns
     together (MiB); beyond it the least recently archived session goes first."""
@@ -337,8 +340,13 @@ class ArchiveSettings(_Section):
         return int(self.max_mb_per_session * 1024 * 1024)
 
     @property
+    def max_total_bytes(self) -> int:
+        return int(self.max_total_mb * 1024 * 1024)
+
+    @property
     def memory_max_bytes(self) -> int:
-        return int(self.memory_max_mb * 1024 * 1024)
+        """The archive in the process: the lower of `memory_max_mb` and `max_total_mb`."""
+        return int(min(self.memory_max_mb, self.max_total_mb) * 1024 * 1024)
 
     @property
     def max_age_s(self) -> float:

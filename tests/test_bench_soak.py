@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from bench.soak import Tally, descendants, rss_kb, slope_kb_s, verdict
+from bench.soak import Tally, descendants, rss_kb, slope_kb_s, state_verdict, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,3 +90,22 @@ def test_a_one_minute_soak_has_no_error_and_rss_levels_off_once_the_caches_are_f
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "errors 0 " in run.stdout and "PASS" in run.stdout
+
+
+def test_the_state_verdict_fails_when_the_file_is_over_the_archive_bound_and_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "state.sqlite3"
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE archive (body BLOB)")
+        connection.execute("CREATE TABLE checkpoints (body BLOB)")
+        connection.execute("INSERT INTO archive VALUES (zeroblob(1048576))")
+        connection.execute("INSERT INTO checkpoints VALUES (zeroblob(524288))")
+    size = path.stat().st_size
+    bounded = argparse.Namespace(set=["archive.max_total_mb=1.1"])
+    assert state_verdict(bounded, [(0.0, 0), (10.0, size)], path, sessions=3) == 0
+    assert "archive 1.0" in capsys.readouterr().out
+    over = [(0.0, 0), (10.0, size + 2 * 2**20)]  # a file larger than its pages say
+    assert state_verdict(bounded, over, path, sessions=3) == 1
+    assert "FAIL" in capsys.readouterr().out
+    assert state_verdict(argparse.Namespace(set=[]), over, path, sessions=3) == 0

@@ -121,7 +121,10 @@ def build_state(
             failure_cooldown_s=options.failure_cooldown_s,
         )
         kept = given_archive or SqliteArchive(
-            file, max_bytes=archive.max_bytes_per_session, max_age_s=archive.max_age_s
+            file,
+            max_bytes=archive.max_bytes_per_session,
+            max_age_s=archive.max_age_s,
+            max_total_bytes=archive.max_total_bytes,
         )
     else:
         client = _redis_client(state)
@@ -135,7 +138,10 @@ def build_state(
             tasks=tasks,
         )
         kept = given_archive or RedisArchive(
-            client, max_bytes=archive.max_bytes_per_session, max_age_s=archive.max_age_s
+            client,
+            max_bytes=archive.max_bytes_per_session,
+            max_age_s=archive.max_age_s,
+            max_total_bytes=archive.max_total_bytes,
         )
         if admin is not None and admin.token is not None:  # admin off: nobody reads them
             shared = RedisRecords(

@@ -176,7 +176,7 @@ class StateFile:
                 now = self._clock()
                 for tables in self._tables:
                     tables.prune(connection, now)
-                _vacuum(connection)
+                vacuum(connection)
             for tables in self._tables:
                 tables.load(connection)
         except BaseException:
@@ -266,7 +266,7 @@ class StateFile:
         for _, done in batch:
             _settle(done, None)
         with contextlib.suppress(sqlite3.Error):  # a full disk: given back at a later commit
-            _vacuum(connection)
+            vacuum(connection)
 
     def _write(self, rows: list[_Row]) -> sqlite3.Connection:
         """Commit `rows` in one transaction, with pruning: into a new file if the file vanished
@@ -373,15 +373,16 @@ def _make_vacuumable(connection: sqlite3.Connection) -> None:
         connection.execute("VACUUM")
 
 
-def _vacuum(connection: sqlite3.Connection) -> None:
+def vacuum(connection: sqlite3.Connection, *, shrink: bool = False) -> None:
     """Hand pages freed by pruning back to the file system, a bounded number at a time; after
-    many, checkpoint the log so the file itself shrinks now, not at some later checkpoint."""
+    many (or any, with `shrink`: a writer that keeps the file within a bound), checkpoint the
+    log so the file itself shrinks now, not at some later checkpoint."""
     freed = int(connection.execute("PRAGMA freelist_count").fetchone()[0])
     if not freed:
         return
     # executescript runs the pragma to its end: execute() would free one page per call.
     connection.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES})")
-    if freed >= _CHECKPOINT_AFTER_PAGES:
+    if shrink or freed >= _CHECKPOINT_AFTER_PAGES:
         connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 

@@ -108,5 +108,5 @@ def build_entries(
         calls = " ".join(f"{call.name or ''} {call.arguments}" for call in item.calls)
         text = f"{item.text}\n{calls}" if calls else item.text
         body = orjson.dumps(message).decode()
-        entries.append(Entry(start + offset, dialect, kind, compaction_id, at, body, text))
+        entries.append(Entry.of(start + offset, dialect, kind, compaction_id, at, body, text))
     return entries

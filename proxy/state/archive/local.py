@@ -7,8 +7,11 @@ import heapq
 import time
 from collections.abc import Callable, Sequence
 
-from proxy.state.archive.entries import Entry, Found, Scope, find_in_two_trips
+from proxy.state.archive.entries import Entry, Found, Scope, find_in_two_trips, text_bytes
 from proxy.state.archive.terms import query_terms, score_text
+
+# The entry, its two strings and its place in the scope's dict, beside what they hold.
+_ENTRY_BYTES = 300
 
 
 class LocalArchive:
@@ -23,8 +26,8 @@ class LocalArchive:
         clock: Callable[[], float] = time.time,
     ) -> None:
         """At most `max_bytes` per session and credential, `max_total_bytes` over all of them
-        (None: no bound but the age): beyond it the least recently archived session's oldest
-        turns go first."""
+        (None: no bound but the age): beyond it the least recently archived scope goes whole
+        (the one just archived, when it is the only one: its oldest turns)."""
         self._max_bytes = max_bytes
         self._max_total_bytes = max_total_bytes
         self._max_age_s = max_age_s
@@ -33,6 +36,10 @@ class LocalArchive:
         self._scopes: dict[Scope, dict[int, Entry]] = {}
         self._sizes: dict[Scope, int] = {}
         self._total = 0
+
+    def weight(self, entry: Entry) -> int:
+        """Its packed JSON and its text as the process holds them, and the objects around."""
+        return entry.size + text_bytes(entry.text) + _ENTRY_BYTES
 
     async def open(self) -> None:
         return None
@@ -47,19 +54,19 @@ class LocalArchive:
         for entry in entries:
             if entry.index not in kept:
                 kept[entry.index] = entry
-                size += entry.size
-                self._total += entry.size
+                size += self.weight(entry)
+                self._total += self.weight(entry)
         self._sizes[scope] = size
         if not kept:  # nothing archived: no scope kept empty
             del self._scopes[scope], self._sizes[scope]
-            return {"age": 0, "size": 0}
+            return {"age": 0, "size": 0, "total": 0}
         dropped = self._bound(scope)
         # A session archived no more ages out too: the least recently archived is looked at
         # each time, so idle ones go one by one.
         oldest = next(iter(self._scopes), scope)
         if oldest != scope:
             dropped["age"] += self._bound(oldest)["age"]
-        dropped["size"] += self._bound_total()
+        dropped["total"] = self._bound_total(scope)
         return dropped
 
     def _bound(self, scope: Scope) -> dict[str, int]:
@@ -76,18 +83,24 @@ class LocalArchive:
             dropped["size"] += 1
         return dropped
 
-    def _bound_total(self) -> int:
-        """Drop the least recently archived sessions' oldest turns beyond the total size."""
+    def _bound_total(self, current: Scope) -> int:
+        """Beyond the total size: the least recently archived scopes whole, then the oldest
+        turns of `current` (the most recent)."""
         dropped = 0
         while self._max_total_bytes is not None and self._total > self._max_total_bytes:
-            scope = next(iter(self._scopes))
-            self._drop(scope, next(iter(self._scopes[scope])))
+            oldest = next(iter(self._scopes))
+            if oldest != current:
+                dropped += len(self._scopes[oldest])
+                self._total -= self._sizes.pop(oldest)
+                del self._scopes[oldest]
+                continue
+            self._drop(oldest, next(iter(self._scopes[oldest])))
             dropped += 1
         return dropped
 
     def _drop(self, scope: Scope, index: int) -> None:
         kept = self._scopes[scope]
-        size = kept.pop(index).size
+        size = self.weight(kept.pop(index))
         self._sizes[scope] -= size
         self._total -= size
         if not kept:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from aiohttp import web
 
 from proxy.state.archive import Entry, Found, Scope
 from tests.fakes.script import Script
@@ -182,3 +184,49 @@ async def test_archive_off_archives_nothing(
     await asyncio.sleep(0.2)
     found = (await search(client, proxy, "Task edit tests"))["results"]
     assert [item for item in found if item["kind"] != "memory"] == []
+
+
+async def test_requests_with_a_bogus_key_archive_no_more_than_the_total_bound(
+    start: Any, script: Script, client: Any, tmp_path: Path
+) -> None:
+    """A client without a valid key, every call refused upstream, still gets its requests'
+    folded turns archived (the fallback folds them): they count against `archive.max_total_mb`
+    like any other, so they cannot fill the disk (40 such requests added 29 MB unbounded)."""
+
+    async def refused(request: web.Request) -> web.StreamResponse:
+        error = {"message": "Incorrect API key provided", "type": "invalid_request_error"}
+        return web.json_response({"error": {**error, "code": "invalid_api_key"}}, status=401)
+
+    script.summary = script.memory = script.chat = refused
+    bound_mb = 0.05
+    proxy = await start(archive={"max_total_mb": bound_mb}, **sqlite_state(tmp_path))
+    for number in range(40):
+        messages = conversation_of(int(WINDOW * 1.3))
+        messages[1] = {**messages[1], "content": f"session {number}: " + "x" * 2000}
+        response = await post(
+            client, proxy, messages, session=f"bogus-{number}", auth="Bearer sk-bogus"
+        )
+        assert response.status == 401
+    archived = 0.0
+
+    async def settled() -> bool:
+        nonlocal archived
+        async with client.get(f"{proxy.url}/metrics") as metrics:
+            text = (await metrics.read()).decode()
+        counted = [
+            line
+            for line in text.splitlines()
+            if line.startswith("compaction_proxy_archive_messages_total")
+        ]
+        before, archived = archived, float(counted[0].rsplit(" ", 1)[1])
+        return archived > 0 and archived == before
+
+    for _ in range(100):
+        if await settled():
+            break
+        await asyncio.sleep(0.1)
+    with sqlite3.connect(tmp_path / "state.sqlite3") as connection:
+        (kept,) = connection.execute("SELECT total(bytes) FROM archive_sizes").fetchone()
+        (turns,) = connection.execute("SELECT count(*) FROM archive").fetchone()
+    assert 0 < kept <= bound_mb * 2**20
+    assert turns < archived  # the least recently archived went

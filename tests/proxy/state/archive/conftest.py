@@ -38,7 +38,7 @@ def clock() -> Clock:
 async def make_archive(
     request: pytest.FixtureRequest, tmp_path: Path, clock: Clock
 ) -> AsyncIterator[MakeArchive]:
-    """`make_archive(max_bytes=..., max_age_s=...)`: an archive of the parametrized backend
+    """`make_archive(max_bytes=..., max_age_s=..., max_total_bytes=...)`: an archive of the parametrized backend
     (opened by the test), closed at the end."""
     backend: str = request.param
     opened: list[Archive] = []
@@ -47,22 +47,36 @@ async def make_archive(
         server = RedisServer(redis_binary(), free_port())
         await server.start()
 
-    def make(*, max_bytes: int = 1 << 20, max_age_s: float = 86400.0) -> Archive:
+    def make(
+        *, max_bytes: int = 1 << 20, max_age_s: float = 86400.0, max_total_bytes: int | None = None
+    ) -> Archive:
         archive: Archive
         if backend == "memory":
-            archive = LocalArchive(max_bytes=max_bytes, max_age_s=max_age_s, clock=clock)
+            archive = LocalArchive(
+                max_bytes=max_bytes,
+                max_age_s=max_age_s,
+                max_total_bytes=max_total_bytes,
+                clock=clock,
+            )
         elif backend.startswith("sqlite"):
             archive = SqliteArchive(
                 StateFile(tmp_path / "state.sqlite3", clock=clock),
                 max_bytes=max_bytes,
                 max_age_s=max_age_s,
+                max_total_bytes=max_total_bytes,
                 full_text=backend == "sqlite",
                 clock=clock,
             )
         else:
             assert server is not None
             client = RedisClient(server.url, timeout_s=2, max_connections=32)
-            archive = RedisArchive(client, max_bytes=max_bytes, max_age_s=max_age_s, clock=clock)
+            archive = RedisArchive(
+                client,
+                max_bytes=max_bytes,
+                max_age_s=max_age_s,
+                max_total_bytes=max_total_bytes,
+                clock=clock,
+            )
         opened.append(archive)
         return archive
 
@@ -76,4 +90,4 @@ async def make_archive(
 def entry(index: int, text: str, *, kind: Kind = "message", at: float = 1_000_000.0,
           compaction_id: str = "c1") -> Entry:  # fmt: skip
     body = '{"role":"user","content":' + repr(text).replace("'", '"') + "}"
-    return Entry(index, "chat", kind, compaction_id, at, body, text)
+    return Entry.of(index, "chat", kind, compaction_id, at, body, text)

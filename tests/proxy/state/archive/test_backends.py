@@ -84,8 +84,9 @@ async def test_a_turn_archived_twice_is_kept_once(make_archive: MakeArchive) -> 
 async def test_beyond_the_size_bound_the_oldest_turns_are_dropped_and_counted(
     make_archive: MakeArchive,
 ) -> None:
-    one = entry(0, "x" * 100).size
-    archive = make_archive(max_bytes=one * 5)
+    one = make_archive().weight(entry(0, "turn0 " + "x" * 94))
+    # Five turns and a half: a turn's compressed JSON may weigh a byte more or less than another.
+    archive = make_archive(max_bytes=one * 5 + one // 2)
     await archive.open()
     dropped = await archive.add(ALICE, [entry(i, f"turn{i} " + "x" * 94) for i in range(4)])
     assert dropped["size"] == 0
@@ -95,6 +96,32 @@ async def test_beyond_the_size_bound_the_oldest_turns_are_dropped_and_counted(
         "agent-1", " ".join(f"turn{i}" for i in range(8)), tenant=None, limit=20
     )
     assert sorted(item.index for item in found if item.index is not None) == [3, 4, 5, 6, 7]
+
+
+async def test_beyond_the_total_bound_the_least_recently_archived_scope_goes_whole(
+    make_archive: MakeArchive, clock: Clock
+) -> None:
+    one = make_archive().weight(entry(0, "turn0 " + "x" * 94))
+    archive = make_archive(max_total_bytes=one * 6 + one // 2)
+    await archive.open()
+    first, second = Scope("agent-1", "aa" * 16), Scope("agent-2", "aa" * 16)
+    turns = [entry(i, f"turn{i} " + "x" * 94) for i in range(4)]
+    query = " ".join(f"turn{i}" for i in range(8))
+
+    async def kept(scope: Scope) -> list[int]:
+        found = await archive.search(scope.session, query, tenant=scope.tenant, limit=20)
+        return sorted(item.index for item in found if item.index is not None)
+
+    assert (await archive.add(first, turns))["total"] == 0
+    clock.now += 1
+    assert (await archive.add(second, turns))["total"] == 4  # first, whole
+    assert await kept(first) == [] and await archive.compactions("agent-1", tenant=None) == set()
+    assert await kept(second) == [0, 1, 2, 3]
+    clock.now += 1
+    # The only scope left, over the bound on its own: its oldest turns go.
+    more = [entry(i, f"turn{i} " + "x" * 94) for i in range(4, 8)]
+    assert (await archive.add(second, more))["total"] == 2
+    assert await kept(second) == [2, 3, 4, 5, 6, 7]
 
 
 async def test_turns_older_than_the_age_bound_are_dropped_and_counted(

@@ -1,5 +1,6 @@
 """The archive in the process (`state.backend: memory`) is bounded over all its sessions, not only
-per session: by `archive.memory_max_mb`, and by the age for sessions no longer archived."""
+per session: by `archive.memory_max_mb` (and `archive.max_total_mb`), and by the age for sessions
+no longer archived."""
 
 from __future__ import annotations
 
@@ -21,19 +22,16 @@ async def indexes(archive: LocalArchive, scope: Scope) -> list[int]:
     return sorted(item.index for item in found if item.index is not None)
 
 
-async def test_beyond_the_total_bound_the_least_recently_archived_session_loses_turns_first() -> (
-    None
-):
-    one = turns(0, 1)[0].size
+async def test_beyond_the_total_bound_the_least_recently_archived_session_goes_first() -> None:
+    one = LocalArchive(max_bytes=1, max_age_s=1).weight(turns(0, 1)[0])
     archive = LocalArchive(
-        max_bytes=one * 100, max_age_s=86400, max_total_bytes=one * 6, clock=Clock()
+        max_bytes=one * 100, max_age_s=86400, max_total_bytes=one * 6 + one // 2, clock=Clock()
     )
-    assert (await archive.add(FIRST, turns(0, 4)))["size"] == 0
-    assert (await archive.add(SECOND, turns(0, 4)))["size"] == 2
-    assert await indexes(archive, FIRST) == [2, 3]
-    assert (await archive.add(FIRST, turns(4, 1)))["size"] == 1  # now SECOND is the older
-    assert await indexes(archive, SECOND) == [1, 2, 3]
-    assert await indexes(archive, FIRST) == [2, 3, 4]
+    assert (await archive.add(FIRST, turns(0, 4)))["total"] == 0
+    assert (await archive.add(SECOND, turns(0, 2)))["total"] == 0
+    assert (await archive.add(FIRST, turns(4, 1)))["total"] == 2  # SECOND was the older
+    assert await indexes(archive, SECOND) == []
+    assert await indexes(archive, FIRST) == [0, 1, 2, 3, 4]
 
 
 async def test_a_session_no_longer_archived_still_ages_out() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from proxy.state.archive import Scope
-from proxy.state.archive.sqlite import SqliteArchive
+from proxy.state.archive.sqlite import SqliteArchive, owner_of
 from proxy.state.sqlite_file import StateFile
 from tests.proxy.state.archive.conftest import entry
 from tests.proxy.state.test_stores import DIGESTS, _checkpoint, _sqlite
@@ -123,3 +123,58 @@ async def test_a_file_from_before_the_compactions_table_gets_it_filled(tmp_path:
     await again.open()
     assert await again.compactions("agent-1", tenant=ALICE.tenant) == {"c-old"}
     await again.close()
+
+
+async def test_a_file_from_before_turns_were_compressed_opens_and_is_bounded_whole(
+    tmp_path: Path,
+) -> None:
+    """The tables as the version before the total bound wrote them: a turn's JSON as text,
+    sizes without the time each scope last archived."""
+    path = tmp_path / "state.sqlite3"
+    with sqlite3.connect(path) as connection:
+        connection.executescript(
+            """
+            CREATE TABLE archive (id INTEGER PRIMARY KEY, session TEXT NOT NULL,
+              tenant TEXT NOT NULL, idx INTEGER NOT NULL, dialect TEXT NOT NULL,
+              kind TEXT NOT NULL, compaction_id TEXT NOT NULL, at REAL NOT NULL,
+              size INTEGER NOT NULL, body TEXT NOT NULL, text TEXT NOT NULL,
+              UNIQUE (session, tenant, idx));
+            CREATE TABLE archive_owners (id INTEGER PRIMARY KEY, owner INTEGER NOT NULL);
+            CREATE TABLE archive_sizes (session TEXT NOT NULL, tenant TEXT NOT NULL,
+              bytes INTEGER NOT NULL, PRIMARY KEY (session, tenant));
+            CREATE VIRTUAL TABLE archive_fts USING fts5(text, content='archive',
+              content_rowid='id', tokenize='unicode61 remove_diacritics 2');
+            """
+        )
+        text = "the old turn names quokka-7"
+        body = '{"role":"user","content":"the old turn names quokka-7"}'
+        connection.execute(
+            "INSERT INTO archive VALUES (1, 'agent-1', ?, 4, 'chat', 'message', 'c-old',"
+            " 999000.0, ?, ?, ?)",
+            (ALICE.tenant, len(body) + len(text), body, text),
+        )
+        connection.execute(
+            "INSERT INTO archive_owners VALUES (1, ?)", (owner_of("agent-1", ALICE.tenant),)
+        )
+        connection.execute("INSERT INTO archive_fts (rowid, text) VALUES (1, ?)", (text,))
+        connection.execute(
+            "INSERT INTO archive_sizes VALUES ('agent-1', ?, ?)",
+            (ALICE.tenant, len(body) + len(text)),
+        )
+    turns = [entry(i, "new " + "y" * 900) for i in range(4)]
+    weighs = sum(_archive(tmp_path / "probe.sqlite3").weight(turn) for turn in turns)
+    file = StateFile(path, clock=lambda: 1_000_000.0)
+    archive = SqliteArchive(
+        file, max_bytes=1 << 20, max_age_s=1e9, max_total_bytes=weighs + 10,
+        clock=lambda: 1_000_000.0,
+    )  # fmt: skip
+    await archive.open()
+    (found,) = await archive.search("agent-1", "quokka", tenant=ALICE.tenant, limit=5)
+    assert found.index == 4 and found.body == body
+    # The old scope archived at 999,000: the least recent, it goes whole past the bound.
+    later = Scope("agent-2", "aa" * 16)
+    dropped = await archive.add(later, turns)
+    assert dropped["total"] == 1
+    assert await archive.search("agent-1", "quokka", tenant=None, limit=5) == []
+    assert len(await archive.search("agent-2", "new", tenant=None, limit=5)) == 4
+    await archive.close()
