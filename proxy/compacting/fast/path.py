@@ -180,6 +180,10 @@ class FastPath:
 def _wire_parts(index: BodyIndex, checkpoint: Checkpoint, dialect: Dialect) -> list[Part] | None:
     """Checkpoint.apply then Dialect.wire, as splice parts: the bytes the full path splices."""
     summary = checkpoint.summary_message
+    if summary is not None and dialect.native is not None and dialect.native.has_native([summary]):
+        # A native block joins the kept assistant turn after it, which only the full path reads:
+        # wired from the summary alone it would stand as a turn of its own, a new prefix.
+        return None
     if summary is not None and dialect.joins_summary:
         # Anthropic joins a summary with the turns after it: with previews too, the full path.
         return None if checkpoint.previews else _joined(index, checkpoint, summary, dialect)

@@ -241,6 +241,14 @@ async def test_an_older_model_is_compacted_natively_too(
     assert "reused" in statuses
     assert api.requests[-1]["messages"][0]["content"][0]["type"] == "compaction"
     assert all(COMPACTION_BETA in betas for betas in api.betas[statuses.index("applied") :])
+    # While a compaction is reused its turns go out as when it applied (the prompt cache's
+    # prefix): the block in the same turn, the turns after it the same.
+    assert len(api.requests) == len(seen)
+    first: dict[str, Any] = {}
+    for (_, headers), sent in zip(seen, api.requests, strict=True):
+        if headers.get("x-compaction-status") in ("applied", "reused"):
+            lead = first.setdefault(headers["x-compaction-id"], sent["messages"][:2])
+            assert sent["messages"][:2] == lead
 
 
 async def test_a_clients_own_compaction_request_goes_as_sent_with_native_on(
