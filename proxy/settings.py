@@ -172,8 +172,9 @@ class CompactionSection(_Section):
     """text: the proxy's own summary message (the model's text, the pinned instructions, code's
     sections); native: on Anthropic's Messages API, Anthropic's on-demand compaction block over
     the folded turns (proxy.dialects.anthropic.native), which keeps the kept turns' thinking
-    readable, with no pinned section and no `recall` tool; the text summary where the API has
-    none or the call fails (docs/dialects.md)."""
+    readable, with no pinned section, and no `recall` tool on any Anthropic request while it is
+    set (`tools` never changes); the text summary where the API has none or the call fails
+    (docs/dialects.md)."""
     summary_timeout_s: float = Field(default=60, gt=0)
     failure_threshold: int = Field(default=3, gt=0)
     failure_cooldown_s: float = Field(default=300, ge=0)

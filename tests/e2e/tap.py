@@ -15,7 +15,7 @@ from multidict import CIMultiDict
 from proxy.http.serving import serve_on_loopback
 
 # Set by aiohttp for each hop; the client's own Upgrade and Connection go on as sent.
-_HOP = ("Host", "Content-Length", "Transfer-Encoding")
+_HOP = ("host", "content-length", "transfer-encoding")
 
 
 @dataclass
@@ -65,7 +65,7 @@ class Tap:
             request.method, request.path, {str(k): v for k, v in request.headers.items()}, raw
         )
         self.exchanges.append(exchange)
-        headers = CIMultiDict((k, v) for k, v in request.headers.items() if k not in _HOP)
+        headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _HOP)
         async with self._http.request(
             request.method,
             f"{self.target}{request.rel_url}",
@@ -76,7 +76,7 @@ class Tap:
         ) as answer:
             exchange.status = answer.status
             passed = CIMultiDict(
-                (k, v) for k, v in answer.headers.items() if k not in (*_HOP, "Connection")
+                (k, v) for k, v in answer.headers.items() if k.lower() not in (*_HOP, "connection")
             )
             response = web.StreamResponse(status=answer.status, headers=passed)
             await response.prepare(request)

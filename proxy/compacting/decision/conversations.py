@@ -511,20 +511,29 @@ class Conversations:
         shape = req.dialect.shape
         if shape.read(messages[keep_from - 1]).label == shape.read(messages[keep_from]).label:
             return None  # the API would join the first kept turn to the summarized ones
+        # An account without the feature (or an endpoint that hangs) fails every time: after
+        # `failure_threshold` failures in a row it is not asked for a while, like a summarizer.
+        cooldown_key = f"native\x00{req.model}\x00{req.tenant.hex()}"
+        if await self._cooldowns.is_cooling(cooldown_key):
+            self._metrics.cooldown_skips.inc()
+            return None
         folded = req.dialect.wire(messages[:keep_from])
         try:
             # The conversation's own model, whatever `summary_model` says: the kept thinking
             # stays valid only while every compaction ran on a model that preserves it.
-            return await self._native.block(
+            block = await self._native.block(
                 req.summarizer(req.model), req.payload, folded, self._options.summary_max_tokens
             )
         except Exception as exc:
             self._metrics.summarizer_failures.inc()
+            await self._cooldowns.record_outcome(cooldown_key, ok=False)
             log.warning(
                 "native compaction failed; summarizing as text",
                 extra={"session": req.session_id, "reason": str(exc)[:200]},
             )
             return None
+        await self._cooldowns.record_outcome(cooldown_key, ok=True)
+        return block
 
     def _prefix(
         self, req: ParsedRequest, view: View, compaction: Compaction, reason: str
@@ -596,7 +605,9 @@ def _carrying(
     framed = summary_message(text if isinstance(text, str) else "", req.dialect.shape)
     carried = native.carrying(framed, block)
     prefix = result.messages[: result.prefix_len]
-    at = next(i for i, m in enumerate(prefix) if m is summary)
+    at = next((i for i, m in enumerate(prefix) if m is summary), None)
+    if at is None:  # no summary in the prefix to stand for: the text summary stays
+        return result
     kept = result.messages[result.prefix_len :]
     replaced = sum(req.estimator.count_messages(prefix[at:]))
     tokens_after = result.tokens_after - replaced + sum(req.estimator.count_messages([carried]))

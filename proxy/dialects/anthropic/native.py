@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
+from multidict import MultiMapping
 
 from compaction import Message
 
@@ -51,7 +52,9 @@ def request_body(payload: Mapping[str, object], folded: list[Message], max_token
 
 def request_headers(incoming: Mapping[str, str]) -> dict[str, str]:
     """The client's `anthropic-beta` with the compaction beta added (when it is missing)."""
-    said = incoming.get(_BETA_HEADER, "")
+    # A client may send its betas on several header lines: all of them are kept.
+    lines = incoming.getall(_BETA_HEADER, []) if isinstance(incoming, MultiMapping) else []
+    said = ",".join(lines) if lines else incoming.get(_BETA_HEADER, "")
     betas = [b.strip() for b in said.split(",") if b.strip()]
     if BETA in betas:
         return {}
@@ -100,7 +103,8 @@ def wire(messages: list[Message]) -> list[Message] | None:
     after = messages[1] if len(messages) > 1 else None
     if isinstance(after, dict) and after.get("role") == "assistant":
         content = after.get("content")
-        rest = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        text = [{"type": "text", "text": content}] if content else []  # "" is no text block
+        rest = content if isinstance(content, list) else text
         return [{**after, "content": [block, *rest]}, *messages[2:]]
     return [{"role": "assistant", "content": [block]}, *messages[1:]]
 

@@ -34,6 +34,7 @@ since holds no text of its own: `content=''`); both are read alike (`_turn`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import logging
@@ -290,7 +291,10 @@ class SqliteArchive:
                     (-_MERGE_PAGES,),
                 )
         if any(dropped.values()):
-            vacuum(db, shrink=True)  # the pages freed go back to the file system now
+            # The pages freed go back to the file system now; the turns are written whatever
+            # this says (a full disk refuses the vacuum, not the archive).
+            with contextlib.suppress(sqlite3.Error):
+                vacuum(db, shrink=True)
         return dropped
 
     def _drop_old(self, db: sqlite3.Connection) -> int:

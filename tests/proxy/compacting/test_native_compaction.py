@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from compaction import SUMMARY_MARKER
 from proxy.dialects.anthropic import ANTHROPIC_MESSAGES
@@ -190,6 +191,22 @@ async def test_a_failed_native_compaction_falls_back_to_the_text_summary(
     assert "recall" not in [t["name"] for t in last["tools"]]  # tools stay as sent
 
 
+async def test_an_account_without_native_compaction_is_not_asked_again_after_three_failures(
+    start: Callable[..., Awaitable[RunningProxy]],
+    api: StrictAnthropic,
+    client: aiohttp.ClientSession,
+) -> None:
+    # Five conversations, each compacted: the first three ask and fail (failure_threshold 3),
+    # the other two go straight to the text summary while the cooldown lasts.
+    proxy = await proxy_with(start, api, "native")
+    api.compacts = False
+    for session in range(5):
+        seen = await tool_loop(client, proxy, BOUND_MODEL, 50, session=f"cc-{session}")
+        assert [status for status, _ in seen] == [200] * 50
+        assert seen[-1][1]["x-compaction-status"] in ("applied", "reused")
+    assert [r.purpose for r in api.refused] == ["summary"] * 3
+
+
 async def test_a_request_carrying_the_block_goes_with_the_beta_and_the_clients_own_betas(
     start: Callable[..., Awaitable[RunningProxy]],
     api: StrictAnthropic,
@@ -224,6 +241,17 @@ def test_the_block_goes_first_as_its_own_turn_or_leads_the_first_kept_assistant_
     text = {"role": "user", "content": f"{SUMMARY_MARKER}\nEarlier."}
     assert ANTHROPIC_MESSAGES.wire([text, user])[0]["role"] == "user"
     assert ON_DEMAND.has_native([summary, user]) and not ON_DEMAND.has_native([user, summary])
+    # An empty assistant text is no block (the API refuses an empty text block).
+    empty = {"role": "assistant", "content": ""}
+    assert ANTHROPIC_MESSAGES.wire([summary, empty]) == [{"role": "assistant", "content": [block]}]
+
+
+def test_the_clients_betas_on_several_header_lines_are_all_kept() -> None:
+    lines = CIMultiDictProxy(CIMultiDict([("anthropic-beta", "a-1"), ("Anthropic-Beta", "b-2")]))
+    assert ON_DEMAND.request_headers(lines) == {"anthropic-beta": f"a-1,b-2,{COMPACTION_BETA}"}
+    assert ON_DEMAND.request_headers({"anthropic-beta": "a-1"}) == {
+        "anthropic-beta": f"a-1,{COMPACTION_BETA}"
+    }
 
 
 async def test_an_older_model_is_compacted_natively_too(
