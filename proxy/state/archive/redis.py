@@ -71,6 +71,25 @@ redis.call('DEL', scope .. ':e', scope .. ':g', scope .. ':o', scope .. ':c')
 redis.call('SREM', prefix .. 'session:' .. ARGV[4], ARGV[5])
 return turns
 """
+# KEYS: entries, signatures, order, weights, total. ARGV: the scope's member, what Redis spends
+# on a turn's entries, then the turns' indexes. Only a turn this call really removes is taken
+# off the weights (two processes dropping the same oldest turn take it off once).
+_DELETE_TURNS = """
+local weight = 0
+for i = 3, #ARGV do
+  local blob = redis.call('HSTRLEN', KEYS[1], ARGV[i])
+  if redis.call('HDEL', KEYS[1], ARGV[i]) == 1 then
+    weight = weight + blob + redis.call('HSTRLEN', KEYS[2], ARGV[i]) + tonumber(ARGV[2])
+  end
+  redis.call('HDEL', KEYS[2], ARGV[i])
+  redis.call('ZREM', KEYS[3], ARGV[i])
+end
+if weight > 0 then
+  redis.call('HINCRBY', KEYS[4], ARGV[1], -weight)
+  redis.call('DECRBY', KEYS[5], weight)
+end
+return weight
+"""
 # KEYS: order, signatures. ARGV: how many. The newest turns' indexes and signatures.
 _SIGNATURES = """
 local indexes = redis.call('ZREVRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
@@ -156,14 +175,24 @@ class RedisArchive:
         member = _member(scope.session, scope.tenant)
         indices = [str(entry.index) for entry in entries]
         present = await redis.hmget(f"{key}:g", indices) if indices else []
-        fresh = [entry for entry, had in zip(entries, present, strict=True) if had is None]
-        stored = await asyncio.to_thread(lambda: [_stored(entry) for entry in fresh])
-        added = sum(_weight(len(blob), len(mark)) for blob, mark in stored)
+        candidates = [entry for entry, had in zip(entries, present, strict=True) if had is None]
+        stored = await asyncio.to_thread(lambda: [_stored(entry) for entry in candidates])
+        # A turn is claimed by writing its blob only where none is (HSETNX): of two processes
+        # archiving the same turn at once, one writes it and counts its weight.
+        async with redis.pipeline(transaction=False) as pipe:
+            for entry, (blob, _) in zip(candidates, stored, strict=True):
+                pipe.hsetnx(f"{key}:e", str(entry.index), blob)
+            claimed = await pipe.execute() if candidates else []
+        turns = [
+            (entry, blob, mark)
+            for entry, (blob, mark), won in zip(candidates, stored, claimed, strict=True)
+            if won
+        ]
+        fresh = [entry for entry, _, _ in turns]
+        added = sum(_weight(len(blob), len(mark)) for _, blob, mark in turns)
         async with redis.pipeline(transaction=False) as pipe:
             if fresh:
-                turns = list(zip([str(entry.index) for entry in fresh], stored, strict=True))
-                pipe.hset(f"{key}:e", mapping={index: blob for index, (blob, _) in turns})
-                pipe.hset(f"{key}:g", mapping={index: mark for index, (_, mark) in turns})
+                pipe.hset(f"{key}:g", mapping={str(e.index): mark for e, _, mark in turns})
                 pipe.zadd(f"{key}:o", {str(entry.index): entry.at for entry in fresh})
                 pipe.sadd(f"{key}:c", *{entry.compaction_id for entry in fresh})
                 pipe.hincrby(f"{self._prefix}weights", member, added)
@@ -238,26 +267,16 @@ class RedisArchive:
         return turns
 
     async def _delete(self, key: str, member: str, indices: list[str]) -> None:
-        redis = self._redis()
+        keys = [
+            f"{key}:e",
+            f"{key}:g",
+            f"{key}:o",
+            f"{self._prefix}weights",
+            f"{self._prefix}total",
+        ]
         for start in range(0, len(indices), _DROP_BATCH):
             batch = indices[start : start + _DROP_BATCH]
-            async with redis.pipeline(transaction=False) as pipe:
-                for index in batch:
-                    pipe.hstrlen(f"{key}:e", index)
-                    pipe.hstrlen(f"{key}:g", index)
-                lengths = await pipe.execute()
-            weight = sum(
-                _weight(blob, mark)
-                for blob, mark in zip(lengths[::2], lengths[1::2], strict=True)
-                if blob
-            )
-            async with redis.pipeline(transaction=False) as pipe:
-                pipe.hdel(f"{key}:e", *batch)
-                pipe.hdel(f"{key}:g", *batch)
-                pipe.zrem(f"{key}:o", *batch)
-                pipe.hincrby(f"{self._prefix}weights", member, -weight)
-                pipe.incrby(f"{self._prefix}total", -weight)
-                await pipe.execute()
+            await self._script(_DELETE_TURNS, keys, [member, _weight(0, 0), *batch])
 
     # -- reading ------------------------------------------------------------------------------
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from proxy.state.archive import Scope
 from tests.proxy.state.archive.conftest import Clock, MakeArchive, entry
 
@@ -79,6 +81,21 @@ async def test_a_turn_archived_twice_is_kept_once(make_archive: MakeArchive) -> 
     await archive.add(ALICE, [entry(2, "a time again"), entry(3, "time flies")])
     found = await archive.search("agent-1", "time", tenant=ALICE.tenant, limit=10)
     assert sorted(item.index for item in found if item.index is not None) == [1, 2, 3]
+
+
+async def test_the_same_turns_archived_twice_at_once_weigh_once(make_archive: MakeArchive) -> None:
+    # Two replicas archiving one conversation's fold at once: counted twice, the turns would
+    # weigh past the bound and push themselves out.
+    one = make_archive().weight(entry(0, "turn0 " + "x" * 94))
+    archive = make_archive(max_bytes=one * 4 + one // 2)
+    await archive.open()
+    turns = [entry(i, f"turn{i} " + "x" * 94) for i in range(4)]
+    for dropped in await asyncio.gather(archive.add(ALICE, turns), archive.add(ALICE, turns)):
+        assert dropped["size"] == 0
+    found = await archive.search("agent-1", "turn0 turn1 turn2 turn3", tenant=None, limit=10)
+    assert sorted(item.index for item in found if item.index is not None) == [0, 1, 2, 3]
+    # One more turn is one over the bound: the oldest one goes, the others stay.
+    assert (await archive.add(ALICE, [entry(4, "turn4 " + "x" * 94)]))["size"] == 1
 
 
 async def test_beyond_the_size_bound_the_oldest_turns_are_dropped_and_counted(

@@ -5,6 +5,7 @@ a dropped archive is left behind, and recall still answers for the newest sessio
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import AsyncIterator
@@ -17,11 +18,13 @@ from compaction.marker import SUMMARY_MARKER
 from proxy.metrics import StateMetrics
 from proxy.settings import ArchiveSettings, CompactionSection, StateSettings
 from proxy.state.archive import Entry, Scope
+from proxy.state.archive.redis import RedisArchive
 from proxy.state.factory import build_state
 from proxy.state.redis import RedisStore
 from proxy.state.redis_client import RedisClient
 from proxy.tasks import BackgroundTasks
 from tests import factories as f
+from tests.proxy.state.archive.conftest import entry
 from tests.proxy.state.conftest import RedisServer, free_port, redis_binary
 
 SESSIONS = 400
@@ -130,3 +133,32 @@ async def test_at_maxmemory_64mb_400_sessions_keep_every_checkpoint_and_recall_t
     await reader.close()
     await state.close()
     await tasks.close()
+
+
+async def test_two_replicas_archiving_one_fold_at_once_count_its_weight_once(
+    small_redis: RedisServer,
+) -> None:
+    # The weights bound what is kept: counted twice, a scope's turns would push themselves out.
+    clients = [RedisClient(small_redis.url, timeout_s=2, max_connections=4) for _ in range(3)]
+    replicas = [RedisArchive(client, max_bytes=1 << 20, max_age_s=86400) for client in clients[:2]]
+    for replica in replicas:
+        await replica.open()
+    try:
+        now = time.time()
+        folds = [
+            [entry(i, f"fold {fold} turn {i} " + "words " * 80, at=now) for i in range(8)]
+            for fold in range(20)
+        ]
+        for number, turns in enumerate(folds):
+            scope = Scope(f"agent-{number}", "aa" * 16)
+            await asyncio.gather(*(replica.add(scope, turns) for replica in replicas))
+        redis = clients[2].get()
+        weights = await redis.hgetall(f"{PREFIX}weights")
+        expected = sorted(sum(replicas[0].weight(turn) for turn in fold) for fold in folds)
+        assert sorted(int(weight) for weight in weights.values()) == expected
+        assert int(await redis.get(f"{PREFIX}total")) == sum(expected)
+    finally:
+        for replica in replicas:
+            await replica.close()
+        for client in clients:
+            await client.close()
