@@ -4,7 +4,8 @@
         [--strategy summary]
 
 The proxy runs through its CLI (default config but the windows, and `compaction.strategy` when
-`--strategy` names one: `summary` asks the summarizer at every compaction) in its own process, against a
+`--strategy` names one: `summary` asks the summarizer at every compaction) in its own process,
+against a
 scripted upstream on loopback in this one (tests.fakes: it answers the agent's turns after
 `--think-s`, as a model takes its time, and summaries after `--summarizer-s`). Each shape is one
 conversation growing by a tool round per request, sent one request at a time as an agent does:

@@ -2,9 +2,10 @@
 
 The compacted request is head + summary + pinned + kept tail (see types.Plan). Its target is
 `target_ratio` of the window, well below the trigger so the next turns do not compact again; when
-the requested output brings the trigger closer, the target comes down with it in proportion. Cuts fall only on block boundaries: as
-many recent blocks are kept as fit the target (at least the last `keep_recent_rounds` rounds when
-they fit), and a round cut inside keeps its user message pinned, as does the conversation's task.
+the requested output brings the trigger closer, the target comes down with it in proportion.
+Cuts fall only on block boundaries: as many recent blocks are kept as fit the target (at least
+the last `keep_recent_rounds` rounds when they fit), and a round cut inside keeps its user
+message pinned, as does the conversation's task.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ thread, WAL) or one Redis client (proxy.state.redis_client) per process, and eac
 its role over it:
 
 - roles: the protocols each consumer receives (checkpoints, leases, cooldowns, forwarded marks,
-  item claims, bound models) and StateBackend, all of them; the archive's role is archive.entries.Archive;
+  item claims, bound models) and StateBackend, all of them; the archive's role is
+  archive.entries.Archive;
 - factory: `build_state`, the one place a backend is chosen and built from settings (`State`:
   the backend and the archive over one file or client), and `build_reader` for the command line;
 - local: the process only (and the in-process cache behind the others);

@@ -1,5 +1,6 @@
 """State in the process: checkpoints (bounded, least recently used first, each for `ttl_s`),
-cooldowns, bound models, and leases that are always granted. Lost at restart and not shared between replicas;
+cooldowns, bound models, and leases that are always granted. Lost at restart and not shared
+between replicas;
 also the in-process cache that a guarded backend falls back to. (`state.backend: memory` in the
 configuration.)"""
 

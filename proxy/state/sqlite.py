@@ -2,7 +2,8 @@
 default backend).
 
 The hot path never touches the file: the keys of every live checkpoint (with their cut and
-expiry), the cooldowns and the bound models are loaded into memory when the store opens, and checkpoints are read
+expiry), the cooldowns and the bound models are loaded into memory when the store opens, and
+checkpoints are read
 through a bounded cache, so a reused request is a few dictionary lookups. The file itself, with
 its one connection, its single writer thread, batched commits and pruning, is
 proxy.state.sqlite_file; this module's tables (`CheckpointTables`) are attached to it.

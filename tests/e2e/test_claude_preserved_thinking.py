@@ -6,7 +6,8 @@ window check on prompt + `max_tokens`).
 
 One `claude -p` conversation, then resumed (`--continue`): a tool loop whose shell outputs grow
 it past the trigger several times; after the first compaction the model asks `recall` once for
-a folded output, and the proxy answers it in a hidden round. Every request the client sent is answered 200, the strict
+a folded output, and the proxy answers it in a hidden round. Every request the client sent is
+answered 200, the strict
 upstream refuses none (neither the agent's nor the proxy's summary calls), the conversation was
 compacted (records and `x-compaction-status`), and the recall round happened and answered with
 the folded output.

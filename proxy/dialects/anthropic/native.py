@@ -112,27 +112,12 @@ def wire(messages: list[Message]) -> list[Message] | None:
 class OnDemand:
     """The dialect's `native` (proxy.dialects.base.NativeCompaction): the functions above."""
 
-    beta = BETA
-
-    def request_body(
-        self, payload: Mapping[str, object], folded: list[Message], max_tokens: int
-    ) -> bytes:
-        return request_body(payload, folded, max_tokens)
-
-    def request_headers(self, incoming: Mapping[str, str]) -> dict[str, str]:
-        return request_headers(incoming)
-
-    def beta_for(self, body: bytes, incoming: Mapping[str, str]) -> dict[str, str]:
-        return beta_for(body, incoming)
-
-    def block_of(self, answer: object) -> dict[str, Any] | None:
-        return block_of(answer)
-
-    def carrying(self, summary: Message, block: dict[str, Any]) -> Message:
-        return carrying(summary, block)
-
-    def has_native(self, messages: Sequence[Message]) -> bool:
-        return has_native(messages)
+    request_body = staticmethod(request_body)
+    request_headers = staticmethod(request_headers)
+    beta_for = staticmethod(beta_for)
+    block_of = staticmethod(block_of)
+    carrying = staticmethod(carrying)
+    has_native = staticmethod(has_native)
 
 
 ON_DEMAND = OnDemand()

@@ -1,7 +1,8 @@
 """The dashboard's first load in a real browser (headless chromium) with thousands of sessions,
 behind a front that fails the first call for the session list and leaves the second unanswered
 (a balancer whose replica restarts, a connection that died without a word): the list shows the
-newest sessions anyway, and says meanwhile why it is not there yet (proxy/admin/static/dashboard.js).
+newest sessions anyway, and says meanwhile why it is not there yet
+(proxy/admin/static/dashboard.js).
 The sessions are recorded as forwarding records them (bench.dashboard.fill), not through
 thousands of requests."""
 

@@ -38,8 +38,8 @@ def clock() -> Clock:
 async def make_archive(
     request: pytest.FixtureRequest, tmp_path: Path, clock: Clock
 ) -> AsyncIterator[MakeArchive]:
-    """`make_archive(max_bytes=..., max_age_s=..., max_total_bytes=...)`: an archive of the parametrized backend
-    (opened by the test), closed at the end."""
+    """`make_archive(max_bytes=..., max_age_s=..., max_total_bytes=...)`: an archive of the
+    parametrized backend (opened by the test), closed at the end."""
     backend: str = request.param
     opened: list[Archive] = []
     server: RedisServer | None = None
